@@ -1,0 +1,38 @@
+// Global -> shared tile copies with cp.async (16-byte chunks, L2 only).
+// Rows past the end are zero-filled (src-size 0), so padded keys and values
+// are exact zeros and never inject NaN into P.V.
+#pragma once
+#include "mma.cuh"
+
+namespace cubridge {
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Copy rows [row0, row0 + ROWS) of a row-major [nrows, D] matrix (row stride
+// `ld` elements, last dim contiguous) into a shared tile with row pitch LDS.
+template <int ROWS, int D, int LDS, int NTHREADS, class T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int row0, int nrows,
+                                          int tid) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
+  const unsigned s0 = smem_u32(s);
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+    const int idx = tid + i * NTHREADS;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool ok = row0 + r < nrows;
+    const T* src = g + (ok ? (long long)(row0 + r) * ld : 0) + c * 8;
+    cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
+  }
+}
+
+}  // namespace cubridge

@@ -1,0 +1,84 @@
+// Forward epilogue: finish the softmax normaliser (with optional sink),
+// stage O through shared memory and write it with 16-byte coalesced stores.
+#pragma once
+#include "mma.cuh"
+#include "softmax.cuh"
+
+namespace cubridge {
+
+// Finish one row: m (x units), l_part (this lane's partial sum), sink2 (sink in
+// log2 units or -inf). Returns the factor that turns the unnormalised O row into
+// the output and the natural-log LSE. Empty rows give 0 and -inf.
+__device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
+                                           float& o_scale, float& lse) {
+  const float l = quad_sum(l_part);
+  const float m2 = m * factor;  // -inf stays -inf (factor > 0)
+  const float mf = fmaxf(m2, sink2);
+  float c = 1.f, lt = l;
+  if (sink2 != neg_inf() && mf != neg_inf()) {
+    // The sink joins the normaliser only: O is rescaled, not added to.
+    c = fast_exp2(m2 - mf);
+    lt = fmaf(l, c, fast_exp2(sink2 - mf));
+  }
+  o_scale = lt > 0.f ? c / lt : 0.f;
+  lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
+}
+
+// Write this warp's normalised O fragments (rows row0 .. row0 + 16*MT of the
+// tile) into the shared staging tile as T.
+template <class T, int MT, int DT, int LDS>
+__device__ __forceinline__ void stage_o(T* s, const float (&o)[MT][DT][4],
+                                        const float (&scale)[MT * 2], int row0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = row0 + mt * 16 + lane / 4 + hf * 8;
+      const float f = scale[2 * mt + hf];
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<unsigned*>(s + r * LDS + dt * 8 + (lane % 4) * 2) =
+            pack2<T>(o[mt][dt][2 * hf] * f, o[mt][dt][2 * hf + 1] * f);
+      }
+    }
+}
+
+// Rare path for kEmptyRowMeanV: one 8-wide chunk of mean_k V[k, :] straight
+// from global memory.
+template <class T>
+__device__ __forceinline__ uint4 mean_v_chunk(const T* v, long long ld, int skv, int c) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < skv; ++k) {
+    const T* row = v + (long long)k * ld + c * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += to_f32(row[e]);
+  }
+  const float inv = skv > 0 ? 1.f / skv : 0.f;
+  uint4 out;
+  out.x = pack2<T>(acc[0] * inv, acc[1] * inv);
+  out.y = pack2<T>(acc[2] * inv, acc[3] * inv);
+  out.z = pack2<T>(acc[4] * inv, acc[5] * inv);
+  out.w = pack2<T>(acc[6] * inv, acc[7] * inv);
+  return out;
+}
+
+// Copy ROWS staged rows to global O (row stride ld), skipping rows >= nrows.
+// With kMeanV, rows flagged empty (an int in the row's pad column, written by
+// the kernel) get the mean of V over all skv keys instead.
+template <int ROWS, int D, int LDS, bool kMeanV, class T>
+__device__ __forceinline__ void store_rows(T* g, long long ld, const T* s, int row0, int nrows,
+                                           int lane, const T* v, long long v_ld, int skv) {
+  constexpr int kChunks = D / 8;
+  static_assert((ROWS * kChunks) % 32 == 0, "rows split evenly over the warp");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / 32; ++i) {
+    const int idx = lane + 32 * i;
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (row0 + r >= nrows) continue;
+    uint4 val = *reinterpret_cast<const uint4*>(s + r * LDS + c * 8);
+    if (kMeanV && *reinterpret_cast<const int*>(s + r * LDS + D)) val = mean_v_chunk(v, v_ld, skv, c);
+    *reinterpret_cast<uint4*>(g + (long long)(row0 + r) * ld + c * 8) = val;
+  }
+}
+
+}  // namespace cubridge

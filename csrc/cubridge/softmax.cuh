@@ -1,0 +1,70 @@
+// Online softmax on mma accumulator fragments, kept in registers.
+// Scores arrive as x (natural-log logits, or raw dot products when the
+// variant's score is the default s * scale); `factor` maps x to log2 units so
+// every probability is one FFMA + one EX2: p = 2^(x * factor - m * factor).
+#pragma once
+
+namespace cubridge {
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
+__device__ __forceinline__ float fast_exp2(float x) {  // 2^-inf = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A row lives in the 4 lanes of a quad (lanes 4r..4r+3).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// One key block: update the running max m (x units) and the thread-partial
+// row sum l, rescale O, and overwrite s with unnormalised probabilities.
+// Thread row slot r = 2 * mt + half (half 0: row lane/4, half 1: row lane/4 + 8).
+template <int MT, int NT, int DT>
+__device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                               float (&m)[MT * 2], float (&l)[MT * 2],
+                                               float factor) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 2 * mt + hf;
+      float mx = m[r];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+      mx = quad_max(mx);
+      // A row with every key masked so far keeps m = -inf; use 0 as the
+      // reference so exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+      const float mref = (mx == neg_inf()) ? 0.f : mx * factor;
+      const float alpha = fast_exp2(m[r] * factor - mref);  // 0 when m was -inf
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[mt][nt][2 * hf] = fast_exp2(fmaf(s[mt][nt][2 * hf], factor, -mref));
+        s[mt][nt][2 * hf + 1] = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], factor, -mref));
+        sum += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
+      }
+      l[r] = fmaf(l[r], alpha, sum);
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[mt][dt][2 * hf] *= alpha;
+        o[mt][dt][2 * hf + 1] *= alpha;
+      }
+    }
+  }
+}
+
+}  // namespace cubridge

@@ -1,0 +1,106 @@
+"""CUDA source -> cubin (needs nvcc or NVRTC, not a GPU)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from torch_cubridge import build, config
+from torch_cubridge.build import nvcc, nvrtc
+from torch_cubridge.build.arch import parse_arch
+
+TINY = r"""
+#include <cuda_bf16.h>
+struct FwdArgs { float* out; long long n; double scale; };
+struct Params { long long add; };
+extern "C" __global__ void cubridge_tiny(FwdArgs a, Params p) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < a.n) a.out[i] = __bfloat162float(__float2bfloat16((float)(i * a.scale + p.add + TINY_BIAS)));
+}
+"""
+
+needs_nvcc = pytest.mark.skipif(not nvcc.available(), reason="nvcc not installed")
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="libnvrtc or CUDA headers not found")
+
+
+def _assert_cubin(blob: bytes, name: str = "cubridge_tiny") -> None:
+    assert blob[:4] == b"\x7fELF"
+    assert name.encode() in blob
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+def test_nvcc_builds_cubin(arch: str) -> None:
+    blob = nvcc.compile_cubin(TINY, arch, [], {"TINY_BIAS": 1})
+    _assert_cubin(blob)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+def test_nvrtc_builds_cubin(arch: str) -> None:
+    blob = nvrtc.compile_cubin(TINY, arch, [], {"TINY_BIAS": 1})
+    _assert_cubin(blob)
+
+
+@needs_nvcc
+def test_compile_cubin_includes_csrc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBRIDGE_COMPILER", "nvcc")
+    src = '#include "cubridge/variant.cuh"\n' + TINY
+    blob = build.compile_cubin(src, "sm_90", include_dirs=[config.csrc_dir()], defines={"TINY_BIAS": 0})
+    _assert_cubin(blob)
+
+
+@pytest.mark.parametrize("backend", ["nvcc", "nvrtc"])
+def test_compile_error_carries_log(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = nvcc if backend == "nvcc" else nvrtc
+    if not mod.available():
+        pytest.skip(f"{backend} unavailable")
+    monkeypatch.setenv("CUBRIDGE_COMPILER", backend)
+    with pytest.raises(build.BuildError) as ei:
+        build.compile_cubin("this is not cuda;", "sm_90", include_dirs=[])
+    assert ei.value.log.strip()
+    assert backend in str(ei.value)
+
+
+def test_missing_define_is_a_build_error() -> None:
+    if not (nvcc.available() or nvrtc.available()):
+        pytest.skip("no compiler")
+    with pytest.raises(build.BuildError):
+        build.compile_cubin(TINY, "sm_90", include_dirs=[])  # TINY_BIAS undefined
+
+
+def test_toolchain_id_names_compiler_and_version() -> None:
+    if not (nvcc.available() or nvrtc.available()):
+        pytest.skip("no compiler")
+    assert re.match(r"^(nvrtc|nvcc)-\d+\.\d+", build.toolchain_id())
+
+
+def test_backend_falls_back_to_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not nvcc.available():
+        pytest.skip("nvcc not installed")
+    monkeypatch.setattr(nvrtc, "available", lambda: False)
+    assert build.backend() == "nvcc"
+
+
+def test_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBRIDGE_COMPILER", "nvcc")
+    assert build.backend() == "nvcc"
+    monkeypatch.setenv("CUBRIDGE_COMPILER", "clang")
+    with pytest.raises(ValueError):
+        build.backend()
+
+
+def test_readonly_forbids_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUBRIDGE_READONLY", "1")
+    with pytest.raises(build.BuildError, match="READONLY"):
+        build.compile_cubin(TINY, "sm_90", include_dirs=[])
+
+
+def test_arch_parsing() -> None:
+    assert parse_arch("sm_90a").compute == "compute_90a"
+    assert nvcc.arch_flags("sm_80") == ["-arch=sm_80"]
+    assert nvcc.arch_flags("sm_90a") == ["-gencode", "arch=compute_90a,code=sm_90a"]
+    for bad in ("90", "sm90", "compute_90", "sm_90;rm"):
+        with pytest.raises(build.BuildError):
+            parse_arch(bad)

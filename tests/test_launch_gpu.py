@@ -1,0 +1,150 @@
+"""Launching cubins on a real GPU through CubinKernel."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+import threading
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+NVALS = 20
+# 23 eight-byte fields, like cubridge::FwdArgs; Params is one more struct.
+SRC = r"""
+struct Args { float* out; long long n; long long vals[%(nvals)d]; double scale; };
+struct Params { long long add; double mul; };
+
+extern "C" __global__ void write_vals(Args a, Params p) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < a.n) a.out[i] = (float)((a.vals[i %% %(nvals)d] * a.scale + p.add) * p.mul);
+}
+
+extern "C" __global__ void smem_roundtrip(Args a, Params p) {
+  extern __shared__ float buf[];
+  int n = (int)a.vals[0];  // floats of dynamic smem in use
+  for (int j = threadIdx.x; j < n; j += blockDim.x) buf[j] = (float)(j + p.add);
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x) a.out[j] = buf[n - 1 - j];
+}
+""" % {"nvals": NVALS}
+
+BACKENDS = ["auto", "ctypes"]
+if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings"):
+    BACKENDS.append("cuda-python")
+
+
+@pytest.fixture(scope="module")
+def cubin() -> bytes:
+    from torch_cubridge import build
+
+    major, minor = torch.cuda.get_device_capability()
+    return build.compile_cubin(SRC, f"sm_{major}{minor}", include_dirs=[])
+
+
+def _pack(out: torch.Tensor, vals: list[int], scale: float, add: int, mul: float) -> list[bytes]:
+    args = struct.pack(f"<Qq{NVALS}qd", out.data_ptr(), out.numel(), *vals, scale)
+    return [args, struct.pack("<qd", add, mul)]
+
+
+def _expected(n: int, vals: list[int], scale: float, add: int, mul: float) -> torch.Tensor:
+    v = torch.tensor(vals, dtype=torch.float64)[torch.arange(n) % NVALS]
+    return ((v * scale + add) * mul).float()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_struct_params_reach_kernel(cubin: bytes, backend: str) -> None:
+    from torch_cubridge.ops.launch import CubinKernel
+
+    k = CubinKernel(cubin, "write_vals", threads=128, smem_bytes=0, backend=backend)
+    n, vals = 1000, list(range(3, 3 + NVALS))
+    out = torch.full((n,), -1.0, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    k.launch(((n + 127) // 128, 1, 1), _pack(out, vals, 0.5, 7, 2.0), stream)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), _expected(n, vals, 0.5, 7, 2.0))
+    # Reuse with new values: the preallocated buffers must pick them up.
+    k.launch(((n + 127) // 128, 1, 1), _pack(out, vals, -1.0, 1, 1.0), stream)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), _expected(n, vals, -1.0, 1, 1.0))
+
+
+def test_side_stream_and_ordering(cubin: bytes) -> None:
+    from torch_cubridge.ops.launch import CubinKernel
+
+    k = CubinKernel(cubin, "write_vals", threads=256, smem_bytes=0)
+    n, vals = 4096, [1] * NVALS
+    out = torch.zeros(n, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        k.launch(((n + 255) // 256, 1, 1), _pack(out, vals, 1.0, 0, 1.0), side.cuda_stream)
+        out.mul_(3)  # torch op queued after our kernel on the same stream
+    side.synchronize()
+    assert torch.all(out == 3).item()
+
+
+def test_large_dynamic_smem(cubin: bytes) -> None:
+    from torch_cubridge.ops.launch import CubinKernel
+
+    smem = 100 * 1024  # above the 48 KB default: needs the opt-in attribute
+    n = smem // 4
+    k = CubinKernel(cubin, "smem_roundtrip", threads=256, smem_bytes=smem)
+    out = torch.zeros(n, device="cuda")
+    vals = [n] + [0] * (NVALS - 1)
+    k.launch((1, 1, 1), _pack(out, vals, 1.0, 5, 1.0), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), (torch.arange(n - 1, -1, -1) + 5).float())
+
+
+def test_launch_from_new_thread(cubin: bytes) -> None:
+    from torch_cubridge.ops.launch import CubinKernel
+
+    k = CubinKernel(cubin, "write_vals", threads=64, smem_bytes=0)
+    out = torch.zeros(64, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    errors: list[BaseException] = []
+    # Load on this thread; the worker thread has no current context yet, so
+    # its launch exercises the make-primary-current retry.
+    k.launch((1, 1, 1), _pack(out, [0] * NVALS, 1.0, 0, 1.0), stream)
+
+    def worker() -> None:
+        try:
+            k.launch((1, 1, 1), _pack(out, [2] * NVALS, 1.0, 0, 1.0), stream)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors
+    torch.cuda.synchronize()
+    assert torch.all(out == 2).item()
+
+
+def test_errors_are_named(cubin: bytes) -> None:
+    from torch_cubridge.ops.launch import CubinKernel, CudaDriverError, libcuda
+
+    out = torch.zeros(8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(CudaDriverError, match="CUDA_ERROR_NOT_FOUND"):
+        CubinKernel(cubin, "no_such_kernel", threads=32, smem_bytes=0).launch(
+            (1, 1, 1), _pack(out, [0] * NVALS, 1.0, 0, 1.0), stream
+        )
+    with pytest.raises(CudaDriverError, match="threads per block"):
+        CubinKernel(cubin, "write_vals", threads=4096, smem_bytes=0).launch(
+            (1, 1, 1), _pack(out, [0] * NVALS, 1.0, 0, 1.0), stream
+        )
+    k = CubinKernel(cubin, "write_vals", threads=32, smem_bytes=0)
+    k.launch((1, 1, 1), _pack(out, [0] * NVALS, 1.0, 0, 1.0), stream)
+    with pytest.raises(ValueError, match="kernel parameters"):
+        k.launch((1, 1, 1), [b"\0" * 184, b"\0" * 8], stream)  # Params is 16 bytes
+    torch.cuda.synchronize()
+    if libcuda().get_param_info is not None:
+        k = CubinKernel(cubin, "write_vals", threads=32, smem_bytes=0)
+        with pytest.raises(ValueError, match="kernel parameters"):
+            k.launch((1, 1, 1), [b"\0" * 16, b"\0" * 16], stream)

@@ -1,0 +1,202 @@
+"""The on-disk artifact cache: key -> (cubin bytes, metadata dict).
+
+Layout of a cache directory (config.kernels_dir() by default):
+  <key>.cubin   the machine code
+  <key>.json    metadata incl. sha256 of the cubin; written last, so its
+                presence marks a complete entry
+  <key>.lock    filelock so concurrent processes build a key once
+  index/        diskcache (sqlite, JSON only) mapping key -> metadata
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import filelock
+
+from .. import config
+from ..version import __version__
+from .atomic import write_atomic
+from .errors import CacheError, CacheReadOnlyError
+from .index import Index
+
+# Keys become file names: no separators, no leading dot, bounded length.
+_KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
+_LOCK_TIMEOUT_S = 900.0  # longer than any sane compile; then fail loudly
+
+BuildFn = Callable[[], "tuple[bytes, dict[str, Any]]"]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    key: str
+    cubin: bytes
+    meta: dict[str, Any] = field(hash=False, compare=False)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise CacheError(f"bad cache key {key!r}: use [A-Za-z0-9._-], at most 200 chars")
+    return key
+
+
+class ArtifactCache:
+    def __init__(self, directory: Path, *, readonly: bool | None = None) -> None:
+        self.dir = Path(directory)
+        self.readonly = config.is_readonly() if readonly is None else readonly
+        self._memo: dict[str, Artifact] = {}
+        self._index: Index | None = None
+        self._index_lock = threading.Lock()
+        if not self.readonly:
+            config.ensure_private_dir(self.dir)
+
+    # ---- paths -----------------------------------------------------------
+    def _path(self, key: str, ext: str) -> Path:
+        return self.dir / f"{key}.{ext}"
+
+    def _lock(self, key: str) -> filelock.FileLock:
+        return filelock.FileLock(str(self._path(key, "lock")), timeout=_LOCK_TIMEOUT_S)
+
+    def index(self) -> Index | None:
+        """The sqlite index, or None in readonly mode (sqlite would write)."""
+        if self.readonly:
+            return None
+        with self._index_lock:
+            if self._index is None:
+                self._index = Index(config.ensure_private_dir(self.dir / "index"))
+            return self._index
+
+    # ---- reading ---------------------------------------------------------
+    def _read_meta(self, key: str) -> dict | None:
+        idx = self.index()
+        meta = idx.get(key) if idx is not None else None
+        if meta is not None:
+            return meta
+        try:
+            meta = json.loads(self._path(key, "json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(meta, dict):
+            return None
+        if idx is not None:
+            idx.set(key, meta)  # e.g. a cache dir copied without its index
+        return meta
+
+    def _load_verified(self, key: str) -> Artifact | None:
+        meta = self._read_meta(key)
+        if meta is None:
+            return None
+        try:
+            cubin = self._path(key, "cubin").read_bytes()
+        except FileNotFoundError:
+            cubin = None
+        if cubin is None or meta.get("sha256") != _sha256(cubin):
+            return None
+        return Artifact(key, cubin, meta)
+
+    def get(self, key: str) -> Artifact | None:
+        """The artifact for `key`, or None. A corrupt or partial entry is deleted and is a miss."""
+        art = self._memo.get(key)
+        if art is not None:
+            return art
+        check_key(key)
+        art = self._load_verified(key)
+        if art is None:
+            if not self.readonly and self._path(key, "json").exists():
+                self._evict_if_still_bad(key)
+            return None
+        self._memo[key] = art
+        return art
+
+    def _evict_if_still_bad(self, key: str) -> None:
+        # Under the lock, so we never delete what a concurrent builder just wrote.
+        with self._lock(key):
+            if self._load_verified(key) is None:
+                self._delete(key)
+
+    def _delete(self, key: str) -> None:
+        self._memo.pop(key, None)
+        idx = self.index()
+        if idx is not None:
+            idx.delete(key)
+        for ext in ("json", "cubin"):  # json first: it marks completeness
+            try:
+                self._path(key, ext).unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---- writing ---------------------------------------------------------
+    def _write(self, key: str, cubin: bytes, meta: dict[str, Any]) -> Artifact:
+        if self.readonly:
+            raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: cannot write cache entry {key!r}")
+        if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+            raise CacheError(f"build for {key!r} returned no cubin bytes")
+        full = dict(meta)
+        full.update(
+            key=key,
+            sha256=_sha256(cubin),
+            size=len(cubin),
+            created=time.time(),
+            cubridge_version=__version__,
+        )
+        try:
+            meta_bytes = json.dumps(full, sort_keys=True).encode()
+        except TypeError as e:
+            raise CacheError(f"metadata for {key!r} is not JSON-serialisable: {e}") from e
+        write_atomic(self._path(key, "cubin"), bytes(cubin))
+        write_atomic(self._path(key, "json"), meta_bytes)  # last: marks completion
+        idx = self.index()
+        if idx is not None:
+            idx.set(key, full)
+        art = Artifact(key, bytes(cubin), full)
+        self._memo[key] = art
+        return art
+
+    def put(self, key: str, cubin: bytes, meta: dict[str, Any] | None = None) -> Artifact:
+        check_key(key)
+        if self.readonly:
+            raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: cannot write cache entry {key!r}")
+        with self._lock(key):
+            return self._write(key, cubin, meta or {})
+
+    def get_or_build(self, key: str, build_fn: BuildFn) -> Artifact:
+        """get(key), else build once across processes (lock, re-check, build, write)."""
+        art = self.get(key)
+        if art is not None:
+            return art
+        if self.readonly:
+            raise CacheReadOnlyError(
+                f"kernel {key!r} is not in the cache at {self.dir} and CUBRIDGE_READONLY=1 "
+                "forbids building it; warm the cache with the same torch_cubridge version "
+                "and toolchain, or unset CUBRIDGE_READONLY"
+            )
+        with self._lock(key):
+            art = self._load_verified(key)  # someone may have built it while we waited
+            if art is None:
+                cubin, meta = build_fn()
+                art = self._write(key, cubin, meta)
+            self._memo[key] = art
+            return art
+
+    # ---- housekeeping ----------------------------------------------------
+    def keys(self) -> list[str]:
+        return sorted(p.stem for p in self.dir.glob("*.json"))
+
+    def clear_memo(self) -> None:
+        self._memo.clear()
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None

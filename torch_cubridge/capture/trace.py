@@ -1,0 +1,128 @@
+"""Capture: trace a spec into an aten-level FX graph with fake tensors.
+
+make_fx over fake tensors was chosen over dynamo/export because it sees
+through closures, nn.Module arguments and Python scalars without guards, and
+because fake tensors make data-dependent Python control flow fail loudly
+instead of being baked into the graph.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..errors import UnsupportedSpec
+from .sdpa_math import SdpaAsMath
+
+
+@dataclass
+class Captured:
+    graph: torch.fx.GraphModule
+    signature: tuple[str, ...]        # parameter names ("*args", "**kwargs" for varargs)
+    tensor_paths: list[str]           # graph placeholder i reads this argument path
+    example: dict[str, Any]           # bound example values by path
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)   # get_attr name -> value
+    constant_paths: dict[str, str] = field(default_factory=dict)       # get_attr name -> "module.attr"
+
+
+def signature_of(fn: Callable) -> tuple[str, ...]:
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(p.kind, "")
+        out.append(prefix + p.name)
+    return tuple(out)
+
+
+def bind_example(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Bound arguments by path, defaults applied."""
+    try:
+        ba = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{getattr(fn, '__name__', 'spec')}: {e}") from None
+    ba.apply_defaults()
+    out: dict[str, Any] = {}
+    for p in inspect.signature(fn).parameters.values():
+        val = ba.arguments.get(p.name)
+        if p.kind == inspect.Parameter.VAR_POSITIONAL:
+            out.update({f"{p.name}.{i}": v for i, v in enumerate(val or ())})
+        elif p.kind == inspect.Parameter.VAR_KEYWORD:
+            out.update({f"{p.name}.{k}": v for k, v in (val or {}).items()})
+        else:
+            out[p.name] = val
+    return out
+
+
+def _rebuild_call(fn: Callable, bound: dict[str, Any]) -> tuple[list, dict]:
+    args: list = []
+    kwargs: dict = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind == inspect.Parameter.VAR_POSITIONAL:
+            i = 0
+            while f"{p.name}.{i}" in bound:
+                args.append(bound[f"{p.name}.{i}"])
+                i += 1
+        elif p.kind == inspect.Parameter.VAR_KEYWORD:
+            kwargs.update({k.split(".", 1)[1]: v for k, v in bound.items() if k.startswith(p.name + ".")})
+        elif p.kind == inspect.Parameter.KEYWORD_ONLY:
+            kwargs[p.name] = bound[p.name]
+        else:
+            args.append(bound[p.name])
+    return args, kwargs
+
+
+def _module_tensors(bound: dict[str, Any]) -> dict[int, str]:
+    """data_ptr -> "arg.attr" for tensors hanging off nn.Module arguments."""
+    found: dict[int, str] = {}
+    for name, obj in bound.items():
+        if isinstance(obj, torch.nn.Module):
+            for attr, t in list(obj.named_parameters()) + list(obj.named_buffers()):
+                found[t.data_ptr()] = f"{name}.{attr}"
+    return found
+
+
+def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
+    """Trace fn at the shapes of the bound example arguments."""
+    paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        # fresh fakes per argument: two arguments holding one tensor must stay two inputs
+        fakes = [torch.empty_strided(bound[p].shape, bound[p].stride(), dtype=bound[p].dtype, device="cpu")
+                 for p in paths]
+
+    def flat(*tensors: torch.Tensor) -> Any:
+        b = dict(bound)
+        b.update(zip(paths, tensors))
+        args, kwargs = _rebuild_call(fn, b)
+        with SdpaAsMath():
+            return fn(*args, **kwargs)
+
+    try:
+        with mode:
+            gm = make_fx(flat, tracing_mode="real")(*fakes)
+    except UnsupportedSpec:
+        raise
+    except Exception as e:  # data-dependent control flow and friends surface here
+        name = type(e).__name__
+        if "DataDependent" in name or "data-dependent" in str(e) or "GuardOnDataDependent" in name:
+            raise UnsupportedSpec("data-dependent Python control flow (a tensor value decides a branch or a size)",
+                                  op=_last_frame(e)) from None
+        raise UnsupportedSpec(f"capture failed: {name}: {str(e).splitlines()[0] if str(e) else ''}",
+                              op=_last_frame(e)) from None
+    consts = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    owners = _module_tensors(bound)
+    cpaths = {k: owners[t.data_ptr()] for k, t in consts.items()
+              if isinstance(t, torch.Tensor) and t.data_ptr() in owners}
+    return Captured(gm, signature_of(fn), paths, bound, consts, cpaths)
+
+
+def _last_frame(e: BaseException) -> str:
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return f"{last.tb_frame.f_code.co_name}" if last else "capture"

@@ -1,0 +1,15 @@
+"""Errors raised across the pipeline."""
+from __future__ import annotations
+
+
+class UnsupportedSpec(Exception):
+    """The spec cannot be compiled. Names the op (graph node) and the reason."""
+
+    def __init__(self, reason: str, op: str | None = None) -> None:
+        self.op = op
+        self.reason = reason
+        super().__init__(f"{op}: {reason}" if op else reason)
+
+
+class VerificationError(Exception):
+    """A program or kernel disagreed with the spec on fresh inputs."""

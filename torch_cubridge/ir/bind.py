@@ -1,0 +1,101 @@
+"""Binding a call's arguments to a program's inputs (shared by interpreter and ops)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedSpec
+from .expr import Expr
+from .program import Operand, Program
+
+
+def bind_args(signature: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Map names (and "name.attr" paths resolved lazily) to call values."""
+    out: dict[str, Any] = {}
+    pos = list(args)
+    rest = dict(kwargs)
+    for name in signature:
+        if name.startswith("**"):
+            for k, v in rest.items():
+                out[f"{name[2:]}.{k}"] = v
+            rest = {}
+        elif name.startswith("*"):
+            for i, v in enumerate(pos):
+                out[f"{name[1:]}.{i}"] = v
+            pos = []
+        elif pos:
+            out[name] = pos.pop(0)
+        elif name in rest:
+            out[name] = rest.pop(name)
+    if pos or rest:
+        raise TypeError(f"unexpected arguments: {len(pos)} positional, {sorted(rest)}")
+    return out
+
+
+def lookup(bound: dict[str, Any], path: str) -> Any:
+    """Resolve "name" or "name.attr.attr" (module attributes such as sinks)."""
+    if path in bound:
+        return bound[path]
+    head, _, tail = path.partition(".")
+    if head not in bound:
+        raise TypeError(f"missing argument {head!r}")
+    obj = bound[head]
+    for part in tail.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
+    """View an operand as [B, H, S, D] (rank-3 operands get B = 1)."""
+    if t.dim() != len(op.dims):
+        raise ValueError(f"expected a rank-{len(op.dims)} tensor for layout {op.dims}, got shape {tuple(t.shape)}")
+    dims = list(op.dims)
+    if "b" not in dims:
+        t, dims = t.unsqueeze(0), ["b"] + dims
+    return t.permute([dims.index(c) for c in "bhsd"])
+
+
+def sizes_of(p: Program, q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
+    B, H, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    return {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+
+
+def scalar_values(p: Program, bound: dict[str, Any], sizes: dict[str, int]) -> dict[str, float | int]:
+    from .interval import interval
+    vals: dict[str, float | int] = {}
+    for s in p.scalars:
+        if s.arg is not None:
+            v = lookup(bound, s.arg)
+        elif s.expr is not None:
+            v = interval(s.expr, {k: (x, x) for k, x in sizes.items()})[0]
+        else:
+            v = s.value
+        if v is None:
+            raise UnsupportedSpec(f"scalar {s.name} has no value", op="scalar")
+        vals[s.name] = int(v) if s.kind == "int" else float(v)
+    return vals
+
+
+def extra_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    out = {}
+    for x in p.extras:
+        t = lookup(bound, x.arg) if x.arg is not None else torch.tensor(x.value, dtype=getattr(torch, x.dtype))
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{x.arg} must be a tensor")
+        if t.dim() != x.rank:
+            raise ValueError(f"{x.arg or x.name} must have rank {x.rank}, got {t.dim()}")
+        out[x.name] = t.to(device)
+    return out
+
+
+def head_index(p: Program, H: int, Hkv: int) -> torch.Tensor:
+    h = torch.arange(H)
+    if H % Hkv:
+        raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
+    return h // (H // Hkv) if p.head_map == "group" else h % Hkv
+
+
+def is_const(e: Expr) -> bool:
+    return e.op == "const"

@@ -1,0 +1,144 @@
+"""CuIR expressions: one small immutable node type.
+
+An `Expr` is an op name, its operands and an optional attribute. The same node
+type serves score expressions, mask predicates, load indices and derived
+scalars, so every pass (printing, JSON, interval analysis, interpretation,
+CUDA lowering) walks one structure.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Index variables a CuIR expression may read. `s` is the raw q.k dot product.
+INDEX_VARS = ("b", "h", "q", "kv")
+SIZE_VARS = ("B", "H", "Hkv", "Sq", "Skv", "D")
+VARS = ("s",) + INDEX_VARS + SIZE_VARS
+
+UNARY = {"neg", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "sigmoid", "not", "floor",
+         "to_float", "to_int", "to_bool"}
+BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "pow",
+          "eq", "ne", "lt", "le", "gt", "ge", "and", "or"}
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+LEAVES = {"const", "var", "scalar"}
+OPS = UNARY | BINARY | LEAVES | {"where", "load"}
+
+
+@dataclass(frozen=True)
+class Expr:
+    op: str
+    args: tuple["Expr", ...] = ()
+    attr: Any = None  # const value, var/scalar/tensor name
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown CuIR op {self.op!r}")
+
+    # -- JSON ------------------------------------------------------------
+    def to_obj(self) -> Any:
+        if self.op == "const":
+            v = self.attr
+            if isinstance(v, float) and not math.isfinite(v):
+                v = repr(v)  # "inf" / "-inf" / "nan" survive JSON as strings
+            return {"const": v}
+        if self.op in ("var", "scalar"):
+            return {self.op: self.attr}
+        d: dict[str, Any] = {"op": self.op, "args": [a.to_obj() for a in self.args]}
+        if self.attr is not None:
+            d["attr"] = self.attr
+        return d
+
+    @staticmethod
+    def from_obj(o: Any) -> "Expr":
+        if "const" in o:
+            v = o["const"]
+            if isinstance(v, str):
+                v = float(v)
+            return Expr("const", (), v)
+        for leaf in ("var", "scalar"):
+            if leaf in o:
+                return Expr(leaf, (), o[leaf])
+        return Expr(o["op"], tuple(Expr.from_obj(a) for a in o["args"]), o.get("attr"))
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def const(v: Any) -> Expr:
+    return Expr("const", (), v)
+
+
+def var(name: str) -> Expr:
+    assert name in VARS, name
+    return Expr("var", (), name)
+
+
+def scalar(name: str) -> Expr:
+    return Expr("scalar", (), name)
+
+
+def load(tensor: str, *index: Expr) -> Expr:
+    return Expr("load", tuple(index), tensor)
+
+
+def call(op: str, *args: Expr) -> Expr:
+    return Expr(op, tuple(args))
+
+
+def where(c: Expr, a: Expr, b: Expr) -> Expr:
+    return Expr("where", (c, a, b))
+
+
+def walk(e: Expr):
+    """Yield every node, parents first."""
+    yield e
+    for a in e.args:
+        yield from walk(a)
+
+
+def rewrite(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Bottom-up rewrite: fn returns a replacement or None to keep the node."""
+    new_args = tuple(rewrite(a, fn) for a in e.args)
+    node = e if new_args == e.args else Expr(e.op, new_args, e.attr)
+    out = fn(node)
+    return node if out is None else out
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """Replace variables by expressions."""
+    return rewrite(e, lambda n: mapping.get(n.attr) if n.op == "var" else None)
+
+
+def free_vars(e: Expr) -> set[str]:
+    return {n.attr for n in walk(e) if n.op == "var"}
+
+
+def loads(e: Expr) -> set[str]:
+    return {n.attr for n in walk(e) if n.op == "load"}
+
+
+def scalars(e: Expr) -> set[str]:
+    return {n.attr for n in walk(e) if n.op == "scalar"}
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+          "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+          "and": "&", "or": "|", "pow": "**"}
+
+
+def render(e: Expr) -> str:
+    """Readable one-line text form."""
+    if e.op == "const":
+        return repr(e.attr)
+    if e.op in ("var", "scalar"):
+        return str(e.attr) if e.op == "var" else f"${e.attr}"
+    if e.op == "load":
+        return f"{e.attr}[{', '.join(render(a) for a in e.args)}]"
+    if e.op in _INFIX:
+        return f"({render(e.args[0])} {_INFIX[e.op]} {render(e.args[1])})"
+    if e.op == "neg":
+        return f"-{render(e.args[0])}"
+    if e.op == "not":
+        return f"~{render(e.args[0])}"
+    return f"{e.op}({', '.join(render(a) for a in e.args)})"

@@ -1,0 +1,173 @@
+"""The CuIR interpreter: executes a program the way the kernel does.
+
+Query tiles, a loop over key blocks that skips empty ones and skips the mask
+on full ones, online softmax, final normalisation. It never builds the full
+score matrix. Runs on any device; float64 inputs compute in float64.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .bind import bind_args, extra_tensors, head_index, lookup, scalar_values, sizes_of, to_canonical
+from .expr import Expr
+from .interval import classify_tile
+from .program import Program
+
+BLOCK_M = 64
+BLOCK_N = 64
+
+
+def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[Any, Any]:
+    def is_f(z: Any) -> bool:
+        return isinstance(z, float) or (isinstance(z, torch.Tensor) and z.is_floating_point())
+    if is_f(x) or is_f(y):
+        x = x.to(fdt) if isinstance(x, torch.Tensor) else float(x)
+        y = y.to(fdt) if isinstance(y, torch.Tensor) else float(y)
+    return x, y
+
+
+def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
+    """Evaluate over broadcastable tensors. env: vars, "$name" scalars, "@name" tensors."""
+    op, a = e.op, e.args
+    if op == "const":
+        return e.attr
+    if op == "var":
+        return env[e.attr]
+    if op == "scalar":
+        return env["$" + e.attr]
+    if op == "load":
+        t = env["@" + e.attr]
+        idx = [torch.as_tensor(evaluate(i, env, fdt)).long() for i in a]
+        idx = torch.broadcast_tensors(*idx)
+        out = t[tuple(idx)]
+        return out.to(fdt) if out.is_floating_point() else out
+    if op == "where":
+        c = torch.as_tensor(evaluate(a[0], env, fdt)).bool()
+        x, y = _promote(evaluate(a[1], env, fdt), evaluate(a[2], env, fdt), fdt)
+        return torch.where(c, torch.as_tensor(x), torch.as_tensor(y))
+    xs = [evaluate(x, env, fdt) for x in a]
+    if len(xs) == 1:
+        x = torch.as_tensor(xs[0])
+        if op in ("tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
+            x = x.to(fdt)
+        return {
+            "neg": lambda: -x, "tanh": lambda: torch.tanh(x), "exp": lambda: torch.exp(x),
+            "log": lambda: torch.log(x), "abs": lambda: torch.abs(x), "sqrt": lambda: torch.sqrt(x),
+            "rsqrt": lambda: torch.rsqrt(x), "sigmoid": lambda: torch.sigmoid(x),
+            "not": lambda: ~x.bool(), "floor": lambda: torch.floor(x),
+            "to_float": lambda: x.to(fdt), "to_int": lambda: x.long() if x.is_floating_point() else x.long(),
+            "to_bool": lambda: x.bool(),
+        }[op]()
+    x, y = _promote(xs[0], xs[1], fdt)
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if op in ("and", "or"):
+        return (x.bool() & y.bool()) if op == "and" else (x.bool() | y.bool())
+    fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide,
+          "floordiv": torch.floor_divide, "mod": torch.remainder, "max": torch.maximum,
+          "min": torch.minimum, "pow": torch.pow, "eq": torch.eq, "ne": torch.ne,
+          "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}[op]
+    if op == "div" and not x.is_floating_point() and not y.is_floating_point():
+        x = x.to(fdt)
+    return fn(x, y)
+
+
+def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
+    bound = bind_args(p.signature, args, kwargs)
+    q = to_canonical(lookup(bound, p.q.arg), p.q)
+    k = to_canonical(lookup(bound, p.k.arg), p.k)
+    v = to_canonical(lookup(bound, p.v.arg), p.v)
+    out_dtype = q.dtype
+    fdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sizes = sizes_of(p, q, k)
+    B, H, Sq, D = q.shape
+    Skv = sizes["Skv"]
+    hk = head_index(p, H, sizes["Hkv"]).to(q.device)
+    k = k[:, hk].to(fdt)  # index by head map (a gather here; the kernel maps indices instead)
+    v = v[:, hk].to(fdt)
+    q = q.to(fdt)
+    env: dict[str, Any] = dict(sizes)
+    env.update({"$" + n: x for n, x in scalar_values(p, bound, sizes).items()})
+    env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device).items()})
+    dev = q.device
+    env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
+    box = {k2: (float(x), float(x)) for k2, x in sizes.items()}
+    box.update({"$" + n: (float(x), float(x)) for n, x in scalar_values(p, bound, sizes).items()})
+    box = {k2.lstrip("$"): iv for k2, iv in box.items()}
+    box.update({"b": (0.0, B - 1.0), "h": (0.0, H - 1.0)})
+
+    out = torch.zeros(B, H, Sq, D, dtype=fdt, device=dev)
+    for q0 in range(0, Sq, BLOCK_M):
+        q1 = min(q0 + BLOCK_M, Sq)
+        m = torch.full((B, H, q1 - q0, 1), -math.inf, dtype=fdt, device=dev)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(B, H, q1 - q0, D, dtype=fdt, device=dev)
+        env["q"] = torch.arange(q0, q1, device=dev).view(1, 1, -1, 1)
+        for k0 in range(0, Skv, BLOCK_N):
+            k1 = min(k0 + BLOCK_N, Skv)
+            env["kv"] = torch.arange(k0, k1, device=dev).view(1, 1, 1, -1)
+            cls = _classify(p, env, box, q0, q1, k0, k1, fdt)
+            if cls == 0:
+                continue
+            env["s"] = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-1, -2)
+            x = torch.as_tensor(evaluate(p.score, env, fdt)).to(fdt).expand(B, H, q1 - q0, k1 - k0)
+            if cls == 1 and p.mask is not None:
+                keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()
+                x = torch.where(keep, x, torch.tensor(-math.inf, dtype=fdt, device=dev))
+            m_new = torch.maximum(m, x.amax(-1, keepdim=True))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - m_safe)
+            pexp = torch.exp(x - m_safe)
+            l = l * alpha + pexp.sum(-1, keepdim=True)
+            acc = acc * alpha + pexp @ v[:, :, k0:k1]
+            m = m_new
+        if p.sink is not None:
+            sink = torch.as_tensor(evaluate(p.sink, env, fdt)).to(fdt).expand(B, H, 1, 1)
+            m_new = torch.maximum(m, sink)
+            alpha = torch.exp(m - m_new)
+            l = l * alpha + torch.exp(sink - m_new)
+            acc = acc * alpha
+        empty = l == 0
+        res = acc / torch.where(empty, torch.ones_like(l), l)
+        if p.empty_rows == "mean_v":
+            res = torch.where(empty, v.mean(dim=2, keepdim=True), res)
+        out[:, :, q0:q1] = res
+    return _to_output_layout(p, out.to(out_dtype))
+
+
+def _classify(p: Program, env: dict, box: dict, q0: int, q1: int, k0: int, k1: int, fdt: torch.dtype) -> int:
+    if p.mask is None:
+        return 2
+    if p.block_rule == "interval":
+        b2 = dict(box)
+        b2.update({"q": (float(q0), float(q1 - 1)), "kv": (float(k0), float(k1 - 1))})
+        return classify_tile(p.mask, b2)
+    # runtime pre-pass: evaluate the predicate on the tile (the kernel's block table)
+    keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()
+    return 0 if not keep.any() else (2 if keep.all() else 1)
+
+
+def _to_output_layout(p: Program, o: torch.Tensor) -> torch.Tensor:
+    dims = [d for x in p.out.dims for d in x.split("*")]
+    if "b" not in dims:
+        o = o.squeeze(0)
+        order = [list("hsd").index(c) for c in dims]
+    else:
+        order = [list("bhsd").index(c) for c in dims]
+    o = o.permute(order).contiguous()
+    shape, i = [], 0
+    for x in p.out.dims:
+        n = 1
+        for _ in x.split("*"):
+            n *= o.shape[i]
+            i += 1
+        shape.append(n)
+    o = o.reshape(shape)
+    if p.out.tuple_len:
+        res: list[Any] = [None] * p.out.tuple_len
+        res[p.out.index] = o
+        return tuple(res)
+    return o

@@ -1,0 +1,34 @@
+"""The readable text form of a program (what `cubridge explain` prints)."""
+from __future__ import annotations
+
+from .program import Program
+
+
+def format_program(p: Program) -> str:
+    lines = [f"cuir.program({', '.join(p.signature)})"]
+    for name in ("q", "k", "v"):
+        op = getattr(p, name)
+        lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]")
+    lines.append(f"  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
+    for e in p.extras:
+        src = e.arg if e.arg is not None else "captured constant"
+        lines.append(f"  tensor {e.name}: {e.dtype} rank {e.rank} <- {src}")
+    for s in p.scalars:
+        if s.expr is not None:
+            src = f"= {s.expr}"
+        elif s.arg is not None:
+            src = f"<- {s.arg}"
+        else:
+            src = f"= {s.value!r}"
+        lines.append(f"  scalar ${s.name}: {s.kind} {src}")
+    lines.append(f"  score  = {p.score}")
+    lines.append(f"  mask   = {p.mask if p.mask is not None else 'none'}")
+    lines.append(f"  blocks : {p.block_rule}")
+    norm = "softmax" if p.sink is None else f"softmax with sink logit {p.sink}"
+    lines.append(f"  normal : {norm}; fully masked rows -> {p.empty_rows}")
+    o = p.out
+    where = f" (element {o.index} of a {o.tuple_len}-tuple)" if o.tuple_len else ""
+    lines.append(f"  out    : [{', '.join(o.dims)}] dtype {o.dtype}{where}")
+    for n in p.notes:
+        lines.append(f"  note   : {n}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""CuIR programs: plain frozen dataclasses with a JSON round trip.
+
+A program says everything the kernel needs and nothing about how the spec
+was written: where q/k/v/extras come from and in which layout, the score
+expression, the mask predicate, how tiles are classified, the normaliser and
+the output layout. Scalars stay runtime parameters (kernel arguments).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .expr import Expr
+
+CANON = ("b", "h", "s", "d")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """q, k or v: which argument, and the spec's dim order in canonical names.
+
+    dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1).
+    """
+    arg: str
+    dims: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExtraTensor:
+    """A tensor read by index expressions (`load` nodes) in score or mask."""
+    name: str
+    dtype: str
+    rank: int
+    arg: str | None = None     # call argument (or "module.attr") read at call time
+    value: Any = None          # nested list for a captured constant
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A runtime scalar parameter: a kernel argument, never baked into code."""
+    name: str
+    kind: str                  # "float" or "int"
+    value: float | int | None = None   # captured literal
+    arg: str | None = None     # or read from a call argument
+    expr: Expr | None = None   # or derived from sizes (B, H, Sq, Skv, ...)
+
+
+@dataclass(frozen=True)
+class Output:
+    """The spec's output layout; "h*d" is merged heads. index: position in a tuple result."""
+    dims: tuple[str, ...]
+    dtype: str = "q"           # "q" follows the query dtype
+    tuple_len: int = 0         # 0: the spec returns a tensor
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Program:
+    signature: tuple[str, ...]          # the spec's parameter names, "*name"/"**name" for varargs
+    q: Operand
+    k: Operand
+    v: Operand
+    score: Expr                         # over s, b, h, q, kv, loads, scalars -> logit
+    out: Output
+    mask: Expr | None = None            # True keeps (q, kv)
+    head_map: str = "group"             # kv head = h // (H // Hkv) ("group") or h % Hkv ("tile")
+    extras: tuple[ExtraTensor, ...] = ()
+    scalars: tuple[Scalar, ...] = ()
+    block_rule: str = "none"            # none | interval | prepass
+    sink: Expr | None = None            # per-(b, h) sink logit joining the normaliser
+    empty_rows: str = "zero"            # zero | mean_v (rows with every key masked)
+    notes: tuple[str, ...] = ()
+
+    # -- JSON ------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(_to_obj(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Program":
+        return _from_obj(Program, json.loads(text))
+
+    def structure(self) -> "Program":
+        """The program without scalar values: equal structures share a kernel."""
+        return replace(self, scalars=tuple(replace(s, value=None) for s in self.scalars),
+                       extras=tuple(replace(e, value=None) for e in self.extras), notes=())
+
+    # -- behaviour lives in sibling modules; imported lazily to keep this plain data
+    def run(self, *args: Any, **kwargs: Any):
+        from .interpreter import run_program
+        return run_program(self, *args, **kwargs)
+
+    def validate(self) -> None:
+        from .validate import validate
+        validate(self)
+
+    def __str__(self) -> str:
+        from .printer import format_program
+        return format_program(self)
+
+    def cuda_source(self, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> str:
+        from ..lower import cuda_source
+        return cuda_source(self, arch=arch, dtype=dtype, head_dim=head_dim)
+
+    def cubin(self, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> bytes:
+        from ..lower import cubin
+        return cubin(self, arch=arch, dtype=dtype, head_dim=head_dim)
+
+
+_NESTED = {"q": Operand, "k": Operand, "v": Operand, "out": Output}
+
+
+def _to_obj(x: Any) -> Any:
+    if isinstance(x, Expr):
+        return x.to_obj()
+    if hasattr(x, "__dataclass_fields__"):
+        return {f.name: _to_obj(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, (tuple, list)):
+        return [_to_obj(i) for i in x]
+    return x
+
+
+def _tuple(x: Any) -> Any:
+    return tuple(_tuple(i) for i in x) if isinstance(x, list) else x
+
+
+def _from_obj(cls: type, o: dict) -> Any:
+    kw: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in o:
+            continue
+        val = o[f.name]
+        t = str(f.type)
+        if f.name in _NESTED and cls is Program:
+            val = _from_obj(_NESTED[f.name], val)
+        elif f.name == "extras":
+            val = tuple(_from_obj(ExtraTensor, e) for e in val)
+        elif f.name == "scalars":
+            val = tuple(_from_obj(Scalar, s) for s in val)
+        elif "Expr" in t:
+            val = None if val is None else Expr.from_obj(val)
+        elif f.name == "value":
+            val = val
+        else:
+            val = _tuple(val)
+        kw[f.name] = val
+    return cls(**kw)

@@ -1,0 +1,70 @@
+"""The validity check for CuIR programs (tests and every pass boundary call it)."""
+from __future__ import annotations
+
+from .expr import BINARY, INDEX_VARS, SIZE_VARS, UNARY, Expr, free_vars, walk
+from .program import CANON, Program
+
+_ARITY = {**{o: 1 for o in UNARY}, **{o: 2 for o in BINARY}, "where": 3}
+
+
+class InvalidProgram(ValueError):
+    pass
+
+
+def _check_expr(e: Expr, allowed: set[str], what: str, p: Program) -> None:
+    extras = {x.name: x for x in p.extras}
+    scalars = {s.name for s in p.scalars}
+    for n in walk(e):
+        if n.op in _ARITY and len(n.args) != _ARITY[n.op]:
+            raise InvalidProgram(f"{what}: {n.op} takes {_ARITY[n.op]} operands")
+        if n.op == "load":
+            if n.attr not in extras:
+                raise InvalidProgram(f"{what}: load of undeclared tensor {n.attr!r}")
+            if len(n.args) != extras[n.attr].rank:
+                raise InvalidProgram(f"{what}: {n.attr} has rank {extras[n.attr].rank}, indexed with {len(n.args)}")
+        if n.op == "scalar" and n.attr not in scalars:
+            raise InvalidProgram(f"{what}: undeclared scalar {n.attr!r}")
+    bad = free_vars(e) - allowed
+    if bad:
+        raise InvalidProgram(f"{what} reads {sorted(bad)}, which it may not")
+
+
+def validate(p: Program) -> None:
+    for name in ("q", "k", "v"):
+        dims = getattr(p, name).dims
+        if sorted(dims) not in (sorted(CANON), sorted(CANON[1:])):
+            raise InvalidProgram(f"{name} layout {dims} is not a permutation of b, h, s, d")
+    if p.head_map not in ("group", "tile"):
+        raise InvalidProgram(f"unknown head map {p.head_map!r}")
+    sizes = set(SIZE_VARS)
+    _check_expr(p.score, {"s", *INDEX_VARS, *sizes}, "score", p)
+    if p.mask is not None:
+        _check_expr(p.mask, {*INDEX_VARS, *sizes}, "mask", p)
+    if p.sink is not None:
+        _check_expr(p.sink, {"b", "h", *sizes}, "sink", p)
+    for s in p.scalars:
+        if s.kind not in ("float", "int"):
+            raise InvalidProgram(f"scalar {s.name}: kind {s.kind!r}")
+        if sum(x is not None for x in (s.value, s.arg, s.expr)) > 1:
+            raise InvalidProgram(f"scalar {s.name} has more than one source")
+        if s.expr is not None:
+            _check_expr(s.expr, sizes, f"scalar {s.name}", p)
+    names = [x.name for x in p.extras] + [s.name for s in p.scalars]
+    if len(set(names)) != len(names):
+        raise InvalidProgram("duplicate tensor or scalar names")
+    for x in p.extras:
+        if x.arg is None and x.value is None and not _structure_only(p):
+            raise InvalidProgram(f"tensor {x.name} has no source")
+    expected = "none" if p.mask is None else None
+    if p.block_rule not in ("none", "interval", "prepass") or (expected and p.block_rule != expected):
+        raise InvalidProgram(f"block rule {p.block_rule!r} does not fit the mask")
+    if p.empty_rows not in ("zero", "mean_v"):
+        raise InvalidProgram(f"empty_rows {p.empty_rows!r}")
+    od = p.out.dims
+    flat = [d for x in od for d in x.split("*")]
+    if sorted(flat) not in (sorted(CANON), sorted(CANON[1:])):
+        raise InvalidProgram(f"output layout {od} is not a permutation of b, h, s, d")
+
+
+def _structure_only(p: Program) -> bool:
+    return all(x.value is None for x in p.extras)

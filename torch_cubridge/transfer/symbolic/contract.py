@@ -1,0 +1,99 @@
+"""Contractions: the q.k score matmul and the P.v output matmul.
+
+A contraction of two loaded inputs over their last dim is the score; it
+gives the atoms their roles. A contraction of softmax probabilities with a
+loaded input over the key axis is the output.
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedSpec
+from ...ir.expr import Expr, call, const, walk
+from .simplify import simplify
+from .sym import Ctx, Sym, unify
+
+
+def _factor(e: Expr, over: str) -> tuple[Expr, Expr]:
+    """Split e into (coefficient, the one load that reads `over`)."""
+    factors: list[Expr] = []
+
+    def flat(x: Expr) -> None:
+        if x.op == "mul":
+            flat(x.args[0])
+            flat(x.args[1])
+        elif x.op in ("to_float",):
+            flat(x.args[0])
+        else:
+            factors.append(x)
+
+    flat(e)
+    reads = [f for f in factors if any(n.op == "var" and n.attr == over for n in walk(f))]
+    if len(reads) != 1 or reads[0].op != "load":
+        raise UnsupportedSpec("a matmul operand is not a (scaled) input tensor")
+    coef: Expr | None = None
+    for f in factors:
+        if f is not reads[0]:
+            coef = f if coef is None else call("mul", coef, f)
+    return (coef if coef is not None else const(1.0)), reads[0]
+
+
+def _operands(ctx: Ctx, a: Sym, b: Sym, op: str) -> tuple[tuple, tuple, tuple, Expr, Expr]:
+    """Align batch dims and the contracted dim; returns (batch, m, n, a_expr, b_expr)."""
+    if len(a.axes) != len(b.axes) or len(a.axes) not in (2, 3):
+        raise UnsupportedSpec("matmul operands of unexpected rank", op=op)
+    sub: dict[str, Expr] = {}
+    if len(a.axes) == 3:
+        sub.update(unify(ctx, a.axes[0], b.axes[0], op))
+    sub.update(unify(ctx, a.axes[-1], b.axes[-2], op))
+    b2 = ctx.subst(b, sub, op) if b.kind == "value" else b
+    batch = a.axes[:-2]
+    return batch, a.axes[-2], b.axes[-1], a.expr, b2.expr
+
+
+def contract(ctx: Ctx, a: Sym, b: Sym, op: str) -> Sym:
+    if a.kind == "value" and b.kind == "value" and "score" not in ctx.facts:
+        return _score(ctx, a, b, op)
+    if a.kind == "probs" and b.kind == "value" and "output" not in ctx.facts:
+        return _output(ctx, a, b, op)
+    raise UnsupportedSpec("a matmul that is neither q.k nor softmax(...).v", op=op)
+
+
+def _single(d: tuple[str, ...], what: str, op: str) -> str:
+    if len(d) != 1:
+        raise UnsupportedSpec(f"the {what} axis is merged with another axis", op=op)
+    return d[0]
+
+
+def _score(ctx: Ctx, a: Sym, b: Sym, op: str) -> Sym:
+    batch, m, n, ea, eb = _operands(ctx, a, b, op)
+    k = a.axes[-1]
+    kd = _single(k, "head-dim", op)
+    ca, la = _factor(ea, kd)
+    cb, lb = _factor(eb, kd)
+    if la.attr == lb.attr:
+        raise UnsupportedSpec("q and k are the same tensor", op=op)
+    qa, kva = _single(m, "query", op), _single(n, "key", op)
+    ctx.roles.update({qa: "q", kva: "kv", kd: "d"})
+    batch_atoms = [x for d in batch for x in d]
+    ctx.facts["score"] = {"q": la, "k": lb, "batch": batch_atoms}
+    coef = simplify(call("mul", ca, cb), ctx.ranges())
+    s = Expr("var", (), "s")
+    e = s if coef == const(1.0) else call("mul", s, coef)
+    # batch roles are fixed later, from the query's own dim order
+    for x in batch_atoms:
+        ctx.roles.setdefault(x, "batch")
+    return Sym(tuple(batch) + (m, n), e, a.dtype if a.dtype.is_floating_point else b.dtype)
+
+
+def _output(ctx: Ctx, p: Sym, v: Sym, op: str) -> Sym:
+    if len(p.axes) != len(v.axes):
+        raise UnsupportedSpec("P.v operands of unexpected rank", op=op)
+    batch, m, n, _, ev = _operands(ctx, p, v, op)
+    if ctx.roles.get(_single(p.axes[-1], "key", op)) != "kv":
+        raise UnsupportedSpec("P.v does not contract over the key axis", op=op)
+    dv = _single(n, "value head-dim", op)
+    coef, lv = _factor(ev, p.axes[-1][0])
+    if coef != const(1.0):
+        raise UnsupportedSpec("the value tensor is scaled inside P.v", op=op)
+    ctx.roles[dv] = "dv"
+    ctx.facts["output"] = {"v": lv, "probs": p}
+    return Sym(tuple(batch) + (m, n), None, v.dtype, "attn", {})

@@ -1,0 +1,89 @@
+"""Elementwise ops: broadcasting by unification, values as CuIR expressions."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...errors import UnsupportedSpec
+from ...ir.expr import Expr, call, const, where
+from .simplify import simplify
+from .sym import Ctx, Sym, unify
+
+# aten packet name -> CuIR op
+BINARY = {"add": "add", "sub": "sub", "rsub": "rsub", "mul": "mul", "div": "div", "true_divide": "div",
+          "floor_divide": "floordiv", "remainder": "mod", "fmod": "mod", "maximum": "max", "minimum": "min",
+          "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+          "bitwise_and": "and", "logical_and": "and", "bitwise_or": "or", "logical_or": "or",
+          "__and__": "and", "__or__": "or"}
+UNARY = {"neg": "neg", "tanh": "tanh", "exp": "exp", "log": "log", "abs": "abs", "sqrt": "sqrt",
+         "rsqrt": "rsqrt", "sigmoid": "sigmoid", "bitwise_not": "not", "logical_not": "not", "floor": "floor"}
+
+
+def _has_roles(ctx: Ctx, d: tuple[str, ...]) -> bool:
+    return any(a in ctx.roles for a in d)
+
+
+def broadcast(ctx: Ctx, xs: list[Sym], op: str) -> tuple[tuple, list[Expr]]:
+    """Common axes for xs and each operand's value rewritten onto them."""
+    rank = max(len(x.axes) for x in xs)
+    padded = [[()] * (rank - len(x.axes)) + list(x.axes) for x in xs]
+    out: list[tuple[str, ...]] = []
+    for i in range(rank):
+        dims = [p[i] for p in padded]
+        big = [d for d in dims if ctx.dim_size(d) > 1]
+        cands = big or dims
+        best = max(cands, key=lambda d: (_has_roles(ctx, d), len(d) == 1, len(d)))
+        out.append(best)
+    exprs = []
+    for x, p in zip(xs, padded):
+        sub: dict[str, Expr] = {}
+        for d, keep in zip(p, out):
+            if ctx.dim_size(d) == 1 and ctx.dim_size(keep) > 1:
+                sub.update({a: const(0) for a in d})
+            else:
+                sub.update(unify(ctx, keep, d, op))
+        exprs.append(ctx.subst(x, sub, op).expr)
+    return tuple(out), exprs
+
+
+def lift_scalar(v: Any, like: torch.dtype) -> Sym:
+    if isinstance(v, bool):
+        return Sym((), const(v), torch.bool)
+    if isinstance(v, int):
+        return Sym((), const(v), torch.int64)
+    return Sym((), const(float(v)), torch.float32)
+
+
+def combine(ctx: Ctx, cuir_op: str, xs: list[Sym], out_dtype: torch.dtype, op: str) -> Sym:
+    for x in xs:
+        if x.kind != "value":
+            raise UnsupportedSpec(f"{cuir_op} applied to the {x.kind} (only casts and views may follow softmax)", op=op)
+    axes, es = broadcast(ctx, xs, op)
+    if cuir_op == "rsub":
+        e = call("sub", es[1], es[0])
+    elif cuir_op == "div" and not out_dtype.is_floating_point:
+        e = call("floordiv", *es)  # aten integer div only reaches here with rounding_mode
+    elif cuir_op == "where":
+        e = where(*es)
+    else:
+        e = call(cuir_op, *es)
+    return Sym(axes, simplify(e, ctx.ranges()), out_dtype)
+
+
+def cast(x: Sym, dtype: torch.dtype) -> Sym:
+    if x.kind != "value" or x.expr is None:
+        return Sym(x.axes, x.expr, dtype, x.kind, x.payload)
+    src, e = x.dtype, x.expr
+    if dtype == torch.bool and src != torch.bool:
+        e = call("to_bool", e)
+    elif dtype.is_floating_point and not src.is_floating_point:
+        e = call("to_float", e)
+    elif not dtype.is_floating_point and dtype != torch.bool and src.is_floating_point:
+        e = call("to_int", e)
+    return Sym(x.axes, e, dtype)
+
+
+def is_neg_fill(v: Any) -> bool:
+    return isinstance(v, (int, float)) and (v == -math.inf or v <= -1e4)

@@ -1,0 +1,317 @@
+"""Walk the captured aten graph, giving every node a symbolic value.
+
+The walk knows the *algebra* of ops (views, broadcasting, contractions,
+reductions, softmax), not a list of attention idioms: masks, biases, scales
+and head grouping fall out of how values combine.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from ...errors import UnsupportedSpec
+from ...ir.expr import Expr, call, const, load, walk
+from . import views
+from .contract import contract
+from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
+from .simplify import simplify
+from .sym import Ctx, Sym
+
+_PASS = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy", "lift_fresh", "dropout",
+         "_to_copy", "to", "type_as", "clamp"}
+
+
+def tensor_name(path: str) -> str:
+    return path.replace(".", "_").replace("*", "")
+
+
+def input_sym(ctx: Ctx, name: str, t: torch.Tensor) -> Sym:
+    atoms = tuple((ctx.atom(n),) for n in t.shape)
+    idx = [Expr("var", (), a[0]) for a in atoms]
+    ctx.facts.setdefault("inputs", {})[name] = t
+    return Sym(atoms, load(name, *idx), t.dtype)
+
+
+class Walker:
+    def __init__(self, ctx: Ctx, inputs: dict[str, Sym]) -> None:
+        self.ctx = ctx
+        self.env: dict[Node, Any] = {}
+        self.inputs = inputs
+
+    def arg(self, a: Any) -> Any:
+        if isinstance(a, Node):
+            return self.env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.arg(x) for x in a)
+        return a
+
+    def sym(self, a: Any, like: torch.dtype = torch.float32) -> Sym:
+        v = self.arg(a)
+        if isinstance(v, Sym):
+            return v
+        if isinstance(v, (int, float, bool)):
+            return lift_scalar(v, like)
+        raise UnsupportedSpec(f"unexpected operand {v!r}")
+
+    def run(self, gm: torch.fx.GraphModule, placeholders: list[str], consts: dict[str, str]) -> Any:
+        ph = iter(placeholders)
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self.inputs[next(ph)]
+            elif node.op == "get_attr":
+                self.env[node] = self.inputs[consts[node.target]]
+            elif node.op == "call_function":
+                self.env[node] = self.call(node)
+            elif node.op == "output":
+                return self.arg(node.args[0])
+        raise UnsupportedSpec("graph has no output")
+
+    def call(self, node: Node) -> Any:
+        t = node.target
+        if t is operator.getitem:
+            return self.arg(node.args[0])[node.args[1]]
+        name = getattr(getattr(t, "overloadpacket", None), "__name__", str(t))
+        name = name.rstrip("_") if name.endswith("_") and name not in ("slice_",) else name
+        val = node.meta.get("val")
+        dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+        op = f"aten.{name}"
+        a, kw = node.args, node.kwargs
+        ctx = self.ctx
+        if name in ("view", "reshape", "_unsafe_view"):
+            return views.reshape(ctx, self.sym(a[0]), list(a[1]), op)
+        if name == "permute":
+            return views.permute(self.sym(a[0]), list(a[1]))
+        if name == "transpose":
+            return views.transpose(self.sym(a[0]), a[1], a[2])
+        if name == "t":
+            return views.transpose(self.sym(a[0]), 0, 1)
+        if name == "unsqueeze":
+            return views.unsqueeze(self.sym(a[0]), a[1])
+        if name == "squeeze":
+            dims = None if len(a) < 2 else ([a[1]] if isinstance(a[1], int) else list(a[1]))
+            return views.squeeze(ctx, self.sym(a[0]), dims, op)
+        if name in ("expand", "broadcast_to"):
+            return views.expand(ctx, self.sym(a[0]), list(a[1]), op)
+        if name == "repeat":
+            return self.repeat(self.sym(a[0]), list(a[1]), op)
+        if name == "slice":
+            x = self.sym(a[0])
+            dim, start, end, step = (list(a[1:]) + [0, None, None, 1][len(a) - 1:])[:4]
+            if x.kind == "probs" and x.payload.get("sink_col"):
+                return self.drop_sink_column(x, dim, start, end, op)
+            return views.slice_(ctx, x, dim, start, end, step or 1, op)
+        if name == "select":
+            return views.select(ctx, self.sym(a[0]), a[1], a[2], op)
+        if name in _PASS:
+            x = self.sym(a[0])
+            if name == "dropout" and len(a) > 2 and a[2] and a[1] > 0:
+                raise UnsupportedSpec("dropout in training mode is random", op=op)
+            if name == "clamp":
+                return self.clamp(x, a[1] if len(a) > 1 else kw.get("min"), a[2] if len(a) > 2 else kw.get("max"), dtype, op)
+            return cast(x, dtype)
+        if name in ("native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", "randint"):
+            raise UnsupportedSpec("random numbers (dropout in training?) cannot be compiled", op=op)
+        if name in ("topk", "sort", "argsort", "kthvalue", "nonzero", "masked_select", "unique"):
+            raise UnsupportedSpec("selection by value (top-k, sort, nonzero) is not an attention score", op=op)
+        if name == "exp" and self.sym(a[0]).kind == "shifted":
+            x = self.sym(a[0])
+            return Sym(x.axes, None, x.dtype, "expshift", x.payload)
+        if name in UNARY:
+            return combine(ctx, UNARY[name], [self.sym(a[0])], dtype, op)
+        if name in BINARY:
+            xs = [self.sym(x) for x in a[:2]]
+            if name == "div" and kw.get("rounding_mode") == "floor":
+                return combine(ctx, "floordiv", xs, dtype, op)
+            if name == "div" and kw.get("rounding_mode") == "trunc":
+                raise UnsupportedSpec("truncating division", op=op)
+            alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
+            if name in ("add", "sub") and alpha != 1:
+                xs[1] = combine(ctx, "mul", [xs[1], lift_scalar(alpha, dtype)], xs[1].dtype, op)
+            if name == "sub" and xs[0].kind == "value" and xs[1].kind == "rowmax":
+                return self.shift(xs[0], xs[1], op)
+            if name == "div" and xs[0].kind == "expshift" and xs[1].kind == "rowsum":
+                return self.manual_softmax(xs[0], xs[1], op)
+            return combine(ctx, BINARY[name], xs, dtype, op)
+        if name == "where":
+            return combine(ctx, "where", [self.sym(x) for x in a[:3]], dtype, op)
+        if name == "masked_fill":
+            x, m, v = self.sym(a[0]), self.sym(a[1]), self.sym(a[2])
+            return combine(ctx, "where", [m, v, x], dtype, op)
+        if name in ("scalar_tensor", "full", "ones", "zeros", "full_like", "ones_like", "zeros_like",
+                    "new_ones", "new_zeros", "new_full", "empty", "empty_like"):
+            return self.factory(name, node, dtype, op)
+        if name == "arange":
+            return self.arange(node, dtype, op)
+        if name in ("triu", "tril"):
+            return self.tri(name, self.sym(a[0]), a[1] if len(a) > 1 else kw.get("diagonal", 0), dtype, op)
+        if name in ("bmm", "mm", "matmul"):
+            return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
+        if name in ("_softmax", "softmax", "_safe_softmax"):
+            return self.softmax(self.sym(a[0]), a[1], dtype, op)
+        if name in ("amax", "max") and len(a) >= 2:
+            return self.rowmax(self.sym(a[0]), a[1], op)
+        if name == "sum" and len(a) >= 2:
+            return self.rowsum(self.sym(a[0]), a[1], op)
+        if name == "cat":
+            return self.cat([self.sym(x) for x in a[0]], a[1] if len(a) > 1 else kw.get("dim", 0), op)
+        if name == "index":
+            return self.index(self.sym(a[0]), list(a[1]), op)
+        if name == "index_select":
+            return self.index(self.sym(a[0]), [None] * (a[1] % len(self.sym(a[0]).axes)) + [a[2]], op)
+        if name == "embedding":
+            return self.index(self.sym(a[0]), [a[1]], op)
+        raise UnsupportedSpec("no symbolic rule for this op", op=op)
+
+    # -- structure ---------------------------------------------------------
+    def softmax(self, x: Sym, dim: int, dtype: torch.dtype, op: str) -> Sym:
+        if dim not in (-1, len(x.axes) - 1):
+            raise UnsupportedSpec("softmax must run over the key axis (the last dim)", op=op)
+        if x.kind == "shifted":
+            x = x.payload["of"]
+        sink = None
+        if x.kind == "catsink":
+            sink = x.payload["sink"]
+            x = x.payload["score"]
+        if x.kind != "value" or "score" not in self.ctx.facts:
+            raise UnsupportedSpec("softmax of a value that is not derived from q.k", op=op)
+        if self.ctx.roles.get(x.axes[-1][0] if len(x.axes[-1]) == 1 else "", "") != "kv":
+            raise UnsupportedSpec("softmax must run over the key axis", op=op)
+        return Sym(x.axes if sink is None else x.axes[:-1] + (x.payload.get("full_kv", x.axes[-1]),),
+                   None, dtype, "probs", {"score": x, "sink": sink, "sink_col": sink is not None})
+
+    def drop_sink_column(self, x: Sym, dim: int, start: Any, end: Any, op: str) -> Sym:
+        score = x.payload["score"]
+        n = self.ctx.dim_size(score.axes[-1])
+        if dim not in (-1, len(x.axes) - 1) or (start or 0) != 0 or end not in (n, -1):
+            raise UnsupportedSpec("slice of the probabilities other than dropping the sink column", op=op)
+        return Sym(score.axes, None, x.dtype, "probs", {"score": score, "sink": x.payload["sink"]})
+
+    def cat(self, xs: list[Sym], dim: int, op: str) -> Sym:
+        if len(xs) != 2 or dim not in (-1, len(xs[0].axes) - 1):
+            raise UnsupportedSpec("concatenation other than one sink column on the key axis", op=op)
+        score, col = xs
+        if self.ctx.dim_size(col.axes[-1]) != 1 or "score" not in self.ctx.facts or not _has_s(score):
+            raise UnsupportedSpec("concatenation other than one sink column on the key axis", op=op)
+        lead = Sym(col.axes[:-1] + ((),), col.expr, col.dtype)
+        axes, exprs = broadcast(self.ctx, [Sym(score.axes[:-1] + ((),), const(0.0), score.dtype), lead], op)
+        sink = exprs[1]
+        bad = {n.attr for n in walk(sink) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r in ("b", "h")}
+        if bad:
+            raise UnsupportedSpec("the sink logit may depend only on batch and head", op=op)
+        full = (self.ctx.atom(self.ctx.dim_size(score.axes[-1]) + 1),)
+        return Sym(score.axes[:-1] + (full,), None, score.dtype, "catsink",
+                   {"score": score, "sink": sink, "full_kv": full})
+
+    def rowmax(self, x: Sym, dim: Any, op: str) -> Sym:
+        d = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+        if d not in (-1, len(x.axes) - 1) or x.kind not in ("value", "catsink"):
+            raise UnsupportedSpec("a reduction other than the softmax row max", op=op)
+        return Sym(x.axes[:-1] + ((),), None, x.dtype, "rowmax", {"of": x})
+
+    def shift(self, x: Sym, m: Sym, op: str) -> Sym:
+        if m.payload["of"] is not x:
+            raise UnsupportedSpec("subtracting a row max of another tensor", op=op)
+        return Sym(x.axes, None, x.dtype, "shifted", {"of": x})
+
+    def rowsum(self, x: Sym, dim: Any, op: str) -> Sym:
+        d = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+        if x.kind != "expshift" or d not in (-1, len(x.axes) - 1):
+            raise UnsupportedSpec("a sum other than the softmax normaliser", op=op)
+        return Sym(x.axes[:-1] + ((),), None, x.dtype, "rowsum", {"of": x.payload["of"]})
+
+    def manual_softmax(self, e: Sym, s: Sym, op: str) -> Sym:
+        if e.payload["of"] is not s.payload["of"]:
+            raise UnsupportedSpec("normalising by the sum of another row", op=op)
+        return self.softmax(Sym(e.axes, None, e.dtype, "shifted", {"of": e.payload["of"]}), -1, e.dtype, op)
+
+    def clamp(self, x: Sym, lo: Any, hi: Any, dtype: torch.dtype, op: str) -> Sym:
+        if lo is not None:
+            x = combine(self.ctx, "max", [x, lift_scalar(lo, dtype)], dtype, op)
+        if hi is not None:
+            x = combine(self.ctx, "min", [x, lift_scalar(hi, dtype)], dtype, op)
+        return x
+
+    # -- tensors made from indices ------------------------------------------
+    def factory(self, name: str, node: Node, dtype: torch.dtype, op: str) -> Sym:
+        a = node.args
+        val = node.meta["val"]
+        if name == "scalar_tensor":
+            fill = a[0]
+        elif name in ("full", "new_full", "full_like"):
+            fill = a[-1] if name != "full_like" else a[1]
+        elif name in ("ones", "ones_like", "new_ones"):
+            fill = 1
+        elif name in ("zeros", "zeros_like", "new_zeros"):
+            fill = 0
+        else:
+            raise UnsupportedSpec("uninitialised memory", op=op)
+        v = bool(fill) if dtype == torch.bool else (float(fill) if dtype.is_floating_point else int(fill))
+        return Sym(tuple((self.ctx.atom(n),) if n > 1 else () for n in val.shape), const(v), dtype)
+
+    def arange(self, node: Node, dtype: torch.dtype, op: str) -> Sym:
+        a = list(node.args)
+        start, end, step = (0, a[0], 1) if len(a) == 1 else (a + [1])[:3]
+        n = node.meta["val"].shape[0]
+        at = self.ctx.atom(n)
+        e: Expr = Expr("var", (), at)
+        if step != 1:
+            e = call("mul", e, const(step))
+        if start:
+            e = call("add", e, const(start))
+        if dtype.is_floating_point:
+            e = call("to_float", e)
+        return Sym(((at,),), e, dtype)
+
+    def tri(self, name: str, x: Sym, diag: int, dtype: torch.dtype, op: str) -> Sym:
+        r, c = x.axes[-2], x.axes[-1]
+        row = self.ctx.linear(r)
+        col = self.ctx.linear(c)
+        off = call("sub", col, row)
+        keep = call("ge", off, const(diag)) if name == "triu" else call("le", off, const(diag))
+        zero = const(False) if dtype == torch.bool else const(0 if not dtype.is_floating_point else 0.0)
+        return Sym(x.axes, simplify(call("where", keep, x.expr, zero), self.ctx.ranges()), dtype)
+
+    def repeat(self, x: Sym, reps: list[int], op: str) -> Sym:
+        axes = [()] * (len(reps) - len(x.axes)) + list(x.axes)
+        out, sub = [], {}
+        for d, r in zip(axes, reps):
+            if r == 1:
+                out.append(d)
+                continue
+            g = self.ctx.atom(r)
+            if self.ctx.dim_size(d) == 1:
+                sub.update({a: const(0) for a in d})
+                out.append((g,))
+            else:
+                out.append((g,) + d)  # copies are outermost: index = g * n + i
+        y = self.ctx.subst(x, sub, op)
+        return Sym(tuple(out), y.expr, x.dtype, x.kind, x.payload)
+
+    def index(self, x: Sym, indices: list[Any], op: str) -> Sym:
+        """x[i0, i1, ...] with tensor indices: a load through index expressions."""
+        if x.kind != "value" or x.expr is None or x.expr.op != "load":
+            raise UnsupportedSpec("indexing a computed tensor (only inputs can be gathered)", op=op)
+        idx_syms = [None if i is None else self.sym(i) for i in indices]
+        used = [s for s in idx_syms if s is not None]
+        axes, exprs = broadcast(self.ctx, used, op)
+        it = iter(exprs)
+        sub: dict[str, Expr] = {}
+        rest: list[tuple[str, ...]] = []
+        for i, d in enumerate(x.axes):
+            s = idx_syms[i] if i < len(idx_syms) else None
+            if s is None:
+                rest.append(d)
+            else:
+                sub.update(self.ctx.decompose(next(it), d))
+        y = self.ctx.subst(x, sub, op)
+        first = next(i for i, s in enumerate(idx_syms) if s is not None)
+        contiguous = all(s is not None for s in idx_syms[first:first + len(used)])
+        out = rest[:first] + list(axes) + rest[first:] if contiguous else list(axes) + rest
+        return Sym(tuple(out), y.expr, x.dtype)
+
+
+def _has_s(x: Sym) -> bool:
+    return x.expr is not None and any(n.op == "var" and n.attr == "s" for n in walk(x.expr))

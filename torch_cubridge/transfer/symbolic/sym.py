@@ -1,0 +1,111 @@
+"""Symbolic tensors: the abstract values of the graph analysis.
+
+Every dimension of a tensor is a list of *atoms* (index variables with a
+size; a merged dim has several). A tensor's value is a CuIR expression over
+its atoms, so views become substitutions and broadcasting becomes
+unification. Once the q.k contraction is found, its atoms get roles
+(b, h, q, kv, d) and must survive to the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...errors import UnsupportedSpec
+from ...ir.expr import Expr, call, const, substitute
+from ...ir.interval import Interval
+from .simplify import simplify
+
+Axes = tuple[tuple[str, ...], ...]
+
+
+@dataclass
+class Sym:
+    axes: Axes
+    expr: Expr | None
+    dtype: torch.dtype
+    kind: str = "value"            # value | attn | probs | rowmax | shifted | expshift | rowsum | catsink
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class Ctx:
+    """Atom sizes, roles and the facts found about the attention structure."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.roles: dict[str, str] = {}
+        self.facts: dict[str, Any] = {}
+        self._n = 0
+
+    def atom(self, size: int) -> str:
+        self._n += 1
+        name = f"_a{self._n}"
+        self.sizes[name] = int(size)
+        return name
+
+    def ranges(self) -> dict[str, Interval]:
+        return {a: (0.0, float(n - 1)) for a, n in self.sizes.items()}
+
+    def dim_size(self, atoms: tuple[str, ...]) -> int:
+        n = 1
+        for a in atoms:
+            n *= self.sizes[a]
+        return n
+
+    def shape(self, x: Sym) -> tuple[int, ...]:
+        return tuple(self.dim_size(d) for d in x.axes)
+
+    def subst(self, x: Sym, mapping: dict[str, Expr], op: str) -> Sym:
+        """Rewrite x's value after a view; role atoms may not be rewritten."""
+        if not mapping:
+            return x
+        hit = [a for a in mapping if a in self.roles]
+        if hit and x.kind != "value" or any(a in self.roles and _mentions(x, a) for a in hit):
+            raise UnsupportedSpec(f"a view re-indexes the {self.roles[hit[0]]} axis after the score matmul", op=op)
+        expr = None if x.expr is None else simplify(substitute(x.expr, mapping), self.ranges())
+        return Sym(x.axes, expr, x.dtype, x.kind, x.payload)
+
+    def decompose(self, src: Expr, atoms: tuple[str, ...]) -> dict[str, Expr]:
+        """atoms (row-major, merged) := digits of the flat index src."""
+        out: dict[str, Expr] = {}
+        inner = 1
+        for a in reversed(atoms):
+            n = self.sizes[a]
+            e = src if inner == 1 else call("floordiv", src, const(inner))
+            out[a] = e if a == atoms[0] else call("mod", e, const(n))
+            inner *= n
+        return {a: simplify(e, self.ranges()) for a, e in out.items()}
+
+    def linear(self, atoms: tuple[str, ...]) -> Expr:
+        e: Expr | None = None
+        for a in atoms:
+            e = Expr("var", (), a) if e is None else call("add", call("mul", e, const(self.sizes[a])), Expr("var", (), a))
+        return e if e is not None else const(0)
+
+
+def _mentions(x: Sym, atom: str) -> bool:
+    if x.expr is not None and f"'{atom}'" in repr(x.expr):
+        return True
+    return any(atom in d for d in x.axes)
+
+
+def unify(ctx: Ctx, keep: tuple[str, ...], other: tuple[str, ...], op: str) -> dict[str, Expr]:
+    """Substitution for `other`'s atoms so they index like `keep` (same extent)."""
+    if keep == other:
+        return {}
+    if ctx.dim_size(keep) != ctx.dim_size(other):
+        raise UnsupportedSpec(f"cannot align dims of sizes {ctx.dim_size(keep)} and {ctx.dim_size(other)}", op=op)
+    k = tuple(a for a in keep if ctx.sizes[a] > 1)
+    o = tuple(a for a in other if ctx.sizes[a] > 1)
+    m: dict[str, Expr] = {a: const(0) for a in other if ctx.sizes[a] == 1 and a not in keep}
+    if len(k) == len(o) and all(ctx.sizes[a] == ctx.sizes[b] for a, b in zip(k, o)):
+        m.update({b: Expr("var", (), a) for a, b in zip(k, o) if a != b})
+    elif len(k) == 1:
+        m.update(ctx.decompose(Expr("var", (), k[0]), o))
+    elif len(o) == 1:
+        m[o[0]] = ctx.linear(k)
+    else:
+        raise UnsupportedSpec("merged dims split in two different ways", op=op)
+    return m

@@ -1,0 +1,57 @@
+"""The default transfer backend: symbolic analysis of the captured graph.
+
+Passes, in order: walk (symbolic values for every node) -> assemble (roles,
+layouts, loads) -> extract_mask -> lift_literals -> classify blocks.
+"""
+from __future__ import annotations
+
+from ..capture.trace import Captured
+from ..errors import UnsupportedSpec
+from ..ir.expr import loads
+from ..ir.program import Program
+from .assemble import assemble
+from .masks import extract_mask
+from .scalars import lift_literals
+from .symbolic.graph import Walker, input_sym, tensor_name
+from .symbolic.simplify import simplify
+from .symbolic.sym import Ctx
+
+
+def symbolic_transfer(cap: Captured) -> Program:
+    ctx = Ctx()
+    inputs, paths, consts = {}, {}, {}
+    for path in cap.tensor_paths:
+        name = tensor_name(path)
+        inputs[name] = input_sym(ctx, name, cap.example[path])
+        paths[name] = path
+    const_names = {}
+    for i, (attr, t) in enumerate(sorted(cap.constants.items())):
+        owner = cap.constant_paths.get(attr)
+        name = tensor_name(owner) if owner else f"const{i}"
+        inputs[name] = input_sym(ctx, name, t)
+        const_names[attr] = name
+        consts[name] = t
+        if owner:
+            paths[name] = owner
+    result = Walker(ctx, inputs).run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
+    parts = assemble(ctx, result, paths, _q_dtype(ctx), cap.signature, consts)
+    score, mask, empty = extract_mask(parts.pop("score"))
+    mask = None if mask is None else simplify(mask, {})
+    sink = parts.pop("sink")
+    if sink is not None:
+        empty = "zero"  # the sink takes all the weight of a fully masked row
+    (score, mask, sink), scalars = lift_literals([score, mask, sink])
+    rule = "none" if mask is None else ("prepass" if loads(mask) else "interval")
+    used = set().union(*(loads(e) for e in (score, mask, sink) if e is not None))
+    extras = tuple(x for x in parts.pop("extras") if x.name in used)
+    prog = Program(score=score, mask=mask, sink=sink, scalars=tuple(scalars), block_rule=rule,
+                   empty_rows=empty, extras=extras, **parts)
+    prog.validate()
+    return prog
+
+
+def _q_dtype(ctx: Ctx):
+    q = ctx.facts.get("score", {}).get("q")
+    if q is None:
+        raise UnsupportedSpec("no q.k matmul found: this is not attention", op="matmul")
+    return ctx.facts["inputs"][q.attr].dtype
