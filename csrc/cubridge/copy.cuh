@@ -25,13 +25,30 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
   const unsigned s0 = smem_u32(s);
+  if constexpr (NTHREADS % kChunks == 0) {
+    // Each thread keeps one column and walks rows kStep apart: one running
+    // pointer instead of a hoisted 64-bit offset per chunk (saves registers).
+    constexpr int kStep = NTHREADS / kChunks;
+    const int r = tid / kChunks, c = tid % kChunks;
+    const int left = nrows - row0 - r;  // rows this thread may still read
+    const T* src = g + (long long)(row0 + r) * ld + c * 8;
+    const long long step = kStep * ld;
+    const unsigned dst = s0 + (r * LDS + c * 8) * 2;
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
-    const int idx = tid + i * NTHREADS;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool ok = row0 + r < nrows;
-    const T* src = g + (ok ? (long long)(row0 + r) * ld : 0) + c * 8;
-    cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
+    for (int i = 0; i < ROWS / kStep; ++i) {
+      const bool ok = i * kStep < left;
+      cp_async16(dst + i * kStep * LDS * 2, ok ? src : g, ok);
+      src += step;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+      const int idx = tid + i * NTHREADS;
+      const int r = idx / kChunks, c = idx % kChunks;
+      const bool ok = row0 + r < nrows;
+      const T* src = g + (ok ? (long long)(row0 + r) * ld : 0) + c * 8;
+      cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
+    }
   }
 }
 

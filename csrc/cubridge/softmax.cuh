@@ -36,6 +36,7 @@ template <int MT, int NT, int DT>
 __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
                                                float (&m)[MT * 2], float (&l)[MT * 2],
                                                float factor) {
+  float scale[2 * MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -58,12 +59,24 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
         sum += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
       }
       l[r] = fmaf(l[r], alpha, sum);
+      scale[r] = alpha;
+    }
+  }
+  // Once the running max settles, alpha is 1 for every row: skip the O
+  // rescale (2 * MT * DT * 2 FMULs) unless some row in the warp moved.
+  bool moved = false;
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) moved |= scale[r] != 1.f;
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        o[mt][dt][2 * hf] *= alpha;
-        o[mt][dt][2 * hf + 1] *= alpha;
+        o[mt][dt][0] *= scale[2 * mt];
+        o[mt][dt][1] *= scale[2 * mt];
+        o[mt][dt][2] *= scale[2 * mt + 1];
+        o[mt][dt][3] *= scale[2 * mt + 1];
       }
-    }
   }
 }
 

@@ -1,0 +1,32 @@
+"""The per-call argument signature: the dictionary key from a call to its program.
+
+It must be cheap (microseconds): dtypes, devices, ranks, which dims are 1,
+and non-tensor values. Sizes are not in it; programs are generic in sizes
+unless generalisation said otherwise, which the entry checks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.device.type, tuple(s == 1 for s in v.shape))
+    if isinstance(v, torch.nn.Module):
+        return (type(v).__name__, id(v))
+    if isinstance(v, (int, float, bool, str, type(None))):
+        return v
+    if isinstance(v, (tuple, list)):
+        return tuple(_meta(x) for x in v)
+    if isinstance(v, torch.dtype):
+        return v
+    return (type(v).__name__, id(v))
+
+
+def call_signature(args: tuple, kwargs: dict) -> tuple:
+    key = tuple(_meta(a) for a in args)
+    if kwargs:
+        key += tuple((k, _meta(v)) for k, v in sorted(kwargs.items()))
+    return key

@@ -1,0 +1,104 @@
+"""Pass: make a program generic in sizes where probes show it may be.
+
+The spec is captured again (with fake tensors, so this is cheap) at probe
+shapes. If the structure is unchanged, every scalar whose value moves with
+the shape is fitted exactly as c0 + c1*Sq + c2*Skv and becomes a derived
+scalar. Any structural change, or a value no affine form explains, keeps the
+program specialised to its shape: never a wrong generalisation.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any, Callable
+
+from ..capture.trace import capture
+from ..errors import UnsupportedSpec
+from ..ir.expr import Expr, call, const, var
+from ..ir.program import Program
+from ..verify.inputs import example_sizes, make_inputs
+
+
+def _probe_sizes(ex: dict[str, int]) -> list[dict[str, int]]:
+    def near(n: int, d: int) -> int:
+        return n - d if n - d >= 1 else n + d
+    if ex["Sq"] == ex["Skv"]:
+        return [dict(ex, Sq=near(ex["Sq"], d), Skv=near(ex["Sq"], d)) for d in (3, 1, 6)]
+    return [dict(ex, Sq=near(ex["Sq"], a), Skv=near(ex["Skv"], b)) for a, b in ((3, 1), (1, 4), (2, 7))]
+
+
+def _solve(points: list[tuple[list[int], Fraction]]) -> list[Fraction] | None:
+    """Exact least-size solve of A c = y by Gaussian elimination over fractions."""
+    n = len(points[0][0])
+    rows = [[Fraction(x) for x in a] + [y] for a, y in points]
+    piv_cols, r = [], 0
+    for c in range(n):
+        p = next((i for i in range(r, len(rows)) if rows[i][c] != 0), None)
+        if p is None:
+            continue
+        rows[r], rows[p] = rows[p], rows[r]
+        rows[r] = [x / rows[r][c] for x in rows[r]]
+        for i in range(len(rows)):
+            if i != r and rows[i][c] != 0:
+                f = rows[i][c]
+                rows[i] = [a - f * b for a, b in zip(rows[i], rows[r])]
+        piv_cols.append(c)
+        r += 1
+    if any(all(x == 0 for x in row[:-1]) and row[-1] != 0 for row in rows):
+        return None
+    sol = [Fraction(0)] * n
+    for i, c in enumerate(piv_cols):
+        sol[c] = rows[i][-1]
+    return sol
+
+
+def _affine(coef: list[Fraction], names: list[str], is_int: bool) -> Expr | None:
+    terms: Expr | None = None
+    for c, nm in zip(coef[1:], names):
+        if c == 0:
+            continue
+        if c.denominator != 1:
+            return None
+        t = var(nm) if c == 1 else call("mul", const(int(c)), var(nm))
+        terms = t if terms is None else call("add", terms, t)
+    c0 = coef[0]
+    if c0.denominator != 1 and is_int:
+        return None
+    c0v = int(c0) if c0.denominator == 1 else float(c0)
+    if terms is None:
+        return None
+    return terms if c0v == 0 else call("add", terms, const(c0v))
+
+
+def generalize(fn: Callable, example: dict[str, Any], prog: Program,
+               transfer_fn: Callable[[Any], Program]) -> tuple[Program, bool]:
+    ex = example_sizes(prog, example)
+    square = ex["Sq"] == ex["Skv"]
+    names = ["Sq"] if square else ["Sq", "Skv"]
+    progs: list[tuple[dict[str, int], Program]] = [(ex, prog)]
+    for sizes in _probe_sizes(ex):
+        try:
+            bound = make_inputs(prog, example, sizes, seed=7)
+            other = transfer_fn(capture(fn, bound))
+        except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
+            return prog, False
+        if other.structure() != prog.structure():
+            return prog, False
+        progs.append((sizes, other))
+    scalars = []
+    for i, s in enumerate(prog.scalars):
+        vals = [Fraction(p.scalars[i].value).limit_denominator(1 << 20) for _, p in progs]
+        if all(v == vals[0] for v in vals):
+            scalars.append(s)
+            continue
+        pts = [([1] + [sz[n] for n in names], v) for (sz, _), v in zip(progs, vals)]
+        coef = _solve(pts)
+        expr = None if coef is None else _affine(coef, names, s.kind == "int")
+        if expr is None or any(_eval(coef, [sz[n] for n in names]) != v for (sz, _), v in zip(progs, vals)):
+            return prog, False
+        scalars.append(replace(s, value=None, expr=expr))
+    return replace(prog, scalars=tuple(scalars)), True
+
+
+def _eval(coef: list[Fraction], xs: list[int]) -> Fraction:
+    return coef[0] + sum(c * x for c, x in zip(coef[1:], xs))
