@@ -194,7 +194,11 @@ def run_checks(mod):
     return fails
 
 
+args_modes = ("full", "causal")
+
+
 def bench(mod, names, dims=(128, 64), seqs=(1024, 4096, 16384), H=16, tokens=32768):
+    torch.manual_seed(0)
     import triton.testing as tt
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -204,7 +208,7 @@ def bench(mod, names, dims=(128, 64), seqs=(1024, 4096, 16384), H=16, tokens=327
             B = tokens // S
             q, k, v = make_qkv(B, H, H, S, S, D, torch.bfloat16)
             o = torch.empty_like(q)
-            for mode in ("full", "causal"):
+            for mode in args_modes:
                 dens = 0.5 if mode == "causal" else 1.0
                 flops = 4 * B * H * S * S * D * dens
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -256,6 +260,7 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tune", default="", help="comma list of tuning tags present in the cubin")
     ap.add_argument("--seqs", default="1024,4096,16384")
+    ap.add_argument("--dims", default="128,64")
     args = ap.parse_args()
     print("GPU:", torch.cuda.get_device_name(), "| torch", torch.__version__)
     if args.build:
@@ -277,7 +282,7 @@ def main():
             out = [f"fwd_{mode}_{D}_bf16"]
             out += [f"fwd_{t}_{mode}" for t in tags if t.startswith(f"t{D}")]
             return out
-        bench(mod, names, seqs=seqs)
+        bench(mod, names, dims=tuple(int(d) for d in args.dims.split(",")), seqs=seqs)
     sys.exit(1 if fails else 0)
 
 

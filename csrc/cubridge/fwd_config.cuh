@@ -5,7 +5,8 @@
 
 namespace cubridge {
 
-template <int D, int BM, int BN, int Warps, int Stages, bool QInRegs = true>
+template <int D, int BM, int BN, int Warps, int Stages, bool QInRegs = true,
+          bool LazyRescale = true>
 struct FwdTile {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BM;   // query rows per CTA
@@ -13,6 +14,7 @@ struct FwdTile {
   static constexpr int kWarps = Warps; // each warp owns BM / Warps query rows
   static constexpr int kStages = Stages;  // K/V shared-memory buffers (>= 2)
   static constexpr bool kQInRegs = QInRegs;  // false: Q re-read from shared each step
+  static constexpr bool kLazyRescale = LazyRescale;  // skip O *= alpha when no row max moved
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kSmemLd = D + 8;  // padded row pitch (elements)
   // Q tile (reused to stage O) + Stages x (K tile + V tile), 2-byte elements.

@@ -167,7 +167,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
       apply_score<Variant, kRaw, false>(s, a, p, b, h, q_row0, kv0, sq, skv, false);
 
     // @cuir softmax kind=online
-    softmax_update<MT, NT, DT>(s, o, m, l, factor);
+    softmax_update<MT, NT, DT, Cfg::kLazyRescale>(s, o, m, l, factor);
 
     // @cuir load tensor=v
     cp_async_wait<2 * ST - 2>();

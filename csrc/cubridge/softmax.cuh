@@ -32,7 +32,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 // One key block: update the running max m (x units) and the thread-partial
 // row sum l, rescale O, and overwrite s with unnormalised probabilities.
 // Thread row slot r = 2 * mt + half (half 0: row lane/4, half 1: row lane/4 + 8).
-template <int MT, int NT, int DT>
+template <int MT, int NT, int DT, bool kLazy = true>
 __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
                                                float (&m)[MT * 2], float (&l)[MT * 2],
                                                float factor) {
@@ -67,7 +67,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
   bool moved = false;
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) moved |= scale[r] != 1.f;
-  if (__any_sync(0xffffffffu, moved)) {
+  if (!kLazy || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -87,6 +87,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
                 role = ctx.roles.get(n.attr)
                 if role in _CANON:
                     return Expr("var", (), _CANON[role])
+                if ctx.sizes.get(n.attr) == 1:
+                    return const(0)
                 raise UnsupportedSpec(f"the {what} depends on an axis that is not batch, head, query or key", op=what)
             return None
         return simplify(rewrite(e, r), {})

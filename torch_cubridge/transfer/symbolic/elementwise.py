@@ -29,13 +29,33 @@ def broadcast(ctx: Ctx, xs: list[Sym], op: str) -> tuple[tuple, list[Expr]]:
     """Common axes for xs and each operand's value rewritten onto them."""
     rank = max(len(x.axes) for x in xs)
     padded = [[()] * (rank - len(x.axes)) + list(x.axes) for x in xs]
+    # one atom indexes one output dim: x[:, None] >= x[None, :] needs two atoms
+    owner: dict[str, int] = {}
+    fresh_xs = []
+    for n, (x, p) in enumerate(zip(xs, padded)):
+        sub: dict[str, Expr] = {}
+        for i, d in enumerate(p):
+            nd = []
+            for a in d:
+                if owner.setdefault(a, i) != i:
+                    f = ctx.atom(ctx.sizes[a])
+                    owner[f] = i
+                    sub[a] = Expr("var", (), f)
+                    nd.append(f)
+                else:
+                    nd.append(a)
+            p[i] = tuple(nd)
+        fresh_xs.append(ctx.subst(x, sub, op) if sub else x)
+    xs = fresh_xs
     out: list[tuple[str, ...]] = []
     for i in range(rank):
         dims = [p[i] for p in padded]
         big = [d for d in dims if ctx.dim_size(d) > 1]
-        cands = big or dims
-        best = max(cands, key=lambda d: (_has_roles(ctx, d), len(d) == 1, len(d)))
-        out.append(best)
+        if not big:  # a broadcast dim of extent 1 has no index unless a role needs one
+            roled = [d for d in dims if _has_roles(ctx, d)]
+            out.append(roled[0] if roled else ())
+            continue
+        out.append(max(big, key=lambda d: (_has_roles(ctx, d), len(d) == 1, len(d))))
     exprs = []
     for x, p in zip(xs, padded):
         sub: dict[str, Expr] = {}

@@ -100,12 +100,25 @@ def unify(ctx: Ctx, keep: tuple[str, ...], other: tuple[str, ...], op: str) -> d
     k = tuple(a for a in keep if ctx.sizes[a] > 1)
     o = tuple(a for a in other if ctx.sizes[a] > 1)
     m: dict[str, Expr] = {a: const(0) for a in other if ctx.sizes[a] == 1 and a not in keep}
-    if len(k) == len(o) and all(ctx.sizes[a] == ctx.sizes[b] for a, b in zip(k, o)):
-        m.update({b: Expr("var", (), a) for a, b in zip(k, o) if a != b})
-    elif len(k) == 1:
-        m.update(ctx.decompose(Expr("var", (), k[0]), o))
-    elif len(o) == 1:
-        m[o[0]] = ctx.linear(k)
-    else:
-        raise UnsupportedSpec("merged dims split in two different ways", op=op)
+    i = j = 0
+    while i < len(k) and j < len(o):
+        gk, gj = [k[i]], [o[j]]
+        i, j = i + 1, j + 1
+        pk, po = ctx.sizes[gk[0]], ctx.sizes[gj[0]]
+        while pk != po:  # grow the smaller side until both groups span the same extent
+            if pk < po and i < len(k):
+                gk.append(k[i]); pk *= ctx.sizes[k[i]]; i += 1
+            elif po < pk and j < len(o):
+                gj.append(o[j]); po *= ctx.sizes[o[j]]; j += 1
+            else:
+                raise UnsupportedSpec("merged dims do not line up", op=op)
+        if len(gk) == 1 and len(gj) == 1:
+            if gk[0] != gj[0]:
+                m[gj[0]] = Expr("var", (), gk[0])
+        elif len(gk) == 1:
+            m.update(ctx.decompose(Expr("var", (), gk[0]), tuple(gj)))
+        elif len(gj) == 1:
+            m[gj[0]] = ctx.linear(tuple(gk))
+        else:
+            raise UnsupportedSpec("merged dims split in two different ways", op=op)
     return m
