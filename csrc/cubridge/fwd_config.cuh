@@ -26,10 +26,18 @@ struct FwdTile {
   static_assert(Stages >= 2, "need at least double buffering");
 };
 
+// Tuned on H100 (see benchmarks/kernel_dev/RESULTS.md). Warps owning 32 query
+// rows (two m16 tiles) halve the shared-memory fragment traffic per mma compared
+// with 16-row warps, which is what sm_90 mma.sync needs to keep up with SDPA.
+//   D   BM  BN  warps stages Q     lazy-rescale  threads smem
+//   64  128 64  4     2      regs  no            128     55296
+//   96  128 64  4     2      smem  yes           128     79872
+//   128 128 64  4     2      smem  yes           128     104448
+//   256 128 64  8     2      smem  yes           256     202752
 template <int D, class T> struct FwdConfig;
-template <class T> struct FwdConfig<64, T> : FwdTile<64, 128, 64, 4, 2> {};
-template <class T> struct FwdConfig<96, T> : FwdTile<96, 128, 64, 8, 2> {};
-template <class T> struct FwdConfig<128, T> : FwdTile<128, 128, 64, 8, 2> {};
-template <class T> struct FwdConfig<256, T> : FwdTile<256, 64, 64, 4, 2, false> {};
+template <class T> struct FwdConfig<64, T> : FwdTile<64, 128, 64, 4, 2, true, false> {};
+template <class T> struct FwdConfig<96, T> : FwdTile<96, 128, 64, 4, 2, false> {};
+template <class T> struct FwdConfig<128, T> : FwdTile<128, 128, 64, 4, 2, false> {};
+template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false> {};
 
 }  // namespace cubridge

@@ -90,7 +90,6 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   const T* gQ = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh;
   const T* gK = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
   const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
 
   const int n_blk = (skv + BN - 1) / BN;
   auto block_cls = [&](int j) {
@@ -198,6 +197,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   __syncwarp();
 
   // @cuir store tensor=o
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
   store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sQ + warp * RW * LDS,
                                                   q_lo + warp * RW, sq, lane, gV, a.v_ss, skv);
 

@@ -52,10 +52,11 @@ def extract_mask(score: Expr) -> tuple[Expr, Expr | None, str]:
                     continue  # a - where(...) flips the sign
                 if t.op == "where" and not _has_s(t) and _has_s(other):
                     c, x, y = t.args
-                    if x == const(0.0) or x == const(0):
-                        fy = _fill(y)
-                        if fy is not None and (fy == -math.inf or fy <= HUGE_NEG):
-                            preds.append((c, fy, "add"))
+                    for keep, zero, fill in ((c, x, y), (call("not", c), y, x)):
+                        f = _fill(fill)
+                        if (zero == const(0.0) or zero == const(0)) and f is not None \
+                                and (f == -math.inf or f <= HUGE_NEG):
+                            preds.append((keep, f, "add"))
                             return peel(other)
             # a monotone step keeps an -inf fill at -inf: x + finite
             inner = e.args[0]

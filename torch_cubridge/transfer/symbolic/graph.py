@@ -130,7 +130,7 @@ class Walker:
             alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
             if name in ("add", "sub") and alpha != 1:
                 xs[1] = combine(ctx, "mul", [xs[1], lift_scalar(alpha, dtype)], xs[1].dtype, op)
-            if name == "sub" and xs[0].kind == "value" and xs[1].kind == "rowmax":
+            if name == "sub" and xs[0].kind in ("value", "catsink") and xs[1].kind == "rowmax":
                 return self.shift(xs[0], xs[1], op)
             if name == "div" and xs[0].kind == "expshift" and xs[1].kind == "rowsum":
                 return self.manual_softmax(xs[0], xs[1], op)
@@ -152,7 +152,8 @@ class Walker:
         if name in ("_softmax", "softmax", "_safe_softmax"):
             return self.softmax(self.sym(a[0]), a[1], dtype, op)
         if name in ("amax", "max") and len(a) >= 2:
-            return self.rowmax(self.sym(a[0]), a[1], op)
+            m = self.rowmax(self.sym(a[0]), a[1], op)
+            return (m, None) if name == "max" else m
         if name == "sum" and len(a) >= 2:
             return self.rowsum(self.sym(a[0]), a[1], op)
         if name == "cat":
@@ -198,7 +199,7 @@ class Walker:
         lead = Sym(col.axes[:-1] + ((),), col.expr, col.dtype)
         axes, exprs = broadcast(self.ctx, [Sym(score.axes[:-1] + ((),), const(0.0), score.dtype), lead], op)
         sink = exprs[1]
-        bad = {n.attr for n in walk(sink) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r in ("b", "h")}
+        bad = {n.attr for n in walk(sink) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r == "batch"}
         if bad:
             raise UnsupportedSpec("the sink logit may depend only on batch and head", op=op)
         full = (self.ctx.atom(self.ctx.dim_size(score.axes[-1]) + 1),)

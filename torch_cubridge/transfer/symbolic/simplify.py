@@ -17,6 +17,9 @@ _FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordi
          "mod": operator.mod, "max": max, "min": min}
 
 
+_NEGATE = {"lt": "ge", "ge": "lt", "le": "gt", "gt": "le", "eq": "ne", "ne": "eq"}
+
+
 def _is_c(e: Expr, v: float | None = None) -> bool:
     return e.op == "const" and not isinstance(e.attr, bool) and (v is None or e.attr == v)
 
@@ -31,6 +34,8 @@ def simplify(e: Expr, ranges: Mapping[str, Interval]) -> Expr:
                 return None
         if n.op == "not" and a[0].op == "not":
             return a[0].args[0]
+        if n.op == "not" and a[0].op in _NEGATE:
+            return call(_NEGATE[a[0].op], *a[0].args)
         if n.op == "not" and a[0].op == "const" and isinstance(a[0].attr, bool):
             return const(not a[0].attr)
         if n.op == "where" and a[1].op == "const" and a[2].op == "const" and isinstance(a[1].attr, bool) \

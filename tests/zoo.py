@@ -1,0 +1,299 @@
+"""Attention specs in many writing styles, with example inputs and what the
+program must look like. Shared by the transfer tests and the GPU sweep."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable
+    make: Callable[[int, int, int, int, int, torch.dtype], tuple]  # (B, H, Hkv, S, D, dtype) -> args
+    expect: dict[str, Any] = field(default_factory=dict)
+    sq_skv: tuple[int, int] | None = None   # force Sq != Skv
+
+
+def qkv(B, H, Hkv, Sq, Skv, D, dtype, layout="bhsd"):
+    def t(h, s):
+        x = torch.randn(B, h, s, D, dtype=dtype)
+        return x.transpose(1, 2).contiguous() if layout == "bshd" else x
+    return t(H, Sq), t(Hkv, Skv), t(Hkv, Skv)
+
+
+def std(B, H, Hkv, S, D, dtype):
+    return qkv(B, H, H, S, S, D, dtype)
+
+
+# ---- full -------------------------------------------------------------------
+def full_matmul(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def full_einsum(q, k, v):
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(dim=-1), v)
+
+
+def full_bmm(q, k, v):
+    B, H, S, D = q.shape
+    qf, kf, vf = (x.reshape(B * H, -1, D) for x in (q, k, v))
+    p = torch.bmm(qf, kf.transpose(1, 2)).mul(1 / math.sqrt(D)).softmax(-1)
+    return torch.bmm(p, vf).view(B, H, S, D)
+
+
+def full_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def full_bshd(q, k, v):
+    """Transposed layout in and out: [B, S, H, D]."""
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    out = F.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.125, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def full_manual_softmax(q, k, v):
+    s = q @ k.transpose(-1, -2) / 8
+    s = s - s.amax(dim=-1, keepdim=True)
+    e = s.exp()
+    return (e / e.sum(dim=-1, keepdim=True)) @ v
+
+
+# ---- causal -----------------------------------------------------------------
+def causal_masked_fill(q, k, v):
+    S = q.shape[-2]
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool, device=q.device), diagonal=1)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+def causal_where_finfo(q, k, v):
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    s = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
+    s = torch.where(i[:, None] >= i[None, :], s, torch.finfo(s.dtype).min)
+    return torch.einsum("bhij,bhjd->bhid", torch.softmax(s, -1), v)
+
+
+def causal_additive(q, k, v):
+    S = q.shape[-2]
+    bias = torch.full((S, S), float("-inf"), device=q.device).triu(1)
+    return torch.softmax(q @ k.mT * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
+
+
+def causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def causal_bottom_right(q, k, v):
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=Skv - Sq)
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return s.masked_fill(~keep, -1e9).softmax(-1) @ v
+
+
+def causal_top_left_rect(q, k, v):
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    qi = torch.arange(Sq, device=q.device)[:, None]
+    ki = torch.arange(Skv, device=q.device)[None, :]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return s.masked_fill(ki > qi, float("-inf")).softmax(-1) @ v
+
+
+# ---- sliding window -----------------------------------------------------------
+def sliding_window(q, k, v, window: int = 16):
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    d = i[:, None] - i[None, :]
+    keep = (d >= 0) & (d < window)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.where(keep, s, float("-inf")).softmax(-1) @ v
+
+
+def sliding_window_sdpa_boolmask(q, k, v):
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    keep = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 24)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+# ---- softcap ------------------------------------------------------------------
+def softcap_causal(q, k, v):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = 30.0 * torch.tanh(s / 30.0)
+    S = q.shape[-2]
+    s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def softcap_full_arg(q, k, v, cap):
+    s = torch.tanh((q @ k.transpose(-1, -2)) * 0.1 / cap) * cap
+    return s.softmax(dim=-1) @ v
+
+
+# ---- ALiBi --------------------------------------------------------------------
+def alibi_const(q, k, v):
+    H, S = q.shape[1], q.shape[2]
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=q.device)
+    pos = torch.arange(S, device=q.device)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s + slopes.view(1, H, 1, 1) * (pos.view(1, 1, 1, S) - pos.view(1, 1, S, 1)).float()
+    return s.masked_fill(pos.view(S, 1) < pos.view(1, S), float("-inf")).softmax(-1) @ v
+
+
+def alibi_tensor(q, k, v, slopes):
+    S = q.shape[-2]
+    dist = torch.arange(S, device=q.device)[None, :] - torch.arange(S, device=q.device)[:, None]
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    s = s - slopes[:, None, None] * dist.abs()
+    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
+
+
+# ---- GQA / MQA -----------------------------------------------------------------
+def gqa_expand(q, k, v):
+    B, H, S, D = q.shape
+    g = H // k.shape[1]
+    k = k.unsqueeze(2).expand(-1, -1, g, -1, -1).reshape(B, H, -1, D)
+    v = v.unsqueeze(2).expand(-1, -1, g, -1, -1).reshape(B, H, -1, D)
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1) @ v
+
+
+def gqa_repeat_interleave(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gqa_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def gqa_tile_repeat(q, k, v):
+    """k.repeat tiles heads: query head h reads kv head h % Hkv."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+    return (q @ k.transpose(-1, -2) * 0.125).softmax(-1) @ v
+
+
+def mqa_expand(q, k, v):
+    k = k.expand(-1, q.shape[1], -1, -1)
+    v = v.expand(-1, q.shape[1], -1, -1)
+    return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+
+
+# ---- prefix LM ------------------------------------------------------------------
+def prefix_lm_const(q, k, v):
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    keep = (i[None, :] < 20) | (i[:, None] >= i[None, :])
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+
+def prefix_lm_tensor(q, k, v, prefix_len):
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    keep = (i.view(1, 1, 1, S) < prefix_len.view(-1, 1, 1, 1)) | (i.view(1, 1, S, 1) >= i.view(1, 1, 1, S))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+# ---- document masking ---------------------------------------------------------
+def document_causal(q, k, v, doc):
+    same = doc[:, None, :, None] == doc[:, None, None, :]
+    S = q.shape[-2]
+    causal = torch.arange(S, device=q.device)[:, None] >= torch.arange(S, device=q.device)[None, :]
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~(same & causal), float("-inf")).softmax(-1) @ v
+
+
+# ---- relative position bias ----------------------------------------------------
+def rel_bias_table(q, k, v, table):
+    S = q.shape[-2]
+    rel = torch.arange(S, device=q.device)[None, :] - torch.arange(S, device=q.device)[:, None] + S - 1
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + table[:, rel]
+    return s.softmax(-1) @ v
+
+
+def rel_bias_clamped(q, k, v, table):
+    S = q.shape[-2]
+    rel = (torch.arange(S, device=q.device)[None, :] - torch.arange(S, device=q.device)[:, None]).clamp(-8, 8) + 8
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + table[rel].permute(2, 0, 1)
+    return s.softmax(-1) @ v
+
+
+# ---- sinks -----------------------------------------------------------------------
+def sinks_column(q, k, v, sinks):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    col = sinks.view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
+    p = torch.cat([s, col], dim=-1).softmax(-1)[..., :-1]
+    return p @ v
+
+
+# ---- scales ------------------------------------------------------------------------
+def per_head_scale(q, k, v, scale):
+    s = (q @ k.transpose(-1, -2)) * scale[None, :, None, None]
+    return s.softmax(-1) @ v
+
+
+def custom_scale_arg(q, k, v, scale: float = 0.3):
+    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def B_(B, H, Hkv, S, D, dtype):
+    return B
+
+
+CASES: list[Case] = [
+    Case("full_matmul", full_matmul, std, {"mask": False}),
+    Case("full_einsum", full_einsum, std, {"mask": False}),
+    Case("full_bmm", full_bmm, std, {"mask": False}),
+    Case("full_sdpa", full_sdpa, std, {"mask": False}),
+    Case("full_bshd", full_bshd, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd"),
+         {"mask": False, "q_dims": ("b", "s", "h", "d"), "out_dims": ("b", "s", "h*d")}),
+    Case("full_manual_softmax", full_manual_softmax, std, {"mask": False}),
+    Case("causal_masked_fill", causal_masked_fill, std, {"block_rule": "interval"}),
+    Case("causal_where_finfo", causal_where_finfo, std, {"block_rule": "interval", "empty_rows": "mean_v"}),
+    Case("causal_additive", causal_additive, std, {"block_rule": "interval"}),
+    Case("causal_sdpa", causal_sdpa, std, {"block_rule": "interval"}),
+    Case("causal_bottom_right", causal_bottom_right, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S - 10, S, D, dt),
+         {"block_rule": "interval"}),
+    Case("causal_top_left_rect", causal_top_left_rect, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S - 7, D, dt),
+         {"block_rule": "interval"}),
+    Case("sliding_window", sliding_window, std, {"block_rule": "interval", "scalars": 2}),
+    Case("sliding_window_sdpa_boolmask", sliding_window_sdpa_boolmask, std, {"block_rule": "interval"}),
+    Case("softcap_causal", softcap_causal, std, {"block_rule": "interval", "score_has": "tanh"}),
+    Case("softcap_full_arg", softcap_full_arg, lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (20.0,),
+         {"mask": False, "score_has": "tanh"}),
+    Case("alibi_const", alibi_const, std, {"extras": 1, "block_rule": "interval"}),
+    Case("alibi_tensor", alibi_tensor, lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.rand(H),),
+         {"extras": 1, "mask": False}),
+    Case("gqa_expand", gqa_expand, lambda B, H, Hkv, S, D, dt: qkv(B, H, Hkv, S, S, D, dt), {"head_map": "group"}),
+    Case("gqa_repeat_interleave", gqa_repeat_interleave, lambda B, H, Hkv, S, D, dt: qkv(B, H, Hkv, S, S, D, dt),
+         {"head_map": "group", "block_rule": "interval"}),
+    Case("gqa_sdpa", gqa_sdpa, lambda B, H, Hkv, S, D, dt: qkv(B, H, Hkv, S, S, D, dt), {"head_map": "group"}),
+    Case("gqa_tile_repeat", gqa_tile_repeat, lambda B, H, Hkv, S, D, dt: qkv(B, H, Hkv, S, S, D, dt),
+         {"head_map": "tile"}),
+    Case("mqa_expand", mqa_expand, lambda B, H, Hkv, S, D, dt: qkv(B, H, 1, S, S, D, dt), {"head_map": "group"}),
+    Case("prefix_lm_const", prefix_lm_const, std, {"block_rule": "interval"}),
+    Case("prefix_lm_tensor", prefix_lm_tensor,
+         lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.randint(1, S, (B,)),),
+         {"block_rule": "prepass", "extras": 1}),
+    Case("document_causal", document_causal,
+         lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.randint(0, 4, (B, S)).sort(-1).values,),
+         {"block_rule": "prepass", "extras": 1}),
+    Case("rel_bias_table", rel_bias_table,
+         lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.randn(H, 2 * S - 1),), {"extras": 1}),
+    Case("rel_bias_clamped", rel_bias_clamped,
+         lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.randn(17, H),), {"extras": 1}),
+    Case("sinks_column", sinks_column, lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.randn(H),),
+         {"sink": True}),
+    Case("per_head_scale", per_head_scale, lambda B, H, Hkv, S, D, dt: std(B, H, Hkv, S, D, dt) + (torch.rand(H),),
+         {"extras": 1}),
+    Case("custom_scale_arg", custom_scale_arg, std, {"mask": False, "scalars": 1}),
+]
