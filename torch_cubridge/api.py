@@ -40,11 +40,22 @@ def transfer_bound(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
     prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+    prog = with_requirements(prog, bound, generic)
     report = verify_program(fn, prog, bound, generic)
     if not report.ok:
         raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
                               op="verify")
     return TransferResult(prog, cap, generic, report, key, used)
+
+
+def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Program:
+    """Sizes of extent 1 were broadcasts at capture; a specialised program holds at its shape only."""
+    from dataclasses import replace
+    from .verify.inputs import example_sizes
+    sizes = example_sizes(prog, bound)
+    keep = ("B", "H", "Hkv", "Sq", "Skv")
+    req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic)
+    return replace(prog, requires=req)
 
 
 def transfer(fn: Callable, *example_args: Any, **example_kwargs: Any) -> Program:

@@ -59,7 +59,12 @@ def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
 def sizes_of(p: Program, q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
     B, H, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    return {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+    sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+    for name, val in p.requires:
+        if sizes[name] != val:
+            raise ValueError(f"this program was captured with {name}={val} and is only valid there "
+                             f"(got {name}={sizes[name]}); transfer the spec again at the new shape")
+    return sizes
 
 
 def scalar_values(p: Program, bound: dict[str, Any], sizes: dict[str, int]) -> dict[str, float | int]:

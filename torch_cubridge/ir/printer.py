@@ -29,6 +29,8 @@ def format_program(p: Program) -> str:
     o = p.out
     where = f" (element {o.index} of a {o.tuple_len}-tuple)" if o.tuple_len else ""
     lines.append(f"  out    : [{', '.join(o.dims)}] dtype {o.dtype}{where}")
+    if p.requires:
+        lines.append("  only at : " + ", ".join(f"{k}={v}" for k, v in p.requires))
     for n in p.notes:
         lines.append(f"  note   : {n}")
     return "\n".join(lines)

@@ -70,6 +70,7 @@ class Program:
     block_rule: str = "none"            # none | interval | prepass
     sink: Expr | None = None            # per-(b, h) sink logit joining the normaliser
     empty_rows: str = "zero"            # zero | mean_v (rows with every key masked)
+    requires: tuple[tuple[str, int], ...] = ()   # sizes the program is only valid at (extent-1 broadcasts, specialised shapes)
     notes: tuple[str, ...] = ()
 
     # -- JSON ------------------------------------------------------------
@@ -139,6 +140,8 @@ def _from_obj(cls: type, o: dict) -> Any:
             val = tuple(_from_obj(Scalar, s) for s in val)
         elif "Expr" in t:
             val = None if val is None else Expr.from_obj(val)
+        elif f.name == "requires":
+            val = tuple((str(a), int(b)) for a, b in val)
         elif f.name == "value":
             val = val
         else:
