@@ -33,11 +33,11 @@ struct FwdTile {
 //   64  128 64  4     2      regs  no            128     55296
 //   96  128 64  4     2      smem  yes           128     79872
 //   128 128 64  4     2      smem  yes           128     104448
-//   256 128 64  8     2      smem  yes           256     202752
+//   256 128 64  8     2      smem  no            256     202752
 template <int D, class T> struct FwdConfig;
 template <class T> struct FwdConfig<64, T> : FwdTile<64, 128, 64, 4, 2, true, false> {};
 template <class T> struct FwdConfig<96, T> : FwdTile<96, 128, 64, 4, 2, false> {};
 template <class T> struct FwdConfig<128, T> : FwdTile<128, 128, 64, 4, 2, false> {};
-template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false> {};
+template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false, false> {};
 
 }  // namespace cubridge

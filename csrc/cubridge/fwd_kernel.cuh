@@ -186,30 +186,32 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
   // Each warp restages only its own Q rows, so a warp-level sync suffices.
+  // The row pad (columns D..D+7, never read by ldmatrix) carries per-row
+  // extras: the LSE (float at D+2) and the empty-row flag (int at D).
+  T* sRows = sQ + warp * RW * LDS;
   stage_o<T, MT, DT, LDS>(sQ, o, o_scale, warp * RW, lane);
-  if constexpr (Variant::kEmptyRowMeanV) {
+  if (lane % 4 == 0) {
 #pragma unroll
-    for (int r = 0; r < 2 * MT; ++r)
-      if (lane % 4 == 0)
-        *reinterpret_cast<int*>(sQ + (warp * RW + (r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + D) =
-            m[r] == neg_inf();
+    for (int r = 0; r < 2 * MT; ++r) {
+      T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + D;
+      *reinterpret_cast<float*>(pad + 2) = lse[r];
+      if constexpr (Variant::kEmptyRowMeanV) *reinterpret_cast<int*>(pad) = m[r] == neg_inf();
+    }
   }
   __syncwarp();
 
   // @cuir store tensor=o
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-  store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sQ + warp * RW * LDS,
-                                                  q_lo + warp * RW, sq, lane, gV, a.v_ss, skv);
+  // (b, h, row0 re-derived from the block/thread ids: keeping them live
+  // across the loop costs registers)
+  const int eb = blockIdx.z, eh = blockIdx.y;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * BM + (threadIdx.x / 32) * RW;
+  T* gO = static_cast<T*>(a.o) + eb * a.o_sb + eh * a.o_sh;
+  store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
+                                                  skv);
 
   // @cuir store tensor=lse when=requested
-  if (a.lse != nullptr && lane % 4 == 0) {
-    float* gL = a.lse + (b * a.Hq + h) * a.Sq;
-#pragma unroll
-    for (int r = 0; r < 2 * MT; ++r) {
-      const int q = q_row0 + (r / 2) * 16 + (r % 2) * 8;
-      if (q < sq) gL[q] = lse[r];
-    }
-  }
+  if (a.lse != nullptr && lane < RW && row0 + lane < sq)
+    a.lse[(eb * a.Hq + eh) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + D + 2);
 }
 
 }  // namespace cubridge

@@ -55,8 +55,12 @@ def validate(p: Program) -> None:
     for x in p.extras:
         if x.arg is None and x.value is None and not _structure_only(p):
             raise InvalidProgram(f"tensor {x.name} has no source")
-    expected = "none" if p.mask is None else None
-    if p.block_rule not in ("none", "interval", "prepass") or (expected and p.block_rule != expected):
+    from .expr import loads
+    if p.mask is None:
+        fits = p.block_rule == "none"
+    else:  # interval analysis cannot see data; a mask that loads needs the runtime pre-pass
+        fits = p.block_rule == "prepass" or (p.block_rule == "interval" and not loads(p.mask))
+    if not fits:
         raise InvalidProgram(f"block rule {p.block_rule!r} does not fit the mask")
     if p.empty_rows not in ("zero", "mean_v"):
         raise InvalidProgram(f"empty_rows {p.empty_rows!r}")

@@ -84,13 +84,25 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
                 t.copy_(redraw(t, tuple(t.shape), gen))
             out[head] = mod
             continue
-        if x.arg not in example:
+    loaded = {x.arg: x.name for x in p.extras if x.arg is not None}
+    ex_sizes = example_sizes(p, example)
+    for path, ex in example.items():
+        if not isinstance(ex, torch.Tensor) or path in (p.q.arg, p.k.arg, p.v.arg):
             continue
-        ex = example[x.arg]
-        follow = _follow_dims(p, x.name)
-        shape = tuple(sizes[follow[i]] if i in follow and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
-        out[x.arg] = redraw(ex, shape, gen)
+        # every other tensor argument is redrawn, read by the program or not: a program
+        # that baked example values into itself must disagree with the spec here
+        follow = _follow_dims(p, loaded[path]) if path in loaded else {
+            i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
+        shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
+        out[path] = redraw(ex, shape, gen)
     return out
+
+
+def _guess_follow(ex: torch.Tensor, sizes: dict[str, int]) -> list[str | None]:
+    by_size = {}
+    for name in ("B", "Sq", "Skv"):
+        by_size.setdefault(sizes[name], name)
+    return [by_size.get(n) if n > 1 else None for n in ex.shape]
 
 
 def example_sizes(p: Program, example: dict[str, Any]) -> dict[str, int]:

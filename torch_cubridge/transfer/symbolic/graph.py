@@ -20,6 +20,8 @@ from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
 from .simplify import simplify
 from .sym import Ctx, Sym
 
+_RANDOM = {"native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", "randint", "normal",
+           "uniform", "exponential", "random", "multinomial", "randperm"}
 _PASS = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy", "lift_fresh", "dropout",
          "_to_copy", "to", "type_as", "clamp"}
 
@@ -57,6 +59,10 @@ class Walker:
         raise UnsupportedSpec(f"unexpected operand {v!r}")
 
     def run(self, gm: torch.fx.GraphModule, placeholders: list[str], consts: dict[str, str]) -> Any:
+        for node in gm.graph.nodes:  # randomness anywhere makes the whole function non-deterministic
+            name = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+            if name.rstrip("_") in _RANDOM:
+                raise UnsupportedSpec("random numbers (dropout in training?) cannot be compiled", op=f"aten.{name}")
         ph = iter(placeholders)
         for node in gm.graph.nodes:
             if node.op == "placeholder":

@@ -1,0 +1,18 @@
+"""`cubridge explain` on the example with softcap, sliding window and GQA."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_explain_shows_program_and_verification():
+    r = subprocess.run([sys.executable, "-m", "torch_cubridge.cli", "explain",
+                        str(ROOT / "torch_cubridge/examples/specs.py") + ":softcap_sliding_gqa"],
+                       capture_output=True, text=True, cwd=ROOT, check=True)
+    out = r.stdout
+    assert "== captured graph ==" in out and "cuir.program" in out
+    assert "tanh" in out                      # softcap
+    assert "(q - kv) < $p" in out              # sliding window, a runtime scalar
+    assert "h // (H // Hkv)" in out            # GQA head map
+    assert "verification: PASS" in out
