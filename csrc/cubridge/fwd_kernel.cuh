@@ -9,7 +9,8 @@
 //   blockIdx.x is reversed: CTA 0 takes the last query tile, which under a
 //   causal mask is the heaviest, so the long tiles start first.
 //
-// Per CTA: Q tile -> shared -> registers (one m16 row slice per warp), then
+// Per CTA: Q tile -> shared (-> registers when Cfg::kQInRegs; each warp owns
+// kBlockM / kWarps query rows, i.e. one or two m16 tiles), then
 // for every non-empty key block: K/V tiles stream through a kStages-deep
 // cp.async ring, S = Q K^T, score/mask hooks, online softmax (exp2, fp32),
 // O += P V; finally O / l (sink joins l), optional LSE (natural log).
@@ -69,7 +70,8 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   constexpr int KC = D / 16;   // k16 steps over the head dim
   constexpr int DT = D / 8;    // n8 tiles of O
   // Default score (s * scale): keep raw dot products and fold scale * log2(e)
-  // into the single FFMA in front of each exp2.
+  // into the single FFMA in front of each exp2 (assumes scale > 0, so the
+  // running max of raw s is the max of the logits).
   constexpr bool kRaw = score_is_default<Variant>(0);
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -201,17 +203,14 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   __syncwarp();
 
   // @cuir store tensor=o
-  // (b, h, row0 re-derived from the block/thread ids: keeping them live
-  // across the loop costs registers)
-  const int eb = blockIdx.z, eh = blockIdx.y;
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * BM + (threadIdx.x / 32) * RW;
-  T* gO = static_cast<T*>(a.o) + eb * a.o_sb + eh * a.o_sh;
+  const int row0 = q_lo + warp * RW;
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
   store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
                                                   skv);
 
   // @cuir store tensor=lse when=requested
   if (a.lse != nullptr && lane < RW && row0 + lane < sq)
-    a.lse[(eb * a.Hq + eh) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + D + 2);
+    a.lse[(b * a.Hq + h) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + D + 2);
 }
 
 }  // namespace cubridge

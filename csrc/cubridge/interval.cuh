@@ -1,0 +1,87 @@
+// Interval arithmetic for block classification of index masks.
+//
+// The lowering turns a mask predicate into nested calls on intervals over the
+// tile's query and key ranges; a result of [1,1] is a full tile, [0,0] empty.
+// Booleans are intervals over {0, 1}. Mirrors torch_cubridge/ir/interval.py.
+#pragma once
+
+namespace cubridge {
+
+struct Iv {
+  double lo, hi;
+};
+
+__device__ __forceinline__ Iv iv(double x) { return {x, x}; }
+__device__ __forceinline__ Iv iv(double lo, double hi) { return {lo, hi}; }
+__device__ __forceinline__ Iv iv_unknown() { return {-1e300, 1e300}; }
+__device__ __forceinline__ Iv iv_bool_unknown() { return {0.0, 1.0}; }
+__device__ __forceinline__ double dmin(double x, double y) { return x < y ? x : y; }
+__device__ __forceinline__ double dmax(double x, double y) { return x > y ? x : y; }
+
+__device__ __forceinline__ Iv iv_add(Iv x, Iv y) { return {x.lo + y.lo, x.hi + y.hi}; }
+__device__ __forceinline__ Iv iv_sub(Iv x, Iv y) { return {x.lo - y.hi, x.hi - y.lo}; }
+__device__ __forceinline__ Iv iv_neg(Iv x) { return {-x.hi, -x.lo}; }
+__device__ __forceinline__ Iv iv_mul(Iv x, Iv y) {
+  const double a = x.lo * y.lo, b = x.lo * y.hi, c = x.hi * y.lo, d = x.hi * y.hi;
+  return {dmin(dmin(a, b), dmin(c, d)), dmax(dmax(a, b), dmax(c, d))};
+}
+__device__ __forceinline__ Iv iv_max(Iv x, Iv y) { return {dmax(x.lo, y.lo), dmax(x.hi, y.hi)}; }
+__device__ __forceinline__ Iv iv_min(Iv x, Iv y) { return {dmin(x.lo, y.lo), dmin(x.hi, y.hi)}; }
+__device__ __forceinline__ Iv iv_abs(Iv x) {
+  if (x.lo >= 0) return x;
+  if (x.hi <= 0) return iv_neg(x);
+  return {0.0, dmax(-x.lo, x.hi)};
+}
+// Floor division and Python modulo by a positive constant.
+__device__ __forceinline__ Iv iv_floordiv(Iv x, double d) { return {floor(x.lo / d), floor(x.hi / d)}; }
+__device__ __forceinline__ Iv iv_mod(Iv x, double d) {
+  if (floor(x.lo / d) == floor(x.hi / d)) {
+    const double base = floor(x.lo / d) * d;
+    return {x.lo - base, x.hi - base};
+  }
+  return {0.0, d - 1};
+}
+__device__ __forceinline__ Iv iv_lt(Iv x, Iv y) {
+  if (x.hi < y.lo) return {1, 1};
+  if (x.lo >= y.hi) return {0, 0};
+  return {0, 1};
+}
+__device__ __forceinline__ Iv iv_le(Iv x, Iv y) {
+  if (x.hi <= y.lo) return {1, 1};
+  if (x.lo > y.hi) return {0, 0};
+  return {0, 1};
+}
+__device__ __forceinline__ Iv iv_gt(Iv x, Iv y) { return iv_lt(y, x); }
+__device__ __forceinline__ Iv iv_ge(Iv x, Iv y) { return iv_le(y, x); }
+__device__ __forceinline__ Iv iv_eq(Iv x, Iv y) {
+  if (x.lo == x.hi && y.lo == y.hi && x.lo == y.lo) return {1, 1};
+  if (x.hi < y.lo || y.hi < x.lo) return {0, 0};
+  return {0, 1};
+}
+__device__ __forceinline__ Iv iv_ne(Iv x, Iv y) {
+  const Iv e = iv_eq(x, y);
+  return {1 - e.hi, 1 - e.lo};
+}
+__device__ __forceinline__ Iv iv_and(Iv x, Iv y) { return {dmin(x.lo, y.lo), dmin(x.hi, y.hi)}; }
+__device__ __forceinline__ Iv iv_or(Iv x, Iv y) { return {dmax(x.lo, y.lo), dmax(x.hi, y.hi)}; }
+__device__ __forceinline__ Iv iv_not(Iv x) { return {1 - x.hi, 1 - x.lo}; }
+__device__ __forceinline__ Iv iv_where(Iv c, Iv x, Iv y) {
+  if (c.lo >= 1) return x;
+  if (c.hi <= 0) return y;
+  return {dmin(x.lo, y.lo), dmax(x.hi, y.hi)};
+}
+__device__ __forceinline__ int iv_class(Iv keep) {
+  return keep.hi <= 0 ? 0 : (keep.lo >= 1 ? 2 : 1);
+}
+
+// Python semantics for integer floor division and modulo (the spec's semantics).
+__device__ __forceinline__ long long py_floordiv(long long x, long long d) {
+  long long q = x / d;
+  return (x % d != 0 && ((x < 0) != (d < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long py_mod(long long x, long long d) {
+  long long r = x % d;
+  return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+}
+
+}  // namespace cubridge

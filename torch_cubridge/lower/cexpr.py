@@ -1,0 +1,188 @@
+"""CuIR expressions to CUDA C expressions (values) and interval code (tiles).
+
+Types follow the interpreter: indices and int scalars are 64-bit integers,
+float work is fp32, comparisons are bool. Integer // and % keep Python's
+floor semantics, as the spec did.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import UnsupportedSpec
+from ..ir.expr import Expr
+from ..ir.program import Program
+
+_SIZE = {"B": "a.B", "H": "a.Hq", "Hkv": "a.Hkv", "Sq": "a.Sq", "Skv": "a.Skv"}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_ARITH = {"add": "+", "sub": "-", "mul": "*"}
+_FLOAT_DTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double"}
+_INT_DTYPES = {"int64": "long long", "int32": "int", "int16": "short", "int8": "signed char",
+               "uint8": "unsigned char", "bool": "bool"}
+
+
+def ctype(dtype: str) -> str:
+    if dtype in _FLOAT_DTYPES:
+        return _FLOAT_DTYPES[dtype]
+    if dtype in _INT_DTYPES:
+        return _INT_DTYPES[dtype]
+    raise UnsupportedSpec(f"extra tensors of dtype {dtype} are not supported by the kernel", op="lower")
+
+
+class CExpr:
+    """Code generation for one program (knows its tensors, scalars, head dim)."""
+
+    def __init__(self, p: Program, head_dim: int, fast_tanh: bool = False) -> None:
+        self.p = p
+        self.D = head_dim
+        self.fast_tanh = fast_tanh
+        self.extras = {x.name: x for x in p.extras}
+        self.scalars = {s.name: s for s in p.scalars}
+
+    # -- types -------------------------------------------------------------------
+    def kind(self, e: Expr) -> str:
+        op = e.op
+        if op == "const":
+            v = e.attr
+            return "bool" if isinstance(v, bool) else ("int" if isinstance(v, int) else "float")
+        if op == "var":
+            return "float" if e.attr == "s" else "int"
+        if op == "scalar":
+            return self.scalars[e.attr].kind
+        if op == "load":
+            dt = self.extras[e.attr].dtype
+            return "float" if dt in _FLOAT_DTYPES else ("bool" if dt == "bool" else "int")
+        if op in _CMP or op in ("and", "or", "not", "to_bool"):
+            return "bool"
+        if op in ("tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "div", "to_float", "pow"):
+            return "float"
+        if op == "to_int":
+            return "int"
+        if op == "where":
+            ks = {self.kind(e.args[1]), self.kind(e.args[2])}
+            return "float" if "float" in ks else ("int" if "int" in ks else "bool")
+        ks = {self.kind(a) for a in e.args}
+        return "float" if "float" in ks else "int"
+
+    # -- values ------------------------------------------------------------------
+    def value(self, e: Expr) -> str:
+        op, a = e.op, e.args
+        if op == "const":
+            v = e.attr
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            if isinstance(v, int):
+                return f"{v}LL"
+            if math.isinf(v):
+                return "(-__int_as_float(0x7f800000))" if v < 0 else "__int_as_float(0x7f800000)"
+            return f"{float(v)!r}f".replace("inff", "INF")
+        if op == "var":
+            if e.attr == "s":
+                return "s"
+            if e.attr in ("b", "h", "q", "kv"):
+                return f"(long long){e.attr}"
+            if e.attr == "D":
+                return f"{self.D}LL"
+            return _SIZE[e.attr]
+        if op == "scalar":
+            s = self.scalars[e.attr]
+            return f"(float)p.{e.attr}" if s.kind == "float" else f"p.{e.attr}"
+        if op == "load":
+            return self.load(e)
+        if op == "where":
+            k = self.kind(e)
+            x, y = self.as_kind(a[1], k), self.as_kind(a[2], k)
+            return f"({self.as_kind(a[0], 'bool')} ? {x} : {y})"
+        if op in _CMP:
+            k = "float" if "float" in (self.kind(a[0]), self.kind(a[1])) else "int"
+            return f"({self.as_kind(a[0], k)} {_CMP[op]} {self.as_kind(a[1], k)})"
+        if op in ("and", "or"):
+            j = "&&" if op == "and" else "||"
+            return f"({self.as_kind(a[0], 'bool')} {j} {self.as_kind(a[1], 'bool')})"
+        if op == "not":
+            return f"(!{self.as_kind(a[0], 'bool')})"
+        if op == "neg":
+            return f"(-{self.value(a[0])})"
+        if op in _ARITH:
+            k = self.kind(e)
+            return f"({self.as_kind(a[0], k)} {_ARITH[op]} {self.as_kind(a[1], k)})"
+        if op == "div":
+            return f"({self.as_kind(a[0], 'float')} / {self.as_kind(a[1], 'float')})"
+        if op in ("floordiv", "mod"):
+            if self.kind(e) == "int":
+                fn = "cubridge::py_floordiv" if op == "floordiv" else "cubridge::py_mod"
+                return f"{fn}({self.value(a[0])}, {self.value(a[1])})"
+            x, y = self.as_kind(a[0], "float"), self.as_kind(a[1], "float")
+            return f"floorf({x} / {y})" if op == "floordiv" else f"({x} - floorf({x} / {y}) * {y})"
+        if op in ("max", "min"):
+            k = self.kind(e)
+            fn = ("fmaxf" if op == "max" else "fminf") if k == "float" else ("max" if op == "max" else "min")
+            return f"{fn}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
+        if op == "pow":
+            return f"powf({self.as_kind(a[0], 'float')}, {self.as_kind(a[1], 'float')})"
+        if op == "tanh":
+            fn = "cubridge::tanh_fast" if self.fast_tanh else "tanhf"
+            return f"{fn}({self.as_kind(a[0], 'float')})"
+        unary = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "abs": None, "floor": "floorf"}
+        if op in unary:
+            if op == "abs":
+                k = self.kind(a[0])
+                return f"{'fabsf' if k == 'float' else 'llabs'}({self.value(a[0])})"
+            return f"{unary[op]}({self.as_kind(a[0], 'float')})"
+        if op == "sigmoid":
+            return f"(1.0f / (1.0f + expf(-{self.as_kind(a[0], 'float')})))"
+        if op == "to_float":
+            return self.as_kind(a[0], "float")
+        if op == "to_int":
+            return f"(long long)({self.value(a[0])})"
+        if op == "to_bool":
+            return f"({self.value(a[0])} != 0)"
+        raise UnsupportedSpec(f"no CUDA lowering for {op}", op="lower")
+
+    def as_kind(self, e: Expr, k: str) -> str:
+        src = self.kind(e)
+        v = self.value(e)
+        if src == k:
+            return v
+        if k == "float":
+            return f"(float)({v})"
+        if k == "int":
+            return f"(long long)({v})"
+        return f"({v} != 0)"
+
+    def load(self, e: Expr) -> str:
+        x = self.extras[e.attr]
+        off = " + ".join(f"{self.as_kind(i, 'int')} * p.{x.name}_s{d}" for d, i in enumerate(e.args)) or "0"
+        raw = f"p.{x.name}[{off}]"
+        if x.dtype == "bfloat16":
+            return f"__bfloat162float({raw})"
+        if x.dtype == "float16":
+            return f"__half2float({raw})"
+        if x.dtype == "float64":
+            return f"(float){raw}"
+        if x.dtype == "bool":
+            return f"({raw} != 0)"
+        return f"(long long){raw}" if x.dtype != "float32" else raw
+
+    # -- intervals over a tile -------------------------------------------------------
+    def interval(self, e: Expr) -> str:
+        op, a = e.op, e.args
+        if op == "const":
+            return f"cubridge::iv({float(e.attr)!r})".replace("inf)", "1e300)")
+        if op == "var":
+            return {"q": "cubridge::iv(q_lo, q_hi - 1)", "kv": "cubridge::iv(kv_lo, kv_hi - 1)",
+                    "b": "cubridge::iv(b)", "h": "cubridge::iv(h)"}.get(e.attr) or f"cubridge::iv((double){self.value(e)})"
+        if op == "scalar":
+            return f"cubridge::iv((double)p.{e.attr})"
+        if op in ("load", "s"):
+            return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"
+        if op in ("floordiv", "mod") and a[1].op == "const" and isinstance(a[1].attr, int) and a[1].attr > 0:
+            return f"cubridge::iv_{op}({self.interval(a[0])}, {float(a[1].attr)!r})"
+        if op in ("add", "sub", "mul", "max", "min", "and", "or", "lt", "le", "gt", "ge", "eq", "ne"):
+            return f"cubridge::iv_{op}({self.interval(a[0])}, {self.interval(a[1])})"
+        if op in ("neg", "not", "abs"):
+            return f"cubridge::iv_{op}({self.interval(a[0])})"
+        if op in ("to_float", "to_int"):
+            return self.interval(a[0])
+        if op == "where":
+            return f"cubridge::iv_where({', '.join(self.interval(x) for x in a)})"
+        return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"

@@ -1,0 +1,98 @@
+"""Fill the expert kernel's hook sites from a program: the Params struct and the Variant.
+
+Which hook each program field fills comes from the lifted reference; a
+program feature with no hook site in the kernel is refused, never dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedSpec
+from ..ir.expr import Expr, var
+from ..ir.program import Program
+from ..lift.reference import lift_reference
+from .cexpr import CExpr, ctype
+
+
+@dataclass(frozen=True)
+class ParamField:
+    """One 8-byte field of Params: a tensor pointer, a stride of it, or a scalar."""
+    name: str
+    kind: str          # ptr | stride | f64 | i64
+    source: str        # extra tensor name or scalar name
+    dim: int = -1
+
+
+def default_scale(p: Program) -> Expr | None:
+    """If score is s * c or s / c (c free of indices), the kernel folds c into exp2."""
+    e = p.score
+    if e == var("s"):
+        return Expr("const", (), 1.0)
+    if e.op in ("mul", "div") and e.args[0] == var("s"):
+        c = e.args[1]
+        if not ({n.attr for n in _walk(c) if n.op == "var"} - {"B", "H", "Hkv", "Sq", "Skv", "D"}) \
+                and not any(n.op == "load" for n in _walk(c)):
+            return c if e.op == "mul" else Expr("div", (Expr("const", (), 1.0), c))
+    return None
+
+
+def _walk(e: Expr):
+    yield e
+    for a in e.args:
+        yield from _walk(a)
+
+
+def param_fields(p: Program) -> list[ParamField]:
+    out = []
+    for x in p.extras:
+        out.append(ParamField(x.name, "ptr", x.name))
+        out += [ParamField(f"{x.name}_s{d}", "stride", x.name, d) for d in range(x.rank)]
+    for s in p.scalars:
+        out.append(ParamField(s.name, "f64" if s.kind == "float" else "i64", s.name))
+    return out
+
+
+def variant_source(p: Program, head_dim: int, fast_tanh: bool) -> tuple[str, list[ParamField], Expr | None]:
+    hooks = lift_reference().hooks()
+    needed = {"score"} | ({"mask", "block_class"} if p.mask is not None else set()) | \
+        ({"sink"} if p.sink is not None else set())
+    missing = needed - set(hooks)
+    if missing:
+        raise UnsupportedSpec(f"the expert kernel has no hook site for {sorted(missing)}", op="lower")
+    if p.head_map != "group":
+        raise UnsupportedSpec("the kernel maps heads as h // (H // Hkv); a tiled head map is not lowered yet",
+                              op="lower")
+    cg = CExpr(p, head_dim, fast_tanh)
+    fields = param_fields(p)
+    lines = ["struct Variant : cubridge::DefaultVariant {", "  struct Params {"]
+    for f in fields:
+        if f.kind == "ptr":
+            x = next(e for e in p.extras if e.name == f.source)
+            lines.append(f"    const {ctype(x.dtype)}* {f.name};")
+        elif f.kind in ("stride", "i64"):
+            lines.append(f"    long long {f.name};")
+        else:
+            lines.append(f"    double {f.name};")
+    if not fields:
+        lines.append("    long long unused;")
+    lines.append("  };")
+    sig = "const cubridge::FwdArgs& a, const Params& p"
+    scale = default_scale(p)
+    if scale is None:
+        lines += [f"  __device__ __forceinline__ static float score({sig}, float s, int b, int h, int q, int kv) {{",
+                  f"    return {cg.as_kind(p.score, 'float')};", "  }"]
+    if p.mask is not None:
+        lines += ["  static constexpr bool kHasMask = true;",
+                  f"  __device__ __forceinline__ static bool mask({sig}, int b, int h, int q, int kv) {{",
+                  f"    return {cg.as_kind(p.mask, 'bool')};", "  }",
+                  f"  __device__ __forceinline__ static int block_class({sig}, int b, int h, int q_lo, int q_hi,"
+                  " int kv_lo, int kv_hi) {",
+                  f"    return cubridge::iv_class({cg.interval(p.mask)});", "  }"]
+    if p.sink is not None:
+        lines += ["  static constexpr bool kHasSink = true;",
+                  f"  __device__ __forceinline__ static float sink({sig}, int b, int h) {{",
+                  f"    return {cg.as_kind(p.sink, 'float')};", "  }"]
+    if p.empty_rows == "mean_v":
+        lines.append("  static constexpr bool kEmptyRowMeanV = true;")
+    lines.append("};")
+    return "\n".join(lines), fields, scale
