@@ -96,7 +96,7 @@ class CompiledAttention:
             entry.shapes = _shapes(args, kwargs)
         else:
             entry.square, entry.qk = _square_check(self.fn, res.program, args)
-        entry.runner, entry.reason = _kernel_for(res, bound, self.options)
+        entry.runner, entry.reason = _kernel_for(self.fn, res, bound, self.options)
         if entry.runner is None:
             if self.options.fallback == "raise" and not _no_cuda(bound):
                 raise UnsupportedSpec(entry.reason, op="kernel")
@@ -119,14 +119,14 @@ def _no_cuda(bound: dict[str, Any]) -> bool:
     return not torch.cuda.is_available() or not ts or ts[0].device.type != "cuda"
 
 
-def _kernel_for(res: TransferResult, bound: dict[str, Any], options: Options) -> tuple[Callable | None, str]:
+def _kernel_for(fn: Callable, res: TransferResult, bound: dict[str, Any], options: Options) -> tuple[Callable | None, str]:
     if not torch.cuda.is_available():
         return None, "CUDA is not available, so no kernel is used; the spec computes the result"
     if _no_cuda(bound):
         return None, "the inputs are not CUDA tensors, so no kernel is used; the spec computes the result"
     try:
         from .ops.runner import build_runner
-        return build_runner(res, bound)
+        return build_runner(fn, res, bound)
     except UnsupportedSpec as e:
         return None, f"no kernel for this program: {e}"
     except Exception as e:  # a build or launch problem must never become a wrong answer

@@ -11,7 +11,7 @@ from ..capture.trace import _rebuild_call
 
 def to64(v: Any) -> Any:
     if isinstance(v, torch.nn.Module):
-        return copy.deepcopy(v).double()
+        return copy.deepcopy(v).double().cpu()
     if isinstance(v, torch.Tensor):
         v = v.detach().cpu()
         return v.double() if v.is_floating_point() else v

@@ -1,0 +1,154 @@
+"""Forward attention throughput: torch_cubridge vs SDPA (flash, cuDNN), FlexAttention
+(torch.compile) and the eager spec, in one run. TFLOP/s over unmasked pairs only.
+
+Usage: python benchmarks/bench_attention.py [--quick] [--out DIR]
+Writes bench.json (and bench.png when matplotlib is there) to DIR or $OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_cubridge as tc  # noqa: E402
+from variants import SPECS, flex_mods, pair_count  # noqa: E402
+
+
+def bench(fn, reps: int = 30) -> float:
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=reps * 4, return_mode="median")  # milliseconds
+
+
+def sdpa(backend, q, k, v, causal, gqa):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    with sdpa_kernel([b]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def run_case(name, S, D, H, total, results, with_eager):
+    dev = "cuda"
+    B = max(1, total // S)
+    Hkv = H // 4 if name == "gqa_causal" else H
+    q = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+    extra = ()
+    doc = None
+    if name == "document":
+        lens = torch.randint(S // 8, S // 2, (64,))
+        ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
+        doc = ids[None].expand(B, S).contiguous().to(dev)
+        extra = (doc,)
+    pairs = pair_count(name, B, S, dev, doc) * H
+    flops = 4 * pairs * D
+    row = {"variant": name, "S": S, "D": D, "B": B, "H": H, "Hkv": Hkv, "density": pairs / (B * H * S * S)}
+    spec = SPECS[name]
+    f = tc.compile(spec, fallback="raise")
+    t0 = time.perf_counter()
+    out = f(q, k, v, *extra)
+    torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - t0
+    entry = next(iter(f._table.values()))
+    row["build_s"] = entry.runner.info["seconds"] if entry.runner.info["built"] else None
+    row["ours_ms"] = bench(lambda: f(q, k, v, *extra))
+    causal = name not in ("full", "softcap_full")
+    if name in ("full", "causal", "gqa_causal"):
+        for be in ("flash", "cudnn"):
+            try:
+                row[f"sdpa_{be}_ms"] = bench(lambda: sdpa(be, q, k, v, causal, Hkv != H))
+            except Exception as e:  # backend unavailable for this shape
+                row[f"sdpa_{be}_ms"] = None
+                row[f"sdpa_{be}_error"] = str(e)[:200]
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        score, mask = flex_mods(name, H, S, dev, doc)
+        bm = create_block_mask(mask, B if name == "document" else None, None, S, S, device=dev) if mask else None
+        flex = torch.compile(flex_attention)
+        t0 = time.perf_counter()
+        flex(q, k, v, score_mod=score, block_mask=bm, enable_gqa=Hkv != H)
+        torch.cuda.synchronize()
+        row["flex_compile_s"] = time.perf_counter() - t0
+        row["flex_ms"] = bench(lambda: flex(q, k, v, score_mod=score, block_mask=bm, enable_gqa=Hkv != H))
+    except Exception as e:
+        row["flex_ms"] = None
+        row["flex_error"] = str(e)[:300]
+    if with_eager and S <= 4096:
+        try:
+            row["eager_ms"] = bench(lambda: spec(q, k, v, *extra), reps=5)
+        except torch.OutOfMemoryError:
+            row["eager_ms"] = None
+    for key in [k_ for k_ in row if k_.endswith("_ms")]:
+        if row[key]:
+            row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
+    results.append(row)
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def host_overhead(n: int = 2000) -> dict:
+    q, k, v = (torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    f = tc.compile(SPECS["causal"], fallback="raise")
+    f(q, k, v)
+    out = {}
+    for name, fn in (("ours", lambda: f(q, k, v)),
+                     ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))):
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        out[f"{name}_us_per_call"] = (t1 - t0) / n * 1e6
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--variants", default=",".join(SPECS))
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    names = args.variants.split(",")
+    plan = [(n, 4096, 128) for n in names] + [(n, 4096, 64) for n in names]
+    if not args.quick:
+        plan += [(n, S, 128) for n in names for S in (1024, 16384)]
+    results: list[dict] = []
+    for name, S, D in plan:
+        r = run_case(name, S, D, 16, 32768, results, with_eager=True)
+        print(f"{name:15s} S={S:5d} D={D:3d} ours {r.get('ours_tflops', 0):6.1f} TF/s  flex "
+              f"{r.get('flex_tflops') or 0:6.1f}  flash {r.get('sdpa_flash_tflops') or 0:6.1f}  "
+              f"cudnn {r.get('sdpa_cudnn_tflops') or 0:6.1f}  eager {r.get('eager_tflops') or 0:6.1f}", flush=True)
+    oh = host_overhead()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results,
+              "host_overhead": oh}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    full4k = {r["D"]: r["ours_tflops"] for r in results if r["variant"] == "full" and r["S"] == 4096}
+    print("\nvariant          S     D   ours TF/s  /flash  /flex  /eager  /own-full  first-call s")
+    for r in results:
+        def ratio(k_):
+            return f"{r['ours_tflops'] / r[k_]:6.2f}" if r.get(k_) else "     -"
+        own = r["ours_tflops"] / full4k[r["D"]] if r["D"] in full4k else float("nan")
+        print(f"{r['variant']:15s} {r['S']:5d} {r['D']:4d} {r['ours_tflops']:9.1f} {ratio('sdpa_flash_tflops')} "
+              f"{ratio('flex_tflops')} {ratio('eager_tflops')} {own:9.2f} {r['first_call_s']:10.2f}")
+    print(f"host overhead per tiny call: ours {oh['ours_us_per_call']:.1f} us, SDPA {oh['sdpa_us_per_call']:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Build (or load from the disk cache) the cubin for a lowered program."""
+from __future__ import annotations
+
+import hashlib
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from .. import cache, config
+from ..build import compile_cubin, toolchain_id
+from ..lower import Lowered
+from ..version import __version__
+from .launch import CubinKernel
+
+
+@lru_cache(maxsize=1)
+def headers_digest() -> str:
+    """The expert kernel's own source is part of every key."""
+    h = hashlib.sha256()
+    root = Path(config.csrc_dir())
+    for f in sorted(root.rglob("*.cuh")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def kernel_key(low: Lowered, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (low.source, arch, toolchain_id(), __version__, headers_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "fwd-" + h.hexdigest()[:40]
+
+
+def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict]:
+    """Returns the loaded kernel and what happened (built or cached, seconds)."""
+    key = kernel_key(low, arch)
+    info = {"key": key, "built": False}
+    t0 = time.perf_counter()
+
+    def build():
+        info["built"] = True
+        cubin = compile_cubin(low.source, arch, include_dirs=[config.csrc_dir()])
+        return cubin, {"arch": arch, "toolchain": toolchain_id(), "kernel": low.kernel}
+
+    art = cache.get_or_build(key, build)
+    info["seconds"] = time.perf_counter() - t0
+    src_dir = config.cache_root() / "sources"
+    if not config.is_readonly():
+        config.ensure_private_dir(src_dir)
+        (src_dir / f"{key}.cu").write_text(low.source)  # for explain and debugging
+    info["source_path"] = str(src_dir / f"{key}.cu")
+    kern = CubinKernel(art.cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
+    return kern, info

@@ -1,0 +1,45 @@
+"""Packing kernel arguments: FwdArgs and Params as flat arrays of 8-byte words."""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import torch
+
+from ..lower.variant import ParamField
+
+# FwdArgs: 5 pointers, 12 strides, 5 sizes, 1 double (csrc/cubridge/variant.cuh)
+FWD_FORMAT = struct.Struct("<5Q12q5qd")
+
+
+def pack_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
+             scale: float) -> bytes:
+    """q, k, v, o are canonical [B, H, S, D] views (any strides, last dim contiguous)."""
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
+    return FWD_FORMAT.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                           0 if lse is None else lse.data_ptr(),
+                           qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+                           q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], float(scale))
+
+
+def params_format(fields: tuple[ParamField, ...]) -> struct.Struct:
+    if not fields:
+        return struct.Struct("<q")
+    return struct.Struct("<" + "".join("d" if f.kind == "f64" else ("Q" if f.kind == "ptr" else "q") for f in fields))
+
+
+def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
+                scalars: dict[str, Any]) -> bytes:
+    if not fields:
+        return fmt.pack(0)
+    vals: list[Any] = []
+    for f in fields:
+        if f.kind == "ptr":
+            vals.append(tensors[f.source].data_ptr())
+        elif f.kind == "stride":
+            vals.append(tensors[f.source].stride(f.dim))
+        elif f.kind == "f64":
+            vals.append(float(scalars[f.source]))
+        else:
+            vals.append(int(scalars[f.source]))
+    return fmt.pack(*vals)
