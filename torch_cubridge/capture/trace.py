@@ -90,7 +90,7 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         # fresh fakes per argument: two arguments holding one tensor must stay two inputs
-        fakes = [torch.empty_strided(bound[p].shape, bound[p].stride(), dtype=bound[p].dtype, device="cpu")
+        fakes = [torch.empty_strided(bound[p].shape, bound[p].stride(), dtype=bound[p].dtype, device=bound[p].device)
                  for p in paths]
 
     def flat(*tensors: torch.Tensor) -> Any:
