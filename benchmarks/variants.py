@@ -45,7 +45,7 @@ def alibi_causal(q, k, v):
     H, S = q.shape[1], q.shape[2]
     slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=q.device)
     i = torch.arange(S, device=q.device)
-    s = _scores(q, k) + slopes[:, None, None] * (i[None, :] - i[:, None])
+    s = _scores(q, k) + (slopes[:, None, None] * (i[None, :] - i[:, None])).to(q.dtype)
     return torch.softmax(s.masked_fill(~_causal(S, q.device), float("-inf")), -1) @ v
 
 

@@ -75,12 +75,12 @@ __device__ __forceinline__ int iv_class(Iv keep) {
 }
 
 // Python semantics for integer floor division and modulo (the spec's semantics).
-__device__ __forceinline__ long long py_floordiv(long long x, long long d) {
-  long long q = x / d;
+template <class I> __device__ __forceinline__ I py_floordiv(I x, I d) {
+  I q = x / d;
   return (x % d != 0 && ((x < 0) != (d < 0))) ? q - 1 : q;
 }
-__device__ __forceinline__ long long py_mod(long long x, long long d) {
-  long long r = x % d;
+template <class I> __device__ __forceinline__ I py_mod(I x, I d) {
+  I r = x % d;
   return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
 }
 

@@ -71,7 +71,7 @@ class CExpr:
             if isinstance(v, bool):
                 return "true" if v else "false"
             if isinstance(v, int):
-                return f"{v}LL"
+                return f"{v}" if -2**31 <= v < 2**31 else f"{v}LL"
             if math.isinf(v):
                 return "(-__int_as_float(0x7f800000))" if v < 0 else "__int_as_float(0x7f800000)"
             return f"{float(v)!r}f".replace("inff", "INF")
@@ -79,13 +79,13 @@ class CExpr:
             if e.attr == "s":
                 return "s"
             if e.attr in ("b", "h", "q", "kv"):
-                return f"(long long){e.attr}"
+                return e.attr  # 32-bit index math: 64-bit integer ops are emulated on the GPU
             if e.attr == "D":
-                return f"{self.D}LL"
-            return _SIZE[e.attr]
+                return f"{self.D}"
+            return f"(int){_SIZE[e.attr]}"
         if op == "scalar":
             s = self.scalars[e.attr]
-            return f"(float)p.{e.attr}" if s.kind == "float" else f"p.{e.attr}"
+            return f"(float)p.{e.attr}" if s.kind == "float" else f"(int)p.{e.attr}"
         if op == "load":
             return self.load(e)
         if op == "where":
@@ -106,6 +106,8 @@ class CExpr:
             k = self.kind(e)
             return f"({self.as_kind(a[0], k)} {_ARITH[op]} {self.as_kind(a[1], k)})"
         if op == "div":
+            if self.uniform(a[1]):  # a loop-invariant reciprocal: one multiply per element, not a divide
+                return f"({self.as_kind(a[0], 'float')} * (1.0f / {self.as_kind(a[1], 'float')}))"
             return f"({self.as_kind(a[0], 'float')} / {self.as_kind(a[1], 'float')})"
         if op in ("floordiv", "mod"):
             if self.kind(e) == "int":
@@ -133,7 +135,7 @@ class CExpr:
         if op == "to_float":
             return self.as_kind(a[0], "float")
         if op == "to_int":
-            return f"(long long)({self.value(a[0])})"
+            return f"(int)({self.value(a[0])})"
         if op == "to_bool":
             return f"({self.value(a[0])} != 0)"
         raise UnsupportedSpec(f"no CUDA lowering for {op}", op="lower")
@@ -146,12 +148,13 @@ class CExpr:
         if k == "float":
             return f"(float)({v})"
         if k == "int":
-            return f"(long long)({v})"
+            return f"(int)({v})"
         return f"({v} != 0)"
 
     def load(self, e: Expr) -> str:
         x = self.extras[e.attr]
-        off = " + ".join(f"{self.as_kind(i, 'int')} * p.{x.name}_s{d}" for d, i in enumerate(e.args)) or "0"
+        off = " + ".join(f"(long long)({self.as_kind(i, 'int')}) * p.{x.name}_s{d}"
+                         for d, i in enumerate(e.args)) or "0"
         raw = f"p.{x.name}[{off}]"
         if x.dtype == "bfloat16":
             return f"__bfloat162float({raw})"
@@ -161,7 +164,15 @@ class CExpr:
             return f"(float){raw}"
         if x.dtype == "bool":
             return f"({raw} != 0)"
-        return f"(long long){raw}" if x.dtype != "float32" else raw
+        return raw
+
+    def uniform(self, e: Expr) -> bool:
+        """No per-element dependence: only scalars, constants and sizes."""
+        if e.op == "var":
+            return e.attr not in ("s", "b", "h", "q", "kv")
+        if e.op == "load":
+            return False
+        return all(self.uniform(x) for x in e.args)
 
     # -- intervals over a tile -------------------------------------------------------
     def interval(self, e: Expr) -> str:
