@@ -120,31 +120,34 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--variants", default=",".join(SPECS))
+    ap.add_argument("--plan", default="4096:128,4096:64,1024:128,16384:128", help="S:D,S:D,...")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     names = args.variants.split(",")
-    plan = [(n, 4096, 128) for n in names] + [(n, 4096, 64) for n in names]
-    if not args.quick:
-        plan += [(n, S, 128) for n in names for S in (1024, 16384)]
+    sd = [tuple(map(int, x.split(":"))) for x in args.plan.split(",")]
+    if args.quick:
+        sd = sd[:1]
+    plan = [(n, S, D) for S, D in sd for n in names]
     results: list[dict] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for name, S, D in plan:
         r = run_case(name, S, D, 16, 32768, results, with_eager=True)
         print(f"{name:15s} S={S:5d} D={D:3d} ours {r.get('ours_tflops', 0):6.1f} TF/s  flex "
               f"{r.get('flex_tflops') or 0:6.1f}  flash {r.get('sdpa_flash_tflops') or 0:6.1f}  "
               f"cudnn {r.get('sdpa_cudnn_tflops') or 0:6.1f}  eager {r.get('eager_tflops') or 0:6.1f}", flush=True)
+        (out / "bench_partial.json").write_text(json.dumps(results, indent=1))
     oh = host_overhead()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results,
               "host_overhead": oh}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1))
-    full4k = {r["D"]: r["ours_tflops"] for r in results if r["variant"] == "full" and r["S"] == 4096}
+    full4k = {(r["S"], r["D"]): r["ours_tflops"] for r in results if r["variant"] == "full"}
     print("\nvariant          S     D   ours TF/s  /flash  /flex  /eager  /own-full  first-call s")
     for r in results:
         def ratio(k_):
             return f"{r['ours_tflops'] / r[k_]:6.2f}" if r.get(k_) else "     -"
-        own = r["ours_tflops"] / full4k[r["D"]] if r["D"] in full4k else float("nan")
+        own = r["ours_tflops"] / full4k[(r["S"], r["D"])] if (r["S"], r["D"]) in full4k else float("nan")
         print(f"{r['variant']:15s} {r['S']:5d} {r['D']:4d} {r['ours_tflops']:9.1f} {ratio('sdpa_flash_tflops')} "
               f"{ratio('flex_tflops')} {ratio('eager_tflops')} {own:9.2f} {r['first_call_s']:10.2f}")
     print(f"host overhead per tiny call: ours {oh['ours_us_per_call']:.1f} us, SDPA {oh['sdpa_us_per_call']:.1f} us")
