@@ -45,8 +45,11 @@ def test_softcap_uses_fast_tanh_and_a_reciprocal():
 
 
 def test_document_mask_loads_through_strides():
-    src = lower(_prog("document_causal")).source
-    assert "p.doc_s1" in src and "iv_unknown" in src   # data: the tile class cannot be full
+    low = lower(_prog("document_causal"))
+    assert "p.doc_s1" in low.source
+    # data-dependent mask: a runtime pre-pass classifies tiles, block_class reads its table
+    assert low.prepass and low.prepass in low.source and "p.blk[" in low.source
+    assert not lower(_prog("causal_sdpa")).prepass
 
 
 def test_tiled_head_map_is_refused_not_dropped():

@@ -18,7 +18,7 @@ from .cexpr import CExpr, ctype
 class ParamField:
     """One 8-byte field of Params: a tensor pointer, a stride of it, or a scalar."""
     name: str
-    kind: str          # ptr | stride | f64 | i64
+    kind: str          # ptr | stride | f64 | i64 | rt_ptr | rt_i64 (runtime: the block table)
     source: str        # extra tensor name or scalar name
     dim: int = -1
 
@@ -49,10 +49,14 @@ def param_fields(p: Program) -> list[ParamField]:
         out += [ParamField(f"{x.name}_s{d}", "stride", x.name, d) for d in range(x.rank)]
     for s in p.scalars:
         out.append(ParamField(s.name, "f64" if s.kind == "float" else "i64", s.name))
+    if p.block_rule == "prepass":
+        out += [ParamField("blk", "rt_ptr", "blk"), ParamField("blk_sb", "rt_i64", "blk_sb"),
+                ParamField("blk_sh", "rt_i64", "blk_sh"), ParamField("blk_nk", "rt_i64", "blk_nk")]
     return out
 
 
-def variant_source(p: Program, head_dim: int, fast_tanh: bool) -> tuple[str, list[ParamField], Expr | None]:
+def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 128,
+                   block_n: int = 64) -> tuple[str, list[ParamField], Expr | None]:
     hooks = lift_reference().hooks()
     needed = {"score"} | ({"mask", "block_class"} if p.mask is not None else set()) | \
         ({"sink"} if p.sink is not None else set())
@@ -69,7 +73,9 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool) -> tuple[str, lis
         if f.kind == "ptr":
             x = next(e for e in p.extras if e.name == f.source)
             lines.append(f"    const {ctype(x.dtype)}* {f.name};")
-        elif f.kind in ("stride", "i64"):
+        elif f.kind == "rt_ptr":
+            lines.append(f"    signed char* {f.name};")
+        elif f.kind in ("stride", "i64", "rt_i64"):
             lines.append(f"    long long {f.name};")
         else:
             lines.append(f"    double {f.name};")
@@ -87,7 +93,7 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool) -> tuple[str, lis
                   f"    return {cg.as_kind(p.mask, 'bool')};", "  }",
                   f"  __device__ __forceinline__ static int block_class({sig}, int b, int h, int q_lo, int q_hi,"
                   " int kv_lo, int kv_hi) {",
-                  f"    return cubridge::iv_class({cg.interval(p.mask)});", "  }"]
+                  f"    return {_block_class_body(cg, p, block_m, block_n)};", "  }"]
     if p.sink is not None:
         lines += ["  static constexpr bool kHasSink = true;",
                   f"  __device__ __forceinline__ static float sink({sig}, int b, int h) {{",
@@ -96,3 +102,10 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool) -> tuple[str, lis
         lines.append("  static constexpr bool kEmptyRowMeanV = true;")
     lines.append("};")
     return "\n".join(lines), fields, scale
+
+
+def _block_class_body(cg: CExpr, p: Program, block_m: int, block_n: int) -> str:
+    if p.block_rule == "prepass":  # the pre-pass wrote every tile's class
+        return (f"p.blk[b * p.blk_sb + h * p.blk_sh + (long long)(q_lo / {block_m}) * p.blk_nk"
+                f" + kv_lo / {block_n}]")
+    return f"cubridge::iv_class({cg.interval(p.mask)})"

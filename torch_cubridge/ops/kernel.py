@@ -32,7 +32,7 @@ def kernel_key(low: Lowered, arch: str) -> str:
     return "fwd-" + h.hexdigest()[:40]
 
 
-def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict]:
+def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, CubinKernel | None]:
     """Returns the loaded kernel and what happened (built or cached, seconds)."""
     key = kernel_key(low, arch)
     info = {"key": key, "built": False}
@@ -51,4 +51,8 @@ def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict]:
         (src_dir / f"{key}.cu").write_text(low.source)  # for explain and debugging
     info["source_path"] = str(src_dir / f"{key}.cu")
     kern = CubinKernel(art.cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
-    return kern, info
+    pre = None
+    if low.prepass is not None:
+        from ..lower.source import PREPASS_THREADS
+        pre = CubinKernel(art.cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
+    return kern, info, pre

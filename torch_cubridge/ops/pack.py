@@ -12,6 +12,12 @@ from ..lower.variant import ParamField
 FWD_FORMAT = struct.Struct("<5Q12q5qd")
 
 
+def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple, v_st: tuple, o_st: tuple,
+                 sizes: tuple[int, int, int, int, int], scale: float) -> bytes:
+    """The same FwdArgs from plain ints (the per-call fast path builds no views)."""
+    return FWD_FORMAT.pack(*ptrs, *q_st, *k_st, *v_st, *o_st, *sizes, scale)
+
+
 def pack_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
              scale: float) -> bytes:
     """q, k, v, o are canonical [B, H, S, D] views (any strides, last dim contiguous)."""
@@ -25,11 +31,11 @@ def pack_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
 def params_format(fields: tuple[ParamField, ...]) -> struct.Struct:
     if not fields:
         return struct.Struct("<q")
-    return struct.Struct("<" + "".join("d" if f.kind == "f64" else ("Q" if f.kind == "ptr" else "q") for f in fields))
+    return struct.Struct("<" + "".join("d" if f.kind == "f64" else ("Q" if f.kind in ("ptr", "rt_ptr") else "q") for f in fields))
 
 
 def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
-                scalars: dict[str, Any]) -> bytes:
+                scalars: dict[str, Any], runtime: dict[str, int] | None = None) -> bytes:
     if not fields:
         return fmt.pack(0)
     vals: list[Any] = []
@@ -40,6 +46,8 @@ def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dic
             vals.append(tensors[f.source].stride(f.dim))
         elif f.kind == "f64":
             vals.append(float(scalars[f.source]))
+        elif f.kind in ("rt_ptr", "rt_i64"):
+            vals.append(int(runtime[f.source]))
         else:
             vals.append(int(scalars[f.source]))
     return fmt.pack(*vals)

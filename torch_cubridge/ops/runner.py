@@ -6,93 +6,107 @@ layout, pack arguments, launch on the current stream. No host sync.
 """
 from __future__ import annotations
 
-import math
+import struct
 from typing import Any, Callable
 
 import torch
 
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, lookup, scalar_values, sizes_of, to_canonical
+from ..ir.bind import bind_args, lookup, scalar_values
+from ..ir.expr import free_vars
+from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
 from ..ir.program import Program
 from ..lower import Lowered, lower
 from .kernel import load_kernel
 from .launch import CubinKernel
-from .pack import pack_fwd, pack_params, params_format
+from .fastpath import Plan, canon
+from .pack import pack_fwd_raw, pack_params, params_format
 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """cp.async moves 16 bytes: base and row strides must be 16-byte aligned."""
-    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
-        return t.contiguous()
-    return t
-
-
 class KernelRunner:
-    def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict) -> None:
+    def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
+                 prepass: CubinKernel | None = None) -> None:
         self.p = p
         self.low = low
         self.kernel = kernel
+        self.prepass = prepass
         self.head_dim = head_dim
         self.info = info
         self.fmt = params_format(low.params)
+        self.dtype = getattr(torch, low.dtype)
+        self.plan = Plan(p)
         self._consts: dict[tuple, torch.Tensor] = {}
+        self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
+        self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
+        self._scale_const = None
+        if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
+            self._scale_const = self._scale({}, self._lit or {})
 
+    # -- calls -----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        plan = self.plan
+        if plan.simple and not any(s.arg is not None for s in self.p.scalars):
+            try:
+                q = plan.get(args, kwargs, plan.paths[0])
+                k = plan.get(args, kwargs, plan.paths[1])
+                v = plan.get(args, kwargs, plan.paths[2])
+                extras = {x.name: plan.get(args, kwargs, x.arg) if x.arg is not None else None
+                          for x in self.p.extras}
+            except (KeyError, IndexError):
+                return self.run_bound(bind_args(self.p.signature, args, kwargs))
+            return self._execute(q, k, v, plan.perms, extras, None, False)
         return self.run_bound(bind_args(self.p.signature, args, kwargs))
-
-    def _extras(self, bound: dict[str, Any], dev: torch.device) -> dict[str, torch.Tensor]:
-        out = {}
-        for x in self.p.extras:
-            if x.arg is not None:
-                t = lookup(bound, x.arg)
-                if t.device != dev:
-                    raise ValueError(f"{x.arg} is on {t.device}, the query on {dev}")
-                want = getattr(torch, x.dtype)
-                if t.dtype != want:
-                    raise TypeError(f"{x.arg} has dtype {t.dtype}; the kernel was built for {want}")
-                out[x.name] = t
-            else:
-                key = (x.name, dev)
-                if key not in self._consts:
-                    self._consts[key] = torch.tensor(x.value, dtype=getattr(torch, x.dtype), device=dev)
-                out[x.name] = self._consts[key]
-        return out
 
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
         p = self.p
-        q = _aligned(to_canonical(lookup(bound, p.q.arg), p.q))
-        k = _aligned(to_canonical(lookup(bound, p.k.arg), p.k))
-        v = _aligned(to_canonical(lookup(bound, p.v.arg), p.v))
-        if not (q.dtype == k.dtype == v.dtype) or _DTYPES.get(q.dtype) != self.low.dtype:
-            raise TypeError(f"query/key/value must all be {self.low.dtype}")
-        if q.shape[-1] != self.head_dim or v.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(f"head dim must be {self.head_dim}")
-        if not (q.device == k.device == v.device) or q.device.type != "cuda":
+        q, k, v = (lookup(bound, op.arg) for op in (p.q, p.k, p.v))
+        extras = {x.name: lookup(bound, x.arg) if x.arg is not None else None for x in p.extras}
+        return self._execute(q, k, v, self.plan.perms, extras, bound, poison)
+
+    # -- the launch ----------------------------------------------------------------
+    def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
+                 bound: dict | None, poison: bool) -> Any:
+        p = self.p
+        (B, H, Sq, D), qs = canon(q, perms[0])
+        (Bk, Hkv, Skv, Dk), ks = canon(k, perms[1])
+        (Bv, Hv, Sv, Dv), vs = canon(v, perms[2])
+        dt = self.dtype
+        if q.dtype != dt or k.dtype != dt or v.dtype != dt:
+            raise TypeError(f"query/key/value must all be {dt}; got {q.dtype}, {k.dtype}, {v.dtype}")
+        dev = q.device
+        if dev.type != "cuda" or k.device != dev or v.device != dev:
             raise ValueError("query, key and value must be CUDA tensors on one device")
-        if k.shape[2] != v.shape[2] or k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
-            raise ValueError(f"incompatible key/value shapes {tuple(k.shape)} / {tuple(v.shape)} for query {tuple(q.shape)}")
-        sizes = sizes_of(p, q, k)
-        scal = scalar_values(p, bound, sizes)
-        extras = self._extras(bound, q.device)
-        out, oc = self._alloc(q)
+        if not (D == Dk == Dv == self.head_dim):
+            raise ValueError(f"head dim must be {self.head_dim} for query, key and value")
+        if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
+            raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
+        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)):  # cp.async needs 16-byte rows
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
+        sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+        for name, val in p.requires:
+            if sizes[name] != val:
+                raise ValueError(f"this program was captured with {name}={val} and is only valid there "
+                                 f"(got {name}={sizes[name]})")
+        scal = self._lit if self._lit is not None else scalar_values(p, bound or {}, sizes)
+        tensors = self._tensors(extras, dev)
+        shape, ost = self.plan.out_layout(B, H, Sq, D)
+        out = torch.empty(shape, dtype=dt, device=dev)
         if poison:
             out.fill_(float("nan"))
-        scale = 1.0
-        if self.low.scale is not None:
-            env = {kk: (float(vv), float(vv)) for kk, vv in {**sizes, **scal}.items()}
-            scale = interval(self.low.scale, env)[0]
-            if not scale > 0:  # the kernel folds the scale into exp2 after the row max: needs scale > 0
-                raise ValueError(f"score scale {scale} must be positive for this kernel")
-        tile = self.low.tile
-        grid = (math.ceil(sizes["Sq"] / tile.block_m), sizes["H"], sizes["B"])
-        if sizes["Sq"] and sizes["Skv"]:
-            blocks = [pack_fwd(q, k, v, oc, None, scale), pack_params(self.fmt, self.low.params, extras, scal)]
-            self.kernel.launch(grid, blocks, torch.cuda.current_stream(q.device).cuda_stream)
+        scale = self._scale_const if self._scale_const is not None else self._scale(sizes, scal)
+        if Sq and Skv:
+            stream = torch._C._cuda_getCurrentRawStream(dev.index)
+            fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0), qs[:3], ks[:3],
+                               vs[:3], ost[:3], (B, H, Hkv, Sq, Skv), scale)
+            runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, dev, stream) if self.prepass else None
+            params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
+            self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), (fwd, params), stream)
         else:
-            oc.zero_()
+            out.zero_()
         res = out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype))
         if p.out.tuple_len:
             full: list[Any] = [None] * p.out.tuple_len
@@ -100,17 +114,51 @@ class KernelRunner:
             return tuple(full)
         return res
 
-    def _alloc(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output in the spec's layout, and its canonical [B, H, Sq, D] view."""
-        B, H, S, D = q.shape
-        ext = {"b": B, "h": H, "s": S, "d": D}
-        parts = [x.split("*") for x in self.p.out.dims]
-        out = torch.empty([math.prod(ext[c] for c in g) for g in parts], dtype=q.dtype, device=q.device)
-        flat = [c for g in parts for c in g]
-        view = out.view([ext[c] for c in flat])
-        if "b" not in flat:
-            view, flat = view.unsqueeze(0), ["b"] + flat
-        return out, view.permute([flat.index(c) for c in "bhsd"])
+    def _prepass(self, fwd: bytes, tensors: dict, scal: dict, B: int, H: int, Sq: int, Skv: int,
+                 dev: torch.device, stream: int) -> dict[str, int]:
+        tile = self.low.tile
+        nq, nk = -(-Sq // tile.block_m), -(-Skv // tile.block_n)
+        bb = B if "b" in self._mask_vars else 1
+        hb = H if "h" in self._mask_vars else 1
+        table = torch.empty(bb * hb * nq * nk, dtype=torch.int8, device=dev)
+        rt = {"blk": table.data_ptr(), "blk_sb": hb * nq * nk if bb > 1 else 0,
+              "blk_sh": nq * nk if hb > 1 else 0, "blk_nk": nk}
+        params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
+        self.prepass.launch((nk, nq, bb * hb), (fwd, params, struct.pack("<q", hb)), stream)
+        self._table = table  # keep the buffer alive until the launch is enqueued on the stream
+        return rt
+
+    def _scale(self, sizes: dict, scal: dict) -> float:
+        if self.low.scale is None:
+            return 1.0
+        env = {kk: (float(vv), float(vv)) for kk, vv in {**sizes, **scal}.items()}
+        scale = interval(self.low.scale, env)[0]
+        if not scale > 0:  # the kernel folds the scale into exp2 after the row max: needs scale > 0
+            raise ValueError(f"score scale {scale} must be positive for this kernel")
+        return scale
+
+    def _tensors(self, extras: dict, dev: torch.device) -> dict[str, torch.Tensor]:
+        out = {}
+        for x in self.p.extras:
+            t = extras.get(x.name)
+            if t is None:
+                key = (x.name, dev)
+                if key not in self._consts:
+                    self._consts[key] = torch.tensor(x.value, dtype=getattr(torch, x.dtype), device=dev)
+                out[x.name] = self._consts[key]
+                continue
+            if not isinstance(t, torch.Tensor) or t.device != dev:
+                raise ValueError(f"{x.arg} must be a tensor on {dev}")
+            if str(t.dtype) != "torch." + x.dtype:
+                raise TypeError(f"{x.arg} has dtype {t.dtype}; the kernel was built for torch.{x.dtype}")
+            if t.dim() != x.rank:
+                raise ValueError(f"{x.arg} must have rank {x.rank}")
+            out[x.name] = t
+        return out
+
+
+def _ok(t: torch.Tensor, st: tuple) -> bool:
+    return st[3] == 1 and t.data_ptr() % 16 == 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0
 
 
 def build_runner(fn: Callable, res: Any, bound: dict[str, Any]) -> tuple[KernelRunner | None, str]:
@@ -128,8 +176,8 @@ def build_runner(fn: Callable, res: Any, bound: dict[str, Any]) -> tuple[KernelR
     last = None
     for fast in (True, False):
         low = lower(p, arch, _DTYPES[q.dtype], head_dim, fast_tanh=fast)
-        kern, info = load_kernel(low, arch)
-        runner = KernelRunner(p, low, kern, head_dim, info)
+        kern, info, pre = load_kernel(low, arch)
+        runner = KernelRunner(p, low, kern, head_dim, info, pre)
         rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
         info["verification"] = rep
         if rep.ok:

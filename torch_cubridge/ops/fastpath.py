@@ -1,0 +1,67 @@
+"""The per-call fast path: arguments to kernel words with no tensor views.
+
+Everything that depends only on the program (argument positions, layout
+permutations, literal scalars, output layout) is worked out once here; a
+call then reads shapes and strides, allocates the output and packs ints.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..ir.program import Operand, Program
+
+
+def _perm(op: Operand) -> tuple[int | None, int, int, int]:
+    """Positions of b, h, s, d in the operand's dims (None: no batch dim)."""
+    d = op.dims
+    return (d.index("b") if "b" in d else None, d.index("h"), d.index("s"), d.index("d"))
+
+
+def canon(t: torch.Tensor, perm: tuple) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """Canonical [B, H, S, D] sizes and strides of t, read without making a view."""
+    sh, st = t.shape, t.stride()
+    b, h, s, d = perm
+    if b is None:
+        return (1, sh[h], sh[s], sh[d]), (0, st[h], st[s], st[d])
+    return (sh[b], sh[h], sh[s], sh[d]), (st[b], st[h], st[s], st[d])
+
+
+class Plan:
+    def __init__(self, p: Program) -> None:
+        self.p = p
+        plain = []
+        for name in p.signature:
+            if name.startswith("*"):
+                break
+            plain.append(name)
+        self.positions = {n: i for i, n in enumerate(plain)}
+        self.perms = (_perm(p.q), _perm(p.k), _perm(p.v))
+        self.paths = (p.q.arg, p.k.arg, p.v.arg)
+        self.simple = all(a in self.positions or "." not in a for a in self.paths) and all(
+            x.arg is None or "." not in x.arg for x in p.extras)
+        self.literal_scalars = all(s.arg is None and s.expr is None for s in p.scalars)
+        parts = [x.split("*") for x in p.out.dims]
+        self.out_parts = parts
+        flat = [c for g in parts for c in g]
+        self.out_flat = flat
+
+    def get(self, args: tuple, kwargs: dict, path: str) -> Any:
+        i = self.positions.get(path)
+        if i is not None and i < len(args):
+            return args[i]
+        return kwargs[path]
+
+    def out_layout(self, B: int, H: int, S: int, D: int) -> tuple[list[int], tuple[int, int, int, int]]:
+        """Shape to allocate, and the canonical strides of that allocation."""
+        ext = {"b": B, "h": H, "s": S, "d": D}
+        flat = self.out_flat
+        strides: dict[str, int] = {}
+        acc = 1
+        for c in reversed(flat):
+            strides[c] = acc
+            acc *= ext[c]
+        shape = [math.prod(ext[c] for c in g) for g in self.out_parts]
+        return shape, (strides.get("b", 0), strides["h"], strides["s"], strides["d"])
