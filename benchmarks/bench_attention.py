@@ -73,6 +73,7 @@ def run_case(name, S, D, H, total, results, with_eager):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         score, mask = flex_mods(name, H, S, dev, doc)
         bm = create_block_mask(mask, B if name == "document" else None, None, S, S, device=dev) if mask else None
+        torch._dynamo.reset()  # one compile per case; never hit the recompile limit and fall back to eager
         flex = torch.compile(flex_attention)
         t0 = time.perf_counter()
         flex(q, k, v, score_mod=score, block_mask=bm, enable_gqa=Hkv != H)

@@ -11,9 +11,13 @@ from typing import Any
 import torch
 
 
+_ONE = (1).__eq__
+_Tensor = torch.Tensor
+
+
 def _meta(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.device.type, tuple(s == 1 for s in v.shape))
+    if isinstance(v, _Tensor):  # map with a C-level predicate: this runs on every call
+        return (v.dtype, v.get_device(), tuple(map(_ONE, v.shape)))
     if isinstance(v, torch.nn.Module):
         return (type(v).__name__, id(v))
     if isinstance(v, (int, float, bool, str, type(None))):
@@ -26,7 +30,7 @@ def _meta(v: Any) -> Any:
 
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
-    key = tuple(_meta(a) for a in args)
+    key = tuple(map(_meta, args))
     if kwargs:
         key += tuple((k, _meta(v)) for k, v in sorted(kwargs.items()))
     return key
