@@ -7,22 +7,25 @@
 
 namespace cubridge {
 
+// fp32 bounds: exact for indices below 2^24, and full-rate arithmetic. The
+// hook runs for every key block of every CTA, so float precision (1/64 rate
+// on H100) cost up to half the runtime of long sliding-window sequences.
 struct Iv {
-  double lo, hi;
+  float lo, hi;
 };
 
-__device__ __forceinline__ Iv iv(double x) { return {x, x}; }
-__device__ __forceinline__ Iv iv(double lo, double hi) { return {lo, hi}; }
-__device__ __forceinline__ Iv iv_unknown() { return {-1e300, 1e300}; }
+__device__ __forceinline__ Iv iv(float x) { return {x, x}; }
+__device__ __forceinline__ Iv iv(float lo, float hi) { return {lo, hi}; }
+__device__ __forceinline__ Iv iv_unknown() { return {-3.0e38f, 3.0e38f}; }
 __device__ __forceinline__ Iv iv_bool_unknown() { return {0.0, 1.0}; }
-__device__ __forceinline__ double dmin(double x, double y) { return x < y ? x : y; }
-__device__ __forceinline__ double dmax(double x, double y) { return x > y ? x : y; }
+__device__ __forceinline__ float dmin(float x, float y) { return x < y ? x : y; }
+__device__ __forceinline__ float dmax(float x, float y) { return x > y ? x : y; }
 
 __device__ __forceinline__ Iv iv_add(Iv x, Iv y) { return {x.lo + y.lo, x.hi + y.hi}; }
 __device__ __forceinline__ Iv iv_sub(Iv x, Iv y) { return {x.lo - y.hi, x.hi - y.lo}; }
 __device__ __forceinline__ Iv iv_neg(Iv x) { return {-x.hi, -x.lo}; }
 __device__ __forceinline__ Iv iv_mul(Iv x, Iv y) {
-  const double a = x.lo * y.lo, b = x.lo * y.hi, c = x.hi * y.lo, d = x.hi * y.hi;
+  const float a = x.lo * y.lo, b = x.lo * y.hi, c = x.hi * y.lo, d = x.hi * y.hi;
   return {dmin(dmin(a, b), dmin(c, d)), dmax(dmax(a, b), dmax(c, d))};
 }
 __device__ __forceinline__ Iv iv_max(Iv x, Iv y) { return {dmax(x.lo, y.lo), dmax(x.hi, y.hi)}; }
@@ -33,10 +36,10 @@ __device__ __forceinline__ Iv iv_abs(Iv x) {
   return {0.0, dmax(-x.lo, x.hi)};
 }
 // Floor division and Python modulo by a positive constant.
-__device__ __forceinline__ Iv iv_floordiv(Iv x, double d) { return {floor(x.lo / d), floor(x.hi / d)}; }
-__device__ __forceinline__ Iv iv_mod(Iv x, double d) {
-  if (floor(x.lo / d) == floor(x.hi / d)) {
-    const double base = floor(x.lo / d) * d;
+__device__ __forceinline__ Iv iv_floordiv(Iv x, float d) { return {floorf(x.lo / d), floorf(x.hi / d)}; }
+__device__ __forceinline__ Iv iv_mod(Iv x, float d) {
+  if (floorf(x.lo / d) == floorf(x.hi / d)) {
+    const float base = floorf(x.lo / d) * d;
     return {x.lo - base, x.hi - base};
   }
   return {0.0, d - 1};

@@ -155,7 +155,7 @@ class CExpr:
         x = self.extras[e.attr]
         off = " + ".join(f"(long long)({self.as_kind(i, 'int')}) * p.{x.name}_s{d}"
                          for d, i in enumerate(e.args)) or "0"
-        raw = f"p.{x.name}[{off}]"
+        raw = f"__ldg(&p.{x.name}[{off}])"  # read-only path; lets the compiler hoist per-head loads
         if x.dtype == "bfloat16":
             return f"__bfloat162float({raw})"
         if x.dtype == "float16":
@@ -178,16 +178,17 @@ class CExpr:
     def interval(self, e: Expr) -> str:
         op, a = e.op, e.args
         if op == "const":
-            return f"cubridge::iv({float(e.attr)!r})".replace("inf)", "1e300)")
+            v = float(e.attr)
+            return "cubridge::iv_unknown()" if math.isinf(v) else f"cubridge::iv({v!r}f)"
         if op == "var":
             return {"q": "cubridge::iv(q_lo, q_hi - 1)", "kv": "cubridge::iv(kv_lo, kv_hi - 1)",
-                    "b": "cubridge::iv(b)", "h": "cubridge::iv(h)"}.get(e.attr) or f"cubridge::iv((double){self.value(e)})"
+                    "b": "cubridge::iv(b)", "h": "cubridge::iv(h)"}.get(e.attr) or f"cubridge::iv((float){self.value(e)})"
         if op == "scalar":
-            return f"cubridge::iv((double)p.{e.attr})"
+            return f"cubridge::iv((float)p.{e.attr})"
         if op in ("load", "s"):
             return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"
         if op in ("floordiv", "mod") and a[1].op == "const" and isinstance(a[1].attr, int) and a[1].attr > 0:
-            return f"cubridge::iv_{op}({self.interval(a[0])}, {float(a[1].attr)!r})"
+            return f"cubridge::iv_{op}({self.interval(a[0])}, {float(a[1].attr)!r}f)"
         if op in ("add", "sub", "mul", "max", "min", "and", "or", "lt", "le", "gt", "ge", "eq", "ne"):
             return f"cubridge::iv_{op}({self.interval(a[0])}, {self.interval(a[1])})"
         if op in ("neg", "not", "abs"):
