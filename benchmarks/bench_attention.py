@@ -45,7 +45,7 @@ def run_case(name, S, D, H, total, results, with_eager):
     extra = ()
     doc = None
     if name == "document":
-        lens = torch.randint(S // 8, S // 2, (64,))
+        lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))  # same documents every run
         ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
         doc = ids[None].expand(B, S).contiguous().to(dev)
         extra = (doc,)
