@@ -102,3 +102,31 @@ print(json.dumps({{"built": e.runner.info["built"], "seconds": e.runner.info["se
     a, b = json.loads(first_run.stdout.strip().splitlines()[-1]), json.loads(second.stdout.strip().splitlines()[-1])
     assert a["built"] is True and b["built"] is False
     assert b["seconds"] < 0.05  # warm load from disk
+
+
+def test_custom_op_opcheck_and_torch_compile_fullgraph():
+    from torch_cubridge.ops import custom_op
+    case = next(c for c in CASES if c.name == "softcap_causal")
+    f = tc.compile(case.fn, fallback="raise")
+    args = _cuda(case.make(2, 4, 4, 200, 64, torch.bfloat16))
+    eager = f(*args)  # builds and verifies before any trace
+    runner = f._last_runner
+    torch.library.opcheck(torch.ops.cubridge.attention.default, (*args, [], [], runner.kernel_id))
+
+    def model(q, k, v):
+        return f(q, k, v) * 2
+
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(*args)
+    assert torch.allclose(out, eager * 2)
+    assert custom_op._REGISTRY[runner.kernel_id] is runner
+
+
+def test_custom_op_keeps_argument_scalars_runtime():
+    case = next(c for c in CASES if c.name == "softcap_full_arg")
+    f = tc.compile(case.fn, fallback="raise")
+    q, k, v, cap = _cuda(case.make(1, 4, 4, 128, 64, torch.bfloat16))
+    f(q, k, v, cap)
+    compiled = torch.compile(lambda q, k, v: f(q, k, v, cap), fullgraph=True)
+    ref = case.fn(*to64((q.cpu(), k.cpu(), v.cpu(), cap)))
+    assert rel_err(compiled(q, k, v).float().cpu(), ref) < 1e-2

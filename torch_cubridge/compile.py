@@ -64,9 +64,12 @@ class CompiledAttention:
         self.options = options
         self._table: dict[tuple, Entry] = {}
         self._established: Program | None = None
+        self._last_runner: Any = None
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self._traced(args, kwargs)
         key = call_signature(args, kwargs)
         e = self._table.get(key)
         if e is None or not e.fits(args, kwargs):
@@ -97,12 +100,21 @@ class CompiledAttention:
         else:
             entry.square, entry.qk = _square_check(self.fn, res.program, args)
         entry.runner, entry.reason = _kernel_for(self.fn, res, bound, self.options)
+        if entry.runner is not None:
+            self._last_runner = entry.runner
         if entry.runner is None:
             if self.options.fallback == "raise" and not _no_cuda(bound):
                 raise UnsupportedSpec(entry.reason, op="kernel")
             self._warn(entry.reason)
         self._table[key] = entry
         return entry
+
+    def _traced(self, args: tuple, kwargs: dict) -> Any:
+        """Under torch.compile: the custom op of the kernel built by an earlier eager call."""
+        runner = self._last_runner
+        if runner is None:
+            return self.fn(*args, **kwargs)  # no verified kernel: trace the spec itself
+        return runner.op_call(args, kwargs)
 
     def _warn(self, reason: str) -> None:
         if self.options.fallback != "silent":

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, lookup, scalar_values
+from ..ir.bind import bind_args, lookup
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
@@ -66,9 +66,41 @@ class KernelRunner:
         extras = {x.name: lookup(bound, x.arg) if x.arg is not None else None for x in p.extras}
         return self._execute(q, k, v, self.plan.perms, extras, bound, poison)
 
+    # -- the custom op (torch.compile) ------------------------------------------------
+    @property
+    def kernel_id(self) -> str:
+        return self.info["key"] + "/" + self.info.get("program", "")
+
+    def op_call(self, args: tuple, kwargs: dict) -> Any:
+        """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
+        from . import custom_op
+        bound = bind_args(self.p.signature, args, kwargs)
+        q, k, v = (lookup(bound, op.arg) for op in (self.p.q, self.p.k, self.p.v))
+        extras = [lookup(bound, x.arg) if x.arg is not None else self._const(x, q.device) for x in self.p.extras]
+        scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
+        out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
+        out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
+        if self.p.out.tuple_len:
+            full: list[Any] = [None] * self.p.out.tuple_len
+            full[self.p.out.index] = out
+            return tuple(full)
+        return out
+
+    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> torch.Tensor:
+        it = iter(scalars)
+        bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
+        ex = {x.name: t for x, t in zip(self.p.extras, extras)}
+        return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
+
+    def _const(self, x: Any, dev: torch.device) -> torch.Tensor:
+        key = (x.name, dev)
+        if key not in self._consts:
+            self._consts[key] = torch.tensor(x.value, dtype=getattr(torch, x.dtype), device=dev)
+        return self._consts[key]
+
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
-                 bound: dict | None, poison: bool) -> Any:
+                 bound: dict | None, poison: bool, raw: bool = False) -> Any:
         p = self.p
         (B, H, Sq, D), qs = canon(q, perms[0])
         (Bk, Hkv, Skv, Dk), ks = canon(k, perms[1])
@@ -91,7 +123,7 @@ class KernelRunner:
             if sizes[name] != val:
                 raise ValueError(f"this program was captured with {name}={val} and is only valid there "
                                  f"(got {name}={sizes[name]})")
-        scal = self._lit if self._lit is not None else scalar_values(p, bound or {}, sizes)
+        scal = self._lit if self._lit is not None else _scalars(p, bound or {}, sizes)
         tensors = self._tensors(extras, dev)
         shape, ost = self.plan.out_layout(B, H, Sq, D)
         out = torch.empty(shape, dtype=dt, device=dev)
@@ -107,6 +139,8 @@ class KernelRunner:
             self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), (fwd, params), stream)
         else:
             out.zero_()
+        if raw:
+            return out
         res = out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype))
         if p.out.tuple_len:
             full: list[Any] = [None] * p.out.tuple_len
@@ -142,10 +176,7 @@ class KernelRunner:
         for x in self.p.extras:
             t = extras.get(x.name)
             if t is None:
-                key = (x.name, dev)
-                if key not in self._consts:
-                    self._consts[key] = torch.tensor(x.value, dtype=getattr(torch, x.dtype), device=dev)
-                out[x.name] = self._consts[key]
+                out[x.name] = self._const(x, dev)
                 continue
             if not isinstance(t, torch.Tensor) or t.device != dev:
                 raise ValueError(f"{x.arg} must be a tensor on {dev}")
@@ -155,6 +186,20 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
+
+
+def _scalars(p: Program, bound: dict, sizes: dict) -> dict:
+    """Scalar values; argument scalars come from `bound` by their argument path."""
+    vals = {}
+    for s in p.scalars:
+        if s.arg is not None:
+            v = bound[s.arg] if s.arg in bound else lookup(bound, s.arg)
+        elif s.expr is not None:
+            v = interval(s.expr, {k: (x, x) for k, x in sizes.items()})[0]
+        else:
+            v = s.value
+        vals[s.name] = int(v) if s.kind == "int" else float(v)
+    return vals
 
 
 def _ok(t: torch.Tensor, st: tuple) -> bool:
@@ -177,10 +222,13 @@ def build_runner(fn: Callable, res: Any, bound: dict[str, Any]) -> tuple[KernelR
     for fast in (True, False):
         low = lower(p, arch, _DTYPES[q.dtype], head_dim, fast_tanh=fast)
         kern, info, pre = load_kernel(low, arch)
+        info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, pre)
         rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
         info["verification"] = rep
         if rep.ok:
+            from .custom_op import register
+            register(runner.kernel_id, runner)
             how = "built" if info["built"] else "loaded from the disk cache"
             worst = max((t.rel_err for t in rep.trials), default=0.0)
             return runner, (f"fused kernel {info['key']} ({how} in {info['seconds']:.2f} s, source "
