@@ -130,3 +130,22 @@ def test_custom_op_keeps_argument_scalars_runtime():
     compiled = torch.compile(lambda q, k, v: f(q, k, v, cap), fullgraph=True)
     ref = case.fn(*to64((q.cpu(), k.cpu(), v.cpu(), cap)))
     assert rel_err(compiled(q, k, v).float().cpu(), ref) < 1e-2
+
+
+def test_transformers_model_served_by_kernel():
+    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch_cubridge.integrations.transformers as tcx
+    tcx.register()
+    cfg = AutoConfig.for_model("llama", vocab_size=97, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    torch.manual_seed(0)
+    ref_model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").cuda().to(torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=tcx.NAME).cuda().to(torch.bfloat16).eval()
+    model.load_state_dict(ref_model.state_dict())
+    ids = torch.randint(0, 97, (2, 150), device="cuda")
+    with torch.no_grad():
+        ref = ref_model(ids).logits.float()
+        out = model(ids).logits.float()
+    entries = [e for c in tcx._compiled.values() for e in c._table.values()]
+    assert entries and all(e.runner is not None for e in entries), [e.reason for e in entries]
+    assert rel_err(out.cpu(), ref.cpu()) < 2e-2

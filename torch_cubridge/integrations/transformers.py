@@ -1,0 +1,46 @@
+"""A drop-in attention implementation for Hugging Face transformers.
+
+    import torch_cubridge.integrations.transformers as tcx
+    tcx.register()                                   # adds "cubridge" to AttentionInterface
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="cubridge")
+
+Each attention module is served by its own model file's `eager_attention_forward`
+(so softcaps, sinks and scalings are exactly the model's), compiled once per
+model family with @torch_cubridge.compile; what cannot be compiled runs eager.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+
+from ..compile import CompiledAttention, compile
+
+NAME = "cubridge"
+_compiled: dict[Callable, CompiledAttention] = {}
+
+
+def _eager_for(module: torch.nn.Module) -> Callable:
+    mod = sys.modules.get(type(module).__module__)
+    fn = getattr(mod, "eager_attention_forward", None)
+    if fn is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
+    return fn
+
+
+def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+    fn = _eager_for(module)
+    c = _compiled.get(fn)
+    if c is None:
+        c = _compiled[fn] = compile(fn)
+    out, _ = c(module, query, key, value, attention_mask, **kwargs)
+    return out, None
+
+
+def register(name: str = NAME) -> str:
+    """Register the implementation under `name` in transformers' AttentionInterface."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(name, cubridge_attention_forward)
+    return name
