@@ -14,7 +14,7 @@ from zoo import CASES
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-LOWERED = [c for c in CASES if c.name != "gqa_tile_repeat"]
+LOWERED = CASES
 
 
 def _cuda(args):

@@ -12,7 +12,7 @@ from torch_cubridge.lower import lower
 from torch_cubridge.lower.tiles import TILES
 from zoo import CASES
 
-LOWERED = [c for c in CASES if c.name != "gqa_tile_repeat"]
+LOWERED = CASES
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not (
     __import__("pathlib").Path("/usr/local/cuda/bin/nvcc").exists()), reason="no nvcc")
 
@@ -52,9 +52,9 @@ def test_document_mask_loads_through_strides():
     assert not lower(_prog("causal_sdpa")).prepass
 
 
-def test_tiled_head_map_is_refused_not_dropped():
-    with pytest.raises(tc.UnsupportedSpec, match="head map"):
-        lower(_prog("gqa_tile_repeat"))
+def test_tiled_head_map_overrides_the_kv_head_hook():
+    assert "h % static_cast<int>(a.Hkv)" in lower(_prog("gqa_tile_repeat")).source
+    assert "kv_head" not in lower(_prog("gqa_expand")).source  # the kernel's default: h // (H // Hkv)
 
 
 @needs_nvcc

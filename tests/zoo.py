@@ -106,6 +106,15 @@ def causal_top_left_rect(q, k, v):
     return s.masked_fill(ki > qi, float("-inf")).softmax(-1) @ v
 
 
+def empty_rows_finite_fill(q, k, v):
+    """Bottom-right causal with Sq > Skv and a finite fill: the first rows are fully masked,
+    and the spec defines them (softmax of equal values: the mean of V)."""
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=Skv - Sq)
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return s.masked_fill(~keep, torch.finfo(s.dtype).min).softmax(-1) @ v
+
+
 # ---- sliding window -----------------------------------------------------------
 def sliding_window(q, k, v, window: int = 16):
     S = q.shape[-2]
@@ -265,6 +274,8 @@ CASES: list[Case] = [
          {"block_rule": "interval"}),
     Case("causal_top_left_rect", causal_top_left_rect, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S - 7, D, dt),
          {"block_rule": "interval"}),
+    Case("empty_rows_finite_fill", empty_rows_finite_fill,
+         lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S - 20, D, dt), {"empty_rows": "mean_v", "block_rule": "interval"}),
     Case("sliding_window", sliding_window, std, {"block_rule": "interval", "scalars": 2}),
     Case("sliding_window_sdpa_boolmask", sliding_window_sdpa_boolmask, std, {"block_rule": "interval"}),
     Case("softcap_causal", softcap_causal, std, {"block_rule": "interval", "score_has": "tanh"}),

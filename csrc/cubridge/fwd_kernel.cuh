@@ -87,7 +87,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   // @cuir tile axis=q size=kBlockM
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) tiles launch first
   const int h = blockIdx.y, b = blockIdx.z;
-  const int hk = h / static_cast<int>(a.Hq / a.Hkv);  // GQA/MQA: shared K/V head
+  const int hk = Variant::kv_head(a, h);  // GQA/MQA: shared K/V head, by the variant's head map
   const int q_lo = m_blk * BM, q_hi = imin(q_lo + BM, sq);
   const T* gQ = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh;
   const T* gK = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;

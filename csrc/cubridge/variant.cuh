@@ -58,6 +58,11 @@ struct DefaultVariant {
                                                     int kv_hi) {
     return kFull;
   }
+  // The key/value head query head h reads: grouped GQA/MQA (repeat_interleave,
+  // expand) by default; a tiled spec (k.repeat) overrides it with h % Hkv.
+  __device__ __forceinline__ static int kv_head(const FwdArgs& a, int h) {
+    return h / static_cast<int>(a.Hq / a.Hkv);
+  }
   // Sink logit for (b, h), natural-log units; only read when kHasSink.
   __device__ __forceinline__ static float sink(const FwdArgs&, const Params&, int b, int h) {
     return -__int_as_float(0x7f800000);

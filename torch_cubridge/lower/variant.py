@@ -63,9 +63,8 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
     missing = needed - set(hooks)
     if missing:
         raise UnsupportedSpec(f"the expert kernel has no hook site for {sorted(missing)}", op="lower")
-    if p.head_map != "group":
-        raise UnsupportedSpec("the kernel maps heads as h // (H // Hkv); a tiled head map is not lowered yet",
-                              op="lower")
+    if p.head_map not in ("group", "tile"):
+        raise UnsupportedSpec(f"no kernel head map for {p.head_map!r}", op="lower")
     cg = CExpr(p, head_dim, fast_tanh)
     fields = param_fields(p)
     lines = ["struct Variant : cubridge::DefaultVariant {", "  struct Params {"]
@@ -98,6 +97,9 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
         lines += ["  static constexpr bool kHasSink = true;",
                   f"  __device__ __forceinline__ static float sink({sig}, int b, int h) {{",
                   f"    return {cg.as_kind(p.sink, 'float')};", "  }"]
+    if p.head_map == "tile":  # k.repeat(...): query head h reads key head h % Hkv
+        lines += ["  __device__ __forceinline__ static int kv_head(const cubridge::FwdArgs& a, int h) {",
+                  "    return h % static_cast<int>(a.Hkv);", "  }"]
     if p.empty_rows == "mean_v":
         lines.append("  static constexpr bool kEmptyRowMeanV = true;")
     lines.append("};")
