@@ -41,20 +41,27 @@ class KernelRunner:
         self._consts: dict[tuple, torch.Tensor] = {}
         self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
         self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
-        self._scale_const = None
+        # what a call must work out, decided once: most programs need none of it per call
+        self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars)
+        self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
+        self._needs_sizes = bool(p.requires) or self._lit is None
+        self._layouts: dict[tuple, tuple] = {}
+        self._params_const = None
+        if self._lit is not None and not p.extras and low.prepass is None:
+            self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
+        self._scale_const = 1.0 if low.scale is None else None  # 1.0: the score hook applies its own scale
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
 
     # -- calls -----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan = self.plan
-        if plan.simple and not any(s.arg is not None for s in self.p.scalars):
+        if self._fast:
+            plan = self.plan
             try:
                 q = plan.get(args, kwargs, plan.paths[0])
                 k = plan.get(args, kwargs, plan.paths[1])
                 v = plan.get(args, kwargs, plan.paths[2])
-                extras = {x.name: plan.get(args, kwargs, x.arg) if x.arg is not None else None
-                          for x in self.p.extras}
+                extras = {n: plan.get(args, kwargs, a) for n, a in self._extra_paths} if self._extra_paths else {}
             except (KeyError, IndexError):
                 return self.run_bound(bind_args(self.p.signature, args, kwargs))
             return self._execute(q, k, v, plan.perms, extras, None, False)
@@ -108,8 +115,8 @@ class KernelRunner:
         dt = self.dtype
         if q.dtype != dt or k.dtype != dt or v.dtype != dt:
             raise TypeError(f"query/key/value must all be {dt}; got {q.dtype}, {k.dtype}, {v.dtype}")
-        dev = q.device
-        if dev.type != "cuda" or k.device != dev or v.device != dev:
+        di = q.get_device()
+        if di < 0 or k.get_device() != di or v.get_device() != di:
             raise ValueError("query, key and value must be CUDA tensors on one device")
         if not (D == Dk == Dv == self.head_dim):
             raise ValueError(f"head dim must be {self.head_dim} for query, key and value")
@@ -118,24 +125,31 @@ class KernelRunner:
         if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)):  # cp.async needs 16-byte rows
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
-        sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
-        for name, val in p.requires:
-            if sizes[name] != val:
-                raise ValueError(f"this program was captured with {name}={val} and is only valid there "
-                                 f"(got {name}={sizes[name]})")
+        sizes = None
+        if self._needs_sizes or self._scale_const is None:
+            sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+            for name, val in p.requires:
+                if sizes[name] != val:
+                    raise ValueError(f"this program was captured with {name}={val} and is only valid there "
+                                     f"(got {name}={sizes[name]})")
         scal = self._lit if self._lit is not None else _scalars(p, bound or {}, sizes)
-        tensors = self._tensors(extras, dev)
-        shape, ost = self.plan.out_layout(B, H, Sq, D)
-        out = torch.empty(shape, dtype=dt, device=dev)
+        tensors = self._tensors(extras, q.device) if p.extras else {}
+        lay = self._layouts.get((B, H, Sq, D))
+        if lay is None:
+            lay = self._layouts[(B, H, Sq, D)] = self.plan.out_layout(B, H, Sq, D)
+        out = q.new_empty(lay[0])
         if poison:
             out.fill_(float("nan"))
         scale = self._scale_const if self._scale_const is not None else self._scale(sizes, scal)
         if Sq and Skv:
-            stream = torch._C._cuda_getCurrentRawStream(dev.index)
+            stream = torch._C._cuda_getCurrentRawStream(di)
             fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0), qs[:3], ks[:3],
-                               vs[:3], ost[:3], (B, H, Hkv, Sq, Skv), scale)
-            runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, dev, stream) if self.prepass else None
-            params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
+                               vs[:3], lay[1][:3], (B, H, Hkv, Sq, Skv), scale)
+            if self._params_const is not None:
+                params = self._params_const
+            else:
+                runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, q.device, stream) if self.prepass else None
+                params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
             self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), (fwd, params), stream)
         else:
             out.zero_()
