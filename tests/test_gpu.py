@@ -149,3 +149,17 @@ def test_transformers_model_served_by_kernel():
     entries = [e for c in tcx._compiled.values() for e in c._table.values()]
     assert entries and all(e.runner is not None for e in entries), [e.reason for e in entries]
     assert rel_err(out.cpu(), ref.cpu()) < 2e-2
+
+
+def test_inputs_requiring_grad_go_through_the_spec():
+    case = next(c for c in CASES if c.name == "causal_sdpa")
+    f = tc.compile(case.fn, fallback="raise")
+    q, k, v = _cuda(case.make(1, 4, 4, 128, 64, torch.bfloat16))
+    f(q, k, v)
+    q.requires_grad_(True)
+    with pytest.warns(RuntimeWarning, match="backward"):
+        out = f(q, k, v)
+    out.float().sum().backward()  # gradients exist: the spec served the call
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        assert f(q, k, v).grad_fn is None  # no grad needed: the kernel serves

@@ -13,6 +13,7 @@ from .capture.signature import call_signature
 from .capture.trace import bind_example
 from .errors import UnsupportedSpec
 from .ir.program import Program
+from .ops.errors import NeedsAutograd
 
 _WARNED: set = set()
 
@@ -75,7 +76,11 @@ class CompiledAttention:
         if e is None or not e.fits(args, kwargs):
             e = self._prepare(key, args, kwargs)
         if e.runner is not None:
-            return e.runner(*args, **kwargs)
+            try:
+                return e.runner(*args, **kwargs)
+            except NeedsAutograd:
+                # a silent missing gradient would be a wrong answer: autograd goes through the spec
+                self._warn("inputs require grad and the kernel has no backward yet; the spec computes this call")
         return self.fn(*args, **kwargs)
 
     # -- slow path: capture, transfer, verify, build ---------------------------

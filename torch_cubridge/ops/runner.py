@@ -20,6 +20,7 @@ from ..ir.program import Program
 from ..lower import Lowered, lower
 from .kernel import load_kernel
 from .launch import CubinKernel
+from .errors import NeedsAutograd
 from .fastpath import Plan, canon
 from .pack import pack_fwd_raw, pack_params, params_format
 
@@ -134,6 +135,9 @@ class KernelRunner:
                                      f"(got {name}={sizes[name]})")
         scal = self._lit if self._lit is not None else _scalars(p, bound or {}, sizes)
         tensors = self._tensors(extras, q.device) if p.extras else {}
+        if torch.is_grad_enabled() and not raw and (q.requires_grad or k.requires_grad or v.requires_grad or any(
+                t.requires_grad for t in tensors.values())):
+            raise NeedsAutograd("the kernel has no backward yet")
         lay = self._layouts.get((B, H, Sq, D))
         if lay is None:
             lay = self._layouts[(B, H, Sq, D)] = self.plan.out_layout(B, H, Sq, D)
