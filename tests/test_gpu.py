@@ -63,7 +63,8 @@ def test_transformers_eager_through_kernel(model):
     args = (torch.randn(B, H, S, D), torch.randn(B, Hkv, S, D), torch.randn(B, Hkv, S, D), causal_mask(B, S))
     f = tc.compile(fn, fallback="raise")
     gargs = tuple(a.cuda().to(torch.bfloat16) if a.dim() == 4 and a.shape[1] != 1 else a.cuda() for a in args)
-    out, w = f(mod, *gargs, **kw)
+    with torch.no_grad():  # inference: the kernel serves (module.sinks requires grad)
+        out, w = f(mod, *gargs, **kw)
     _served_by_kernel(f, gargs)
     ref = fn(mod.double().cpu(), *to64(tuple(a.cpu() for a in gargs)), **kw)[0]
     mod.float().cuda()
