@@ -26,3 +26,40 @@ def test_malformed_annotations_fail():
         lift_reference("// @cuir loop axis=kv\n// @cuir hook name=score")
     with pytest.raises(AnnotationError, match="no hook site"):
         lift_reference("// @cuir loop axis=kv\n// @cuir hook name=score\n// @cuir endloop axis=kv")
+
+
+def _flatten(steps, full_tile):
+    """The reference's step names, in order, for one query tile with one key block."""
+    out = []
+    for s in steps:
+        d = dict(s.attrs)
+        if s.step == "loop":
+            out.append("loop kv")
+            out += _flatten(s.body, full_tile)
+            out.append("endloop kv")
+        elif s.step == "hook":
+            if d["name"] == "mask" and full_tile:
+                continue  # full tiles skip the element mask
+            out.append(f"hook {d['name']}")
+        elif s.step == "skip":
+            out.append(f"skip {d['when']}")
+        elif s.step == "store" and d.get("when") == "requested":
+            continue  # the log-sum-exp output is optional
+        else:
+            out.append(f"{s.step} {next(iter(d.values()))}")
+    return out
+
+
+def test_interpreter_follows_the_lifted_reference():
+    """The interpreter executes the orchestration the kernel's annotations describe, step for step."""
+    import torch
+    import torch_cubridge as tc
+    from torch_cubridge.ir.interpreter import tracing
+    from zoo import causal_sdpa
+
+    args = tuple(torch.randn(1, 1, 20, 16) for _ in range(3))  # one query tile, one key block
+    prog = tc.transfer(causal_sdpa, *args)
+    ref = lift_reference()
+    with tracing() as steps:
+        prog.run(*args)
+    assert steps == _flatten(ref.steps, full_tile=False)  # the diagonal tile is partial: mask runs

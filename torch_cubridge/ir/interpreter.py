@@ -6,6 +6,7 @@ score matrix. Runs on any device; float64 inputs compute in float64.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -18,6 +19,26 @@ from .program import Program
 
 BLOCK_M = 64
 BLOCK_N = 64
+
+# Steps the interpreter takes, named as the expert kernel's @cuir annotations name
+# them; tests compare this with the lifted reference so the two cannot drift.
+_TRACE: list[str] | None = None
+
+
+@contextlib.contextmanager
+def tracing():
+    """Record the orchestration steps of the next runs: `with tracing() as steps: p.run(...)`."""
+    global _TRACE
+    _TRACE = []
+    try:
+        yield _TRACE
+    finally:
+        _TRACE = None
+
+
+def _step(name: str) -> None:
+    if _TRACE is not None:
+        _TRACE.append(name)
 
 
 def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[Any, Any]:
@@ -101,6 +122,8 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
 
     out = torch.zeros(B, H, Sq, D, dtype=fdt, device=dev)
     for q0 in range(0, Sq, BLOCK_M):
+        _step("tile q")
+        _step("load q")
         q1 = min(q0 + BLOCK_M, Sq)
         m = torch.full((B, H, q1 - q0, 1), -math.inf, dtype=fdt, device=dev)
         l = torch.zeros_like(m)
@@ -109,31 +132,45 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
         for k0 in range(0, Skv, BLOCK_N):
             k1 = min(k0 + BLOCK_N, Skv)
             env["kv"] = torch.arange(k0, k1, device=dev).view(1, 1, 1, -1)
+            _step("loop kv")
+            _step("hook block_class")
             cls = _classify(p, env, box, q0, q1, k0, k1, fdt)
+            _step("skip empty")
             if cls == 0:
                 continue
+            _step("load k")
+            _step("mma qk")
             env["s"] = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-1, -2)
+            _step("hook score")
             x = torch.as_tensor(evaluate(p.score, env, fdt)).to(fdt).expand(B, H, q1 - q0, k1 - k0)
             if cls == 1 and p.mask is not None:
+                _step("hook mask")
                 keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()
                 x = torch.where(keep, x, torch.tensor(-math.inf, dtype=fdt, device=dev))
+            _step("softmax online")
             m_new = torch.maximum(m, x.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp(m - m_safe)
             pexp = torch.exp(x - m_safe)
             l = l * alpha + pexp.sum(-1, keepdim=True)
+            _step("load v")
+            _step("mma pv")
             acc = acc * alpha + pexp @ v[:, :, k0:k1]
             m = m_new
+        _step("endloop kv")
+        _step("hook sink")
         if p.sink is not None:
             sink = torch.as_tensor(evaluate(p.sink, env, fdt)).to(fdt).expand(B, H, 1, 1)
             m_new = torch.maximum(m, sink)
             alpha = torch.exp(m - m_new)
             l = l * alpha + torch.exp(sink - m_new)
             acc = acc * alpha
+        _step("epilogue normalise")
         empty = l == 0
         res = acc / torch.where(empty, torch.ones_like(l), l)
         if p.empty_rows == "mean_v":
             res = torch.where(empty, v.mean(dim=2, keepdim=True), res)
+        _step("store o")
         out[:, :, q0:q1] = res
     return _to_output_layout(p, out.to(out_dtype))
 
