@@ -16,7 +16,7 @@ def check_call(bound: dict[str, Any]) -> None:
         raise TypeError(f"attention needs query, key and value tensors; got {len(tensors)} tensor argument(s)")
     devices = {v.device for _, v in tensors}
     if len(devices) > 1:
-        raise ValueError(f"tensor arguments are on different devices: "
+        raise ValueError("tensor arguments are on different devices: "
                          + ", ".join(f"{p} on {v.device}" for p, v in tensors))
     floats = [(p, v) for p, v in tensors if v.is_floating_point() or v.is_complex()]
     for p, v in floats:

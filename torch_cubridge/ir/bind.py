@@ -6,7 +6,6 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedSpec
-from .expr import Expr
 from .program import Operand, Program
 
 
@@ -101,6 +100,3 @@ def head_index(p: Program, H: int, Hkv: int) -> torch.Tensor:
         raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
     return h // (H // Hkv) if p.head_map == "group" else h % Hkv
 
-
-def is_const(e: Expr) -> bool:
-    return e.op == "const"

@@ -9,7 +9,7 @@ def format_program(p: Program) -> str:
     for name in ("q", "k", "v"):
         op = getattr(p, name)
         lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]")
-    lines.append(f"  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
+    lines.append("  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
     for e in p.extras:
         src = e.arg if e.arg is not None else "captured constant"
         lines.append(f"  tensor {e.name}: {e.dtype} rank {e.rank} <- {src}")

@@ -8,7 +8,7 @@ the output layout. Scalars stay runtime parameters (kernel arguments).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .expr import Expr

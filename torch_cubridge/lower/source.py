@@ -54,7 +54,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         variant,
         "",
         f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}>;",
-        f'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
+        'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
         f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
         f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);",
         "}",

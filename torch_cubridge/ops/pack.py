@@ -18,16 +18,6 @@ def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple,
     return FWD_FORMAT.pack(*ptrs, *q_st, *k_st, *v_st, *o_st, *sizes, scale)
 
 
-def pack_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
-             scale: float) -> bytes:
-    """q, k, v, o are canonical [B, H, S, D] views (any strides, last dim contiguous)."""
-    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
-    return FWD_FORMAT.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                           0 if lse is None else lse.data_ptr(),
-                           qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
-                           q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], float(scale))
-
-
 def params_format(fields: tuple[ParamField, ...]) -> struct.Struct:
     if not fields:
         return struct.Struct("<q")

@@ -7,7 +7,7 @@ import torch
 
 from ..errors import UnsupportedSpec
 from ..ir.expr import Expr, const, rewrite, walk
-from ..ir.program import ExtraTensor, Operand, Output, Program
+from ..ir.program import ExtraTensor, Operand, Output
 from .symbolic.simplify import simplify
 from .symbolic.sym import Ctx, Sym
 
@@ -37,9 +37,7 @@ def _pick_output(result: Any) -> tuple[Sym, int, int]:
 def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Operand, list[Expr]]:
     dims = []
     heads: list[Expr] = []
-    batch_pos = 0
     rank = len(ld.args)
-    inp = ctx.facts["inputs"][ld.attr]
     for i, ix in enumerate(ld.args):
         role = ctx.roles.get(_var(ix) or "", None)
         if role in ("q", "kv"):
@@ -54,7 +52,6 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
         raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
     it = iter(free)
     dims = [d if d is not None else next(it) for d in dims]
-    del inp, batch_pos
     return Operand(paths[ld.attr], tuple(dims)), heads
 
 
@@ -103,7 +100,6 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
         extras.append(ExtraTensor(name=t, dtype=str(val.dtype).replace("torch.", ""), rank=val.dim(),
                                   arg=path, value=None if path else consts[t].tolist()))
     odims = []
-    roles_left = ["b", "h"] if len(qb) == 2 else ["h"]
     for d in out.axes:
         rs = [ctx.roles.get(a) for a in d]
         if not d:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..ir.expr import Expr, walk
+from ..ir.expr import walk
 from ..ir.program import Operand, Program
 
 _FOLLOW = {"b": "B", "h": "H", "q": "Sq", "kv": "Skv"}

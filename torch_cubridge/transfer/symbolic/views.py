@@ -116,8 +116,6 @@ def slice_(ctx: Ctx, x: Sym, dim: int, start: int | None, end: int | None, step:
     length = max(0, (end - start + step - 1) // step)
     if start == 0 and length == n:
         return x
-    if x.kind == "probs" and x.payload.get("sink") is not None:
-        return x  # handled by the caller (sink column removal)
     if len(d) != 1:
         raise UnsupportedSpec("slice of a merged dim", op=op)
     new = ctx.atom(length)
