@@ -5,10 +5,10 @@ import torch
 
 import torch_cubridge as tc
 from helpers import first, rel_err, to64
-from zoo import CASES
+from zoo import CASES, MORE_STYLES
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", CASES + MORE_STYLES, ids=[c.name for c in CASES + MORE_STYLES])
 def test_transfer_matches_spec(case):
     prog = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
     prog.validate()

@@ -308,3 +308,71 @@ CASES: list[Case] = [
          {"extras": 1}),
     Case("custom_scale_arg", custom_scale_arg, std, {"mask": False, "scalars": 1}),
 ]
+
+
+# ---- more writing styles (CPU transfer tests; added after the last GPU run) -------------------------
+def baddbmm_bias(q, k, v, bias):
+    B, H, S, D = q.shape
+    s = torch.baddbmm(bias.expand(B*H, S, S), q.reshape(B*H, S, D), k.reshape(B*H, S, D).transpose(1, 2), alpha=D**-0.5)
+    return torch.bmm(s.softmax(-1), v.reshape(B*H, S, D)).view(B, H, S, D)
+def lse_softmax(q, k, v):
+    s = q @ k.mT / 8
+    return torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) @ v
+def inplace_ops(q, k, v):
+    s = torch.matmul(q, k.transpose(-2, -1))
+    s.div_(math.sqrt(q.size(-1)))
+    S = q.size(-2)
+    s.masked_fill_(torch.ones(S, S, dtype=torch.bool).triu_(1), float("-inf"))
+    return s.softmax(-1) @ v
+def flatten_gqa(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k = k[:, :, None].expand(-1, -1, g, -1, -1).flatten(1, 2)
+    v = v[:, :, None].expand(-1, -1, g, -1, -1).flatten(1, 2)
+    return F.softmax(q @ k.transpose(-1, -2) / 8, dim=3) @ v
+def float_mask_eq0(q, k, v, mask):
+    s = q @ k.transpose(-1, -2) / 8
+    return s.masked_fill(mask == 0, float("-inf")).softmax(-1) @ v
+def log_tril(q, k, v):
+    S = q.shape[-2]
+    return (q @ k.transpose(-1, -2) / 8 + torch.ones(S, S).tril().log()).softmax(-1) @ v
+def bshd_einsum(q, k, v):
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+def index_select_gqa(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    idx = torch.arange(q.shape[1]) // g
+    k = k.index_select(1, idx); v = v.index_select(1, idx)
+    return (q @ k.transpose(-1, -2) / 8).softmax(-1) @ v
+def bloom_alibi(q, k, v, alibi):
+    return ((q @ k.transpose(-1, -2)) * 0.125 + alibi).softmax(-1) @ v
+def sdpa_float_mask(q, k, v, m):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+def sigmoid_attn_guard(q, k, v):
+    s = q @ k.transpose(-1,-2) / 8
+    return torch.softmax(s + torch.nn.functional.logsigmoid(s), -1) @ v
+
+
+def _std(B, H, Hkv, S, D, dt):
+    return qkv(B, H, H, S, S, D, dt)
+
+
+def _gqa(B, H, Hkv, S, D, dt):
+    return qkv(B, H, Hkv, S, S, D, dt)
+
+
+MORE_STYLES: list[Case] = [
+    Case("baddbmm_bias", baddbmm_bias, lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(1, S, S),)),
+    Case("lse_softmax", lse_softmax, _std),
+    Case("inplace_ops", inplace_ops, _std, {"block_rule": "interval"}),
+    Case("flatten_gqa", flatten_gqa, _gqa, {"head_map": "group"}),
+    Case("float_mask_eq0", float_mask_eq0,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + ((torch.rand(B, 1, S, S) > 0.3).float(),),
+         {"block_rule": "prepass"}),
+    Case("log_tril", log_tril, _std),
+    Case("bshd_einsum", bshd_einsum, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd"),
+         {"q_dims": ("b", "s", "h", "d")}),
+    Case("index_select_gqa", index_select_gqa, _gqa, {"head_map": "group"}),
+    Case("bloom_alibi", bloom_alibi, lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(B, H, 1, S),)),
+    Case("sdpa_float_mask", sdpa_float_mask, lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(B, 1, S, S),)),
+    Case("logsigmoid_in_score", sigmoid_attn_guard, _std),
+]

@@ -125,6 +125,9 @@ class Walker:
         if name == "exp" and self.sym(a[0]).kind == "shifted":
             x = self.sym(a[0])
             return Sym(x.axes, None, x.dtype, "expshift", x.payload)
+        if name == "exp" and self.sym(a[0]).kind == "logprobs":  # exp(x - logsumexp(x)) is softmax(x)
+            x = self.sym(a[0]).payload["of"]
+            return self.softmax(x, -1, dtype, op)
         if name in UNARY:
             return combine(ctx, UNARY[name], [self.sym(a[0])], dtype, op)
         if name in BINARY:
@@ -138,6 +141,10 @@ class Walker:
                 xs[1] = combine(ctx, "mul", [xs[1], lift_scalar(alpha, dtype)], xs[1].dtype, op)
             if name == "sub" and xs[0].kind in ("value", "catsink") and xs[1].kind == "rowmax":
                 return self.shift(xs[0], xs[1], op)
+            if name == "sub" and xs[0].kind == "value" and xs[1].kind == "rowlse":
+                if xs[1].payload["of"] is not xs[0]:
+                    raise UnsupportedSpec("subtracting the logsumexp of another tensor", op=op)
+                return Sym(xs[0].axes, None, xs[0].dtype, "logprobs", {"of": xs[0]})
             if name == "div" and xs[0].kind == "expshift" and xs[1].kind == "rowsum":
                 return self.manual_softmax(xs[0], xs[1], op)
             return combine(ctx, BINARY[name], xs, dtype, op)
@@ -155,6 +162,33 @@ class Walker:
             return self.tri(name, self.sym(a[0]), a[1] if len(a) > 1 else kw.get("diagonal", 0), dtype, op)
         if name in ("bmm", "mm", "matmul"):
             return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
+        if name in ("baddbmm", "addmm"):  # beta * input + alpha * (b1 @ b2)
+            prod = contract(ctx, self.sym(a[1]), self.sym(a[2]), op)
+            alpha, beta = kw.get("alpha", 1), kw.get("beta", 1)
+            if alpha != 1:
+                prod = combine(ctx, "mul", [prod, lift_scalar(alpha, dtype)], dtype, op)
+            if beta == 0:
+                return prod
+            base = self.sym(a[0])
+            if beta != 1:
+                base = combine(ctx, "mul", [base, lift_scalar(beta, dtype)], dtype, op)
+            return combine(ctx, "add", [prod, base], dtype, op)
+        if name == "log_sigmoid_forward":  # min(x, 0) - log(1 + exp(-|x|)), stable for any x
+            x = self.sym(a[0])
+            neg_abs = combine(ctx, "neg", [combine(ctx, "abs", [x], dtype, op)], dtype, op)
+            soft = combine(ctx, "log", [combine(ctx, "add", [lift_scalar(1.0, dtype),
+                                                            combine(ctx, "exp", [neg_abs], dtype, op)], dtype, op)],
+                           dtype, op)
+            return (combine(ctx, "sub", [combine(ctx, "min", [x, lift_scalar(0.0, dtype)], dtype, op), soft],
+                            dtype, op), None)
+        if name == "logsumexp":
+            x = self.sym(a[0])
+            m = self.rowmax(x, a[1], op)
+            return Sym(m.axes, None, m.dtype, "rowlse", {"of": x})
+        if name == "_log_softmax":
+            x = self.sym(a[0])
+            self.softmax(x, a[1], dtype, op)  # same checks: over the key axis of a score
+            return Sym(x.axes, None, dtype, "logprobs", {"of": x})
         if name in ("_softmax", "softmax", "_safe_softmax"):
             return self.softmax(self.sym(a[0]), a[1], dtype, op)
         if name in ("amax", "max") and len(a) >= 2:
