@@ -75,3 +75,36 @@ def test_tile_classes_are_sound(name):
     if name == "causal":
         assert classify_tile(m, {"q": (0, 15), "kv": (32, 47)}) == 0
         assert classify_tile(m, {"q": (32, 47), "kv": (0, 15)}) == 2
+
+
+def test_load_bounds_follow_the_index_expressions():
+    from torch_cubridge.ir.bounds import load_sites, out_of_bounds
+    from zoo import rel_bias_table
+    S = 30
+    args = (torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16), torch.randn(2, 2 * S - 1))
+    p = tc.transfer(rel_bias_table, *args)
+    sites = load_sites(p)
+    assert sites and all(name == "table" for name, _, _ in sites)
+    from torch_cubridge.ir.bind import scalar_values
+    for S2, ok in ((30, True), (20, True), (31, False)):
+        sizes = {"B": 1, "H": 2, "Hkv": 2, "Sq": S2, "Skv": S2, "D": 16}
+        scal = scalar_values(p, {}, sizes)
+        msg = out_of_bounds(sites, sizes, scal, {"table": (2, 2 * S - 1)})
+        assert (msg is None) == ok, msg
+
+
+def test_runner_refuses_reads_outside_an_extra_tensor():
+    """The kernel path hands an out-of-range read back to the spec instead of reading stray memory."""
+    from torch_cubridge.ir.bind import scalar_values
+    from torch_cubridge.ir.bounds import load_sites
+    from torch_cubridge.ops.errors import SpecServes
+    from torch_cubridge.ops.runner import KernelRunner
+    from zoo import document_causal
+    args = (torch.randn(2, 2, 24, 16),) * 3 + (torch.randint(0, 3, (2, 24)).sort(-1).values,)
+    p = tc.transfer(document_causal, *args)
+    r = KernelRunner.__new__(KernelRunner)  # only the bounds check, no CUDA needed
+    r._sites, r._in_bounds = load_sites(p), set()
+    scal = scalar_values(p, {}, {"B": 2, "H": 2, "Hkv": 2, "Sq": 24, "Skv": 24, "D": 16})
+    r._check_bounds(2, 2, 2, 24, 24, 16, scal, {"doc": torch.zeros(2, 24)})
+    with pytest.raises(SpecServes, match="doc has size 20"):
+        r._check_bounds(2, 2, 2, 24, 24, 16, scal, {"doc": torch.zeros(2, 20)})

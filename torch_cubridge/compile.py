@@ -13,7 +13,7 @@ from .capture.signature import call_signature
 from .capture.trace import bind_example
 from .errors import UnsupportedSpec
 from .ir.program import Program
-from .ops.errors import NeedsAutograd
+from .ops.errors import NeedsAutograd, SpecServes
 
 _WARNED: set = set()
 
@@ -81,6 +81,8 @@ class CompiledAttention:
             except NeedsAutograd:
                 # a silent missing gradient would be a wrong answer: autograd goes through the spec
                 self._warn("inputs require grad and the kernel has no backward yet; the spec computes this call")
+            except SpecServes as why:
+                self._warn(f"the spec computes this call: {why}")
         return self.fn(*args, **kwargs)
 
     # -- slow path: capture, transfer, verify, build ---------------------------

@@ -1,5 +1,9 @@
 """Signals from the kernel path back to the compiled function (importable without CUDA)."""
 
 
-class NeedsAutograd(Exception):
-    """A call whose result needs gradients: the spec serves it (there is no backward kernel yet)."""
+class SpecServes(Exception):
+    """This call must be computed by the spec itself; the message says why."""
+
+
+class NeedsAutograd(SpecServes):
+    """A call whose result needs gradients (there is no backward kernel yet)."""

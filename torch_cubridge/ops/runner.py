@@ -20,7 +20,8 @@ from ..ir.program import Program
 from ..lower import Lowered, lower
 from .kernel import load_kernel
 from .launch import CubinKernel
-from .errors import NeedsAutograd
+from ..ir.bounds import data_dependent_index, load_sites, out_of_bounds
+from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .pack import pack_fwd_raw, pack_params, params_format
 
@@ -47,6 +48,8 @@ class KernelRunner:
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
+        self._sites = load_sites(p)
+        self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
         if self._lit is not None and not p.extras and low.prepass is None:
             self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
@@ -135,6 +138,8 @@ class KernelRunner:
                                      f"(got {name}={sizes[name]})")
         scal = self._lit if self._lit is not None else _scalars(p, bound or {}, sizes)
         tensors = self._tensors(extras, q.device) if p.extras else {}
+        if self._sites:
+            self._check_bounds(B, H, Hkv, Sq, Skv, D, scal, tensors)
         if torch.is_grad_enabled() and not raw and (q.requires_grad or k.requires_grad or v.requires_grad or any(
                 t.requires_grad for t in tensors.values())):
             raise NeedsAutograd("the kernel has no backward yet")
@@ -165,6 +170,19 @@ class KernelRunner:
             full[p.out.index] = res
             return tuple(full)
         return res
+
+    def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
+                      tensors: dict) -> None:
+        """Every extra-tensor read in range: the kernel reads through raw pointers."""
+        shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+        key = (B, H, Sq, Skv, tuple(sorted(scal.items())), tuple(sorted(shapes.items())))
+        if key in self._in_bounds:
+            return
+        sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+        bad = out_of_bounds(self._sites, sizes, scal, shapes)
+        if bad:
+            raise SpecServes(bad)
+        self._in_bounds.add(key)
 
     def _prepass(self, fwd: bytes, tensors: dict, scal: dict, B: int, H: int, Sq: int, Skv: int,
                  dev: torch.device, stream: int) -> dict[str, int]:
@@ -228,6 +246,8 @@ def build_runner(fn: Callable, res: Any, bound: dict[str, Any]) -> tuple[KernelR
     """Lower, build or load, verify on the GPU; a kernel that fails is never returned."""
     from ..verify.gpu import verify_kernel
     p: Program = res.program
+    if data_dependent_index(p):
+        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
     q = lookup(bound, p.q.arg)
     if q.dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
