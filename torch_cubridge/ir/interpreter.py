@@ -110,14 +110,14 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     v = v[:, hk].to(fdt)
     q = q.to(fdt)
     env: dict[str, Any] = dict(sizes)
-    env.update({"$" + n: x for n, x in scalar_values(p, bound, sizes).items()})
+    scal = scalar_values(p, bound, sizes)
+    env.update({"$" + n: x for n, x in scal.items()})
     env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device).items()})
     dev = q.device
     env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
     env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
     box = {k2: (float(x), float(x)) for k2, x in sizes.items()}
-    box.update({"$" + n: (float(x), float(x)) for n, x in scalar_values(p, bound, sizes).items()})
-    box = {k2.lstrip("$"): iv for k2, iv in box.items()}
+    box.update({n: (float(x), float(x)) for n, x in scal.items()})
     box.update({"b": (0.0, B - 1.0), "h": (0.0, H - 1.0)})
 
     out = torch.zeros(B, H, Sq, D, dtype=fdt, device=dev)

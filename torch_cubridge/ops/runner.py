@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, lookup
+from ..ir.bind import bind_args, lookup, scalar_values
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
@@ -136,7 +136,7 @@ class KernelRunner:
                 if sizes[name] != val:
                     raise ValueError(f"this program was captured with {name}={val} and is only valid there "
                                      f"(got {name}={sizes[name]})")
-        scal = self._lit if self._lit is not None else _scalars(p, bound or {}, sizes)
+        scal = self._lit if self._lit is not None else scalar_values(p, bound or {}, sizes)
         tensors = self._tensors(extras, q.device) if p.extras else {}
         if self._sites:
             self._check_bounds(B, H, Hkv, Sq, Skv, D, scal, tensors)
@@ -222,20 +222,6 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
-
-
-def _scalars(p: Program, bound: dict, sizes: dict) -> dict:
-    """Scalar values; argument scalars come from `bound` by their argument path."""
-    vals = {}
-    for s in p.scalars:
-        if s.arg is not None:
-            v = bound[s.arg] if s.arg in bound else lookup(bound, s.arg)
-        elif s.expr is not None:
-            v = interval(s.expr, {k: (x, x) for k, x in sizes.items()})[0]
-        else:
-            v = s.value
-        vals[s.name] = int(v) if s.kind == "int" else float(v)
-    return vals
 
 
 def _ok(t: torch.Tensor, st: tuple) -> bool:
