@@ -1,6 +1,7 @@
 """`@torch_cubridge.compile`: capture on first call, then a dictionary hit per call."""
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -66,6 +67,7 @@ class CompiledAttention:
         self._table: dict[tuple, Entry] = {}
         self._established: Program | None = None
         self._last_runner: Any = None
+        self.served: collections.Counter = collections.Counter()  # "kernel" / "spec": who computed each call
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -77,12 +79,15 @@ class CompiledAttention:
             e = self._prepare(key, args, kwargs)
         if e.runner is not None:
             try:
-                return e.runner(*args, **kwargs)
+                out = e.runner(*args, **kwargs)
+                self.served["kernel"] += 1
+                return out
             except NeedsAutograd:
                 # a silent missing gradient would be a wrong answer: autograd goes through the spec
                 self._warn("inputs require grad and the kernel has no backward yet; the spec computes this call")
             except SpecServes as why:
                 self._warn(f"the spec computes this call: {why}")
+        self.served["spec"] += 1
         return self.fn(*args, **kwargs)
 
     # -- slow path: capture, transfer, verify, build ---------------------------
