@@ -11,6 +11,7 @@ import torch
 
 import torch_cubridge
 import torch_cubridge.api as api
+import torch_cubridge.pipeline as pipeline
 from torch_cubridge.capture.trace import bind_example, capture
 from torch_cubridge.errors import UnsupportedSpec
 from torch_cubridge.ir.expr import call, const, scalar, var
@@ -186,7 +187,7 @@ def test_inlined_literals_become_scalars(softcap):
 def test_captured_constant_is_filled_in():
     fn, args = zoo.alibi_const, spec_args()
     cap = capture(fn, bind_example(fn, args, {}))
-    prog = api.symbolic_transfer(cap)
+    prog = pipeline.symbolic_transfer(cap)
     (name,) = cap.constants
     obj = json.loads(prog.to_json())
     obj["extras"][0].update(arg=name, value=None)  # the model names the get_attr, not its values
@@ -199,7 +200,7 @@ def test_captured_constant_is_filled_in():
 def symbolic_refuses(monkeypatch):
     def refuse(cap):
         raise UnsupportedSpec("pretend the symbolic analysis cannot read this", op="aten.mystery")
-    monkeypatch.setattr(api, "symbolic_transfer", refuse)
+    monkeypatch.setattr(pipeline, "symbolic_transfer", refuse)
 
 
 def test_end_to_end_correct_program_is_verified(softcap, symbolic_refuses):

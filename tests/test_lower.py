@@ -62,5 +62,5 @@ def test_tiled_head_map_overrides_the_kv_head_hook():
 @pytest.mark.parametrize("case", LOWERED, ids=[c.name for c in LOWERED])
 def test_cubin_compiles(case, arch):
     p = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
-    cubin = p.cubin(arch=arch, dtype="bfloat16", head_dim=64)
+    cubin = tc.cubin(p, arch=arch, dtype="bfloat16", head_dim=64)
     assert cubin[:4] == b"\x7fELF" and b"cubridge_fwd" in cubin

@@ -1,94 +1,55 @@
-"""Public entry points: transfer a spec to a verified CuIR program, and explain it."""
+"""Public entry points: a verified program for a spec, its CUDA source and cubin, and explain."""
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from .capture.checks import check_call
-from .capture.hashing import spec_hash
-from .capture.trace import Captured, bind_example, capture
+from .capture.trace import bind_example
+from .compile import CompiledAttention
 from .errors import UnsupportedSpec
 from .ir.program import Program
-from .transfer import symbolic_transfer
-from .transfer.generalize import generalize
-from .verify.cpu import VerifyReport, verify_program
+from .lower import cubin as _cubin
+from .lower import cuda_source as _cuda_source
+from .pipeline import Transferred, on_cuda, transfer_stage
 
-
-@dataclass
-class TransferResult:
-    program: Program
-    captured: Captured
-    generic: bool
-    report: VerifyReport
-    key: str
-    backend: str
-
-
-def transfer_bound(fn: Callable, bound: dict[str, Any], backend: str = "symbolic",
-                   llm_options: dict | None = None) -> TransferResult:
-    check_call(bound)
-    cap = capture(fn, bound)
-    key = spec_hash(cap)
-    try:
-        prog = symbolic_transfer(cap)
-        used = "symbolic"
-    except UnsupportedSpec as e:
-        if backend not in ("auto", "llm"):
-            raise
-        from .transfer.llm import llm_transfer
-        prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
-        used = "llm"
-    prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
-    prog = with_requirements(prog, bound, generic)
-    report = verify_program(fn, prog, bound, generic)
-    if not report.ok:
-        raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
-                              op="verify")
-    return TransferResult(prog, cap, generic, report, key, used)
-
-
-def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Program:
-    """Sizes of extent 1 were broadcasts at capture; a specialised program holds at its shape only."""
-    from dataclasses import replace
-    from .verify.inputs import example_sizes
-    sizes = example_sizes(prog, bound)
-    keep = ("B", "H", "Hkv", "Sq", "Skv")
-    req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic)
-    return replace(prog, requires=req)
+transfer_bound = transfer_stage  # the stage itself, for callers holding bound arguments
 
 
 def transfer(fn: Callable, *example_args: Any, **example_kwargs: Any) -> Program:
     """Capture fn at the example arguments and return its verified CuIR program.
 
     Raises UnsupportedSpec (naming the op and the reason) when the spec cannot
-    be mapped or the program does not match the spec on fresh inputs.
+    be mapped or the program does not match the spec on fresh inputs. The
+    program records the guards (sizes, Python values) under which it holds;
+    `Program.run` refuses calls outside them.
     """
-    return transfer_bound(fn, bind_example(fn, example_args, example_kwargs)).program
+    return transfer_stage(fn, bind_example(fn, example_args, example_kwargs)).program
+
+
+def cuda_source(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> str:
+    """The expert kernel's source with the program's hooks filled in."""
+    return _cuda_source(program, arch=arch, dtype=dtype, head_dim=head_dim)
+
+
+def cubin(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> bytes:
+    """The kernel compiled for `arch` (needs NVRTC or nvcc, not a GPU)."""
+    return _cubin(program, arch=arch, dtype=dtype, head_dim=head_dim)
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:
-    """The captured graph, the program, the verification and how calls are served."""
-    from .compile import CompiledAttention
+    """The captured graph, the program, its guards, the verification and how calls are served."""
     target = fn if isinstance(fn, CompiledAttention) else None
     spec = fn.fn if isinstance(fn, CompiledAttention) else fn
     bound = bind_example(spec, args, kwargs)
-    lines = []
     try:
-        res = transfer_bound(spec, bound)
+        res: Transferred = transfer_stage(spec, bound)
     except UnsupportedSpec as e:
         return f"unsupported: {e}\nserved by: the spec itself"
-    lines += ["== captured graph ==", res.captured.graph.code.strip(), "", "== CuIR program ==", str(res.program),
-              "", "== " + res.report.summary(), f"generic in sizes: {res.generic}", f"cache key: {res.key}"]
+    lines = ["== captured graph ==", res.captured.graph.code.strip(), "", "== CuIR program ==", str(res.program),
+             "", "== " + res.report.summary(), f"generic in sizes: {res.generic}", f"cache key: {res.key}"]
     if target is not None:
         lines.append(target.serving_report(*args, **kwargs))
+    elif not on_cuda(bound):
+        lines.append("served by: the spec (no CUDA device or CPU inputs)")
     else:
-        from .compile import kernel_status
-        lines.append(kernel_status(res.program, bound))
+        lines.append("served by: the fused kernel when compiled with @torch_cubridge.compile")
     return "\n".join(lines)
-
-
-def warn_once(cache: set, key: Any, msg: str) -> None:
-    if key not in cache:
-        cache.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)

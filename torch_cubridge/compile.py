@@ -1,22 +1,30 @@
-"""`@torch_cubridge.compile`: capture on first call, then a dictionary hit per call."""
+"""`@torch_cubridge.compile`: capture on first call, then a table lookup per call.
+
+One dispatch table serves eager calls and calls traced by torch.compile: the
+key is the call signature (dtypes, devices, size-1 dims, Python values), and
+each entry is served only where its program's guards hold. A call no entry
+covers gets a new capture (eager) or the spec itself (traced). Any failure
+serves the spec with a warning; the only errors raised are the spec's own.
+"""
 from __future__ import annotations
 
 import collections
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
-from .api import TransferResult, transfer_bound, warn_once
-from .capture.checks import check_against, check_call
 from .capture.signature import call_signature
 from .capture.trace import bind_example
+from .capture.checks import check_call
 from .errors import UnsupportedSpec
-from .ir.program import Program
+from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
+from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warn_once
 
 _WARNED: set = set()
+MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves
 
 
 @dataclass(frozen=True)
@@ -34,52 +42,39 @@ class Options:
 
 @dataclass
 class Entry:
-    program: Program | None
-    runner: Callable | None           # the compiled kernel's call, or None: the spec serves
-    reason: str                       # why the kernel or the spec serves calls
-    result: TransferResult | None = None
-    shapes: tuple | None = None       # exact tensor shapes when the program is not generic
-    square: bool | None = None        # Sq == Skv at capture; a call that differs re-captures
-    qk: tuple | None = None           # ((q position or name, seq dim), (k ..., ...))
+    """What serves the calls of one signature inside one program's guards."""
+    reason: str                                   # why the kernel or the spec serves
+    result: Transferred | None = None             # None: the spec serves every call of the signature
+    guards: GuardSet | None = None
+    head_dim: Callable[[tuple, dict], int] | None = None
+    runners: dict[int, Any] = field(default_factory=dict)   # head dim -> GPU-verified kernel, or None
+    reasons: dict[int, str] = field(default_factory=dict)
+    bad_input: Exception | None = None            # re-raised if the spec also refuses the call
 
-    def fits(self, args: tuple, kwargs: dict) -> bool:
-        if self.shapes is not None:
-            return _shapes(args, kwargs) == self.shapes
-        if self.square is not None and self.qk is not None:
-            (qa, qd), (ka, kd) = self.qk
-            q = args[qa] if isinstance(qa, int) and qa < len(args) else kwargs.get(qa if isinstance(qa, str) else "")
-            k = args[ka] if isinstance(ka, int) and ka < len(args) else kwargs.get(ka if isinstance(ka, str) else "")
-            if q is None or k is None:
-                return False
-            return (q.shape[qd] == k.shape[kd]) == self.square
-        return True
-
-
-def _shapes(args: tuple, kwargs: dict) -> tuple:
-    return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)) + tuple(
-        (k, tuple(v.shape)) for k, v in sorted(kwargs.items()) if isinstance(v, torch.Tensor))
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        return self.guards is None or self.guards(args, kwargs)
 
 
 class CompiledAttention:
     def __init__(self, fn: Callable, options: Options) -> None:
         self.fn = fn
         self.options = options
-        self._table: dict[tuple, Entry] = {}
-        self._established: Program | None = None
-        self._last_runner: Any = None
+        self._table: dict[tuple, list[Entry]] = {}
         self.served: collections.Counter = collections.Counter()  # "kernel" / "spec": who computed each call
         functools.update_wrapper(self, fn)
 
+    # -- the call path -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return self._traced(args, kwargs)
         key = call_signature(args, kwargs)
-        e = self._table.get(key)
-        if e is None or not e.fits(args, kwargs):
+        e = self._find(key, args, kwargs)
+        if e is None:
             e = self._prepare(key, args, kwargs)
-        if e.runner is not None:
+        runner = self._runner(e, args, kwargs) if e.result is not None else None
+        if runner is not None:
             try:
-                out = e.runner(*args, **kwargs)
+                out = runner(*args, **kwargs)
                 self.served["kernel"] += 1
                 return out
             except NeedsAutograd:
@@ -87,45 +82,81 @@ class CompiledAttention:
                 self._warn("inputs require grad and the kernel has no backward yet; the spec computes this call")
             except SpecServes as why:
                 self._warn(f"the spec computes this call: {why}")
-        self.served["spec"] += 1
-        return self.fn(*args, **kwargs)
+            except Exception as err:  # never an internal exception out of a call: retire this kernel
+                d = e.head_dim(args, kwargs)
+                e.runners[d] = None
+                e.reasons[d] = f"the kernel failed ({type(err).__name__}: {err}); the spec serves"
+                self._warn(e.reasons[d])
+        return self._spec(e, args, kwargs)
 
-    # -- slow path: capture, transfer, verify, build ---------------------------
-    def _prepare(self, key: tuple, args: tuple, kwargs: dict) -> Entry:
-        bound = bind_example(self.fn, args, kwargs)
-        check_call(bound)
-        if self._established is not None:
-            check_against(self._established, bound)
+    def _spec(self, e: Entry, args: tuple, kwargs: dict) -> Any:
+        self.served["spec"] += 1
+        if e.bad_input is None:
+            return self.fn(*args, **kwargs)
         try:
-            res = transfer_bound(self.fn, bound, self.options.backend, self.options.llm)
-        except UnsupportedSpec as err:
+            out = self.fn(*args, **kwargs)
+        except Exception as spec_err:  # the spec refuses too: our message says why more clearly
+            raise e.bad_input from spec_err
+        self._warn(f"the spec computes this call: {e.bad_input}")
+        return out
+
+    def _find(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
+        for e in self._table.get(key, ()):
+            if e.holds(args, kwargs):
+                return e
+        return None
+
+    def _runner(self, e: Entry, args: tuple, kwargs: dict) -> Any:
+        d = e.head_dim(args, kwargs)
+        if d not in e.runners:  # a head dim this program has no kernel for yet: build and verify one
+            bound = bind_example(self.fn, args, kwargs)
+            res = replace(e.result, captured=replace(e.result.captured, example=bound))
+            e.runners[d], e.reasons[d] = kernel_stage(self.fn, res, bound)
+            if e.runners[d] is None:
+                if self.options.fallback == "raise" and on_cuda(bound):
+                    raise UnsupportedSpec(e.reasons[d], op="kernel")
+                self._warn(e.reasons[d])
+        return e.runners[d]
+
+    # -- the slow path: capture, transfer, verify -----------------------------------
+    def _prepare(self, key: tuple, args: tuple, kwargs: dict) -> Entry:
+        entries = self._table.setdefault(key, [])
+        bound = bind_example(self.fn, args, kwargs)  # a call the signature cannot bind raises, as the spec would
+        try:
+            check_call(bound)
+        except (TypeError, ValueError) as bad:
+            e = Entry(f"the spec serves calls: {bad}", bad_input=bad)
+            entries.append(e)
+            return e
+        if sum(map(len, self._table.values())) > MAX_PROGRAMS:
+            return Entry(f"the spec serves calls: more than {MAX_PROGRAMS} programs were captured "
+                         "(a size or value that changes with every call?)")
+        try:
+            res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm)
+        except Exception as err:
             if self.options.fallback == "raise":
                 raise
-            entry = Entry(None, None, f"the spec serves calls: {err}")
-            self._warn(entry.reason)
-            self._table[key] = entry
-            return entry
-        self._established = self._established or res.program
-        entry = Entry(res.program, None, "", res)
-        if not res.generic:
-            entry.shapes = _shapes(args, kwargs)
-        else:
-            entry.square, entry.qk = _square_check(self.fn, res.program, args)
-        entry.runner, entry.reason = _kernel_for(self.fn, res, bound, self.options)
-        if entry.runner is not None:
-            self._last_runner = entry.runner
-        if entry.runner is None:
-            if self.options.fallback == "raise" and not _no_cuda(bound):
-                raise UnsupportedSpec(entry.reason, op="kernel")
-            self._warn(entry.reason)
-        self._table[key] = entry
-        return entry
+            why = err if isinstance(err, UnsupportedSpec) else f"internal error: {type(err).__name__}: {err}"
+            e = Entry(f"the spec serves calls: {why}")
+            entries.append(e)
+            self._warn(e.reason)
+            return e
+        p = res.program
+        nargs = len(args)
+        q = reader(p.signature, nargs, p.q.arg)
+        d = p.q.dims.index("d")
+        e = Entry("", res, GuardSet(p.guards, p.signature, nargs), lambda a, kw: q(a, kw).shape[d])
+        entries.append(e)
+        return e
 
     def _traced(self, args: tuple, kwargs: dict) -> Any:
-        """Under torch.compile: the custom op of the kernel built by an earlier eager call."""
-        runner = self._last_runner
+        """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
+        e = self._find(call_signature(args, kwargs), args, kwargs)
+        runner = e.runners.get(e.head_dim(args, kwargs)) if e is not None and e.result is not None else None
         if runner is None:
-            return self.fn(*args, **kwargs)  # no verified kernel: trace the spec itself
+            self._warn("under torch.compile no verified kernel covers this call (call it once eagerly to build "
+                       "one); the spec is traced instead")
+            return self.fn(*args, **kwargs)
         return runner.op_call(args, kwargs)
 
     def _warn(self, reason: str) -> None:
@@ -134,51 +165,14 @@ class CompiledAttention:
 
     def serving_report(self, *args: Any, **kwargs: Any) -> str:
         key = call_signature(args, kwargs)
-        e = self._table.get(key) or self._prepare(key, args, kwargs)
-        return ("served by: the fused kernel" if e.runner is not None else "served by: the spec") + f"\nwhy: {e.reason}"
+        e = self._find(key, args, kwargs) or self._prepare(key, args, kwargs)
+        runner = self._runner(e, args, kwargs) if e.result is not None else None
+        why = e.reasons.get(e.head_dim(args, kwargs), "") if e.result is not None else e.reason
+        return ("served by: the fused kernel" if runner is not None else "served by: the spec") + f"\nwhy: {why}"
 
-
-def _no_cuda(bound: dict[str, Any]) -> bool:
-    ts = [v for v in bound.values() if isinstance(v, torch.Tensor)]
-    return not torch.cuda.is_available() or not ts or ts[0].device.type != "cuda"
-
-
-def _kernel_for(fn: Callable, res: TransferResult, bound: dict[str, Any], options: Options) -> tuple[Callable | None, str]:
-    if not torch.cuda.is_available():
-        return None, "CUDA is not available, so no kernel is used; the spec computes the result"
-    if _no_cuda(bound):
-        return None, "the inputs are not CUDA tensors, so no kernel is used; the spec computes the result"
-    try:
-        from .ops.runner import build_runner
-        return build_runner(fn, res, bound)
-    except UnsupportedSpec as e:
-        return None, f"no kernel for this program: {e}"
-    except Exception as e:  # a build or launch problem must never become a wrong answer
-        return None, f"kernel build failed ({type(e).__name__}: {e}); the spec computes the result"
-
-
-def kernel_status(p: Program, bound: dict[str, Any]) -> str:
-    if _no_cuda(bound):
-        return "served by: the spec (no CUDA device or CPU inputs)"
-    return "served by: the fused kernel when compiled with @torch_cubridge.compile"
-
-
-def _square_check(fn: Callable, p: Program, args: tuple) -> tuple[bool | None, tuple | None]:
-    from .capture.trace import signature_of
-    sig = [s for s in signature_of(fn) if not s.startswith("*")]
-
-    def where(op: Any) -> tuple:
-        pos = sig.index(op.arg) if op.arg in sig else op.arg
-        if isinstance(pos, int) and pos >= len(args):
-            pos = op.arg
-        return pos, op.dims.index("s")
-    qk = (where(p.q), where(p.k))
-    (qa, qd), (ka, kd) = qk
-    q = args[qa] if isinstance(qa, int) else None
-    k = args[ka] if isinstance(ka, int) else None
-    if q is None or k is None:
-        return None, None
-    return q.shape[qd] == k.shape[kd], qk
+    def entries(self) -> list[Entry]:
+        """Every entry of the dispatch table (for explain and tests)."""
+        return [e for es in self._table.values() for e in es]
 
 
 def compile(fn: Callable | None = None, **options: Any) -> Any:

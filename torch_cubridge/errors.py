@@ -10,6 +10,3 @@ class UnsupportedSpec(Exception):
         self.reason = reason
         super().__init__(f"{op}: {reason}" if op else reason)
 
-
-class VerificationError(Exception):
-    """A program or kernel disagreed with the spec on fresh inputs."""

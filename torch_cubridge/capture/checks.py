@@ -28,6 +28,10 @@ def check_call(bound: dict[str, Any]) -> None:
                              f"got shape {tuple(v.shape)}")
     if len(floats) < 3:
         raise TypeError("query, key and value must be floating-point tensors")
+    for p, v in floats[:3]:
+        if 0 in v.shape:
+            raise ValueError(f"{p} is empty (shape {tuple(v.shape)}): a batch, head or sequence size of 0 "
+                             "has nothing to compile")
 
 
 def check_against(p: Program, bound: dict[str, Any]) -> None:

@@ -56,7 +56,7 @@ def bind_example(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     return out
 
 
-def _rebuild_call(fn: Callable, bound: dict[str, Any]) -> tuple[list, dict]:
+def rebuild_call(fn: Callable, bound: dict[str, Any]) -> tuple[list, dict]:
     args: list = []
     kwargs: dict = {}
     for p in inspect.signature(fn).parameters.values():
@@ -96,7 +96,7 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     def flat(*tensors: torch.Tensor) -> Any:
         b = dict(bound)
         b.update(zip(paths, tensors))
-        args, kwargs = _rebuild_call(fn, b)
+        args, kwargs = rebuild_call(fn, b)
         with SdpaAsMath():
             return fn(*args, **kwargs)
 
@@ -126,3 +126,6 @@ def _last_frame(e: BaseException) -> str:
         last = tb
         tb = tb.tb_next
     return f"{last.tb_frame.f_code.co_name}" if last else "capture"
+
+
+_rebuild_call = rebuild_call  # older name, still imported by verify.reference

@@ -21,7 +21,9 @@ UNARY = {"neg", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "sigmoid", "not", 
 BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "pow",
           "eq", "ne", "lt", "le", "gt", "ge", "and", "or"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
-LEAVES = {"const", "var", "scalar"}
+# "dim" (attr "path:i", size i of a call argument) and "arg" (attr path, a Python
+# scalar argument) appear only in guards: predicates over the call, not the tile.
+LEAVES = {"const", "var", "scalar", "dim", "arg"}
 OPS = UNARY | BINARY | LEAVES | {"where", "load"}
 
 
@@ -42,7 +44,7 @@ class Expr:
             if isinstance(v, float) and not math.isfinite(v):
                 v = repr(v)  # "inf" / "-inf" / "nan" survive JSON as strings
             return {"const": v}
-        if self.op in ("var", "scalar"):
+        if self.op in ("var", "scalar", "dim", "arg") and not self.args:
             return {self.op: self.attr}
         d: dict[str, Any] = {"op": self.op, "args": [a.to_obj() for a in self.args]}
         if self.attr is not None:
@@ -53,10 +55,10 @@ class Expr:
     def from_obj(o: Any) -> "Expr":
         if "const" in o:
             v = o["const"]
-            if isinstance(v, str):
-                v = float(v)
+            if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+                v = float(v)  # a guard's string argument value stays a string
             return Expr("const", (), v)
-        for leaf in ("var", "scalar"):
+        for leaf in ("var", "scalar", "dim", "arg"):
             if leaf in o:
                 return Expr(leaf, (), o[leaf])
         return Expr(o["op"], tuple(Expr.from_obj(a) for a in o["args"]), o.get("attr"))
@@ -76,6 +78,15 @@ def var(name: str) -> Expr:
 
 def scalar(name: str) -> Expr:
     return Expr("scalar", (), name)
+
+
+def dim(path: str, index: int) -> Expr:
+    return Expr("dim", (), f"{path}:{index}")
+
+
+def arg(path: str, *default: Any) -> Expr:
+    """A Python argument's value; with a default, the value when the call leaves it out."""
+    return Expr("arg", tuple(const(d) for d in default), path)
 
 
 def load(tensor: str, *index: Expr) -> Expr:
@@ -133,6 +144,11 @@ def render(e: Expr) -> str:
         return repr(e.attr)
     if e.op in ("var", "scalar"):
         return str(e.attr) if e.op == "var" else f"${e.attr}"
+    if e.op == "dim":
+        path, _, i = e.attr.rpartition(":")
+        return f"{path}.shape[{i}]"
+    if e.op == "arg":
+        return str(e.attr)
     if e.op == "load":
         return f"{e.attr}[{', '.join(render(a) for a in e.args)}]"
     if e.op in _INFIX:

@@ -71,6 +71,7 @@ class Program:
     sink: Expr | None = None            # per-(b, h) sink logit joining the normaliser
     empty_rows: str = "zero"            # zero | mean_v (rows with every key masked)
     requires: tuple[tuple[str, int], ...] = ()   # sizes the program is only valid at (extent-1 broadcasts, specialised shapes)
+    guards: tuple[Expr, ...] = ()       # predicates over the call (argument sizes and Python values) it holds under
     notes: tuple[str, ...] = ()
 
     # -- JSON ------------------------------------------------------------
@@ -88,7 +89,13 @@ class Program:
 
     # -- behaviour lives in sibling modules; imported lazily to keep this plain data
     def run(self, *args: Any, **kwargs: Any):
+        """Execute on a call's arguments; a call outside the program's guards is refused."""
+        from .guards import GuardSet
         from .interpreter import run_program
+        bad = GuardSet(self.guards, self.signature, len(args)).failing(args, kwargs) if self.guards else None
+        if bad is not None:
+            raise ValueError(f"this program holds only where {bad} (a guard recorded at capture); "
+                             "transfer the spec again for this call")
         return run_program(self, *args, **kwargs)
 
     def validate(self) -> None:
@@ -98,14 +105,6 @@ class Program:
     def __str__(self) -> str:
         from .printer import format_program
         return format_program(self)
-
-    def cuda_source(self, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> str:
-        from ..lower import cuda_source
-        return cuda_source(self, arch=arch, dtype=dtype, head_dim=head_dim)
-
-    def cubin(self, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> bytes:
-        from ..lower import cubin
-        return cubin(self, arch=arch, dtype=dtype, head_dim=head_dim)
 
 
 _NESTED = {"q": Operand, "k": Operand, "v": Operand, "out": Output}
@@ -138,6 +137,8 @@ def _from_obj(cls: type, o: dict) -> Any:
             val = tuple(_from_obj(ExtraTensor, e) for e in val)
         elif f.name == "scalars":
             val = tuple(_from_obj(Scalar, s) for s in val)
+        elif f.name == "guards":
+            val = tuple(Expr.from_obj(g) for g in val)
         elif "Expr" in t:
             val = None if val is None else Expr.from_obj(val)
         elif f.name == "requires":

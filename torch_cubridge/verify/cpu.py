@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..ir.program import Program
-from .inputs import example_sizes, make_inputs
+from .inputs import example_sizes, make_inputs, within_guards
 from .reference import attention_output, run_reference
 
 REL_TOL = 1e-4
@@ -55,6 +55,7 @@ def verify_shapes(p: Program, example: dict[str, Any], generic: bool) -> list[di
         s = dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2))
         if s not in out:
             out.append(s)
+    out = [s for s in out if within_guards(p, example, s)]
     if len(out) < 2:
         out.append(dict(ex))
     return out

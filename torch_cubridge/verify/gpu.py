@@ -13,7 +13,7 @@ import torch
 
 from ..ir.program import Program
 from .cpu import Trial, VerifyReport, compare
-from .inputs import example_sizes, make_inputs
+from .inputs import example_sizes, make_inputs, within_guards
 from .reference import attention_output, run_reference
 
 REL_TOL = 1e-2
@@ -30,9 +30,9 @@ def gpu_shapes(p: Program, example: dict[str, Any]) -> list[dict[str, int]]:
             skv = sq
         s = dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2))
         s.update(fixed)
-        if s not in out:
+        if s not in out and within_guards(p, example, s):
             out.append(s)
-    return out
+    return out or [dict(ex)]
 
 
 def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:

@@ -98,6 +98,14 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
     return out
 
 
+def within_guards(p: Program, example: dict[str, Any], sizes: dict[str, int]) -> bool:
+    """Inputs at these sizes satisfy the program's guards (verification stays where the program holds)."""
+    if not p.guards:
+        return True
+    from ..ir.guards import bound_failing
+    return bound_failing(p.guards, make_inputs(p, example, sizes, seed=0)) is None
+
+
 def _guess_follow(ex: torch.Tensor, sizes: dict[str, int]) -> list[str | None]:
     by_size = {}
     for name in ("B", "Sq", "Skv"):

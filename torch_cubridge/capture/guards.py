@@ -1,0 +1,169 @@
+"""Size guards from a symbolic capture, with torch's own ShapeEnv.
+
+The spec is traced once more with every argument size a symbol (no duck
+sizing: two equal sizes stay two symbols). Every decision its Python makes on
+a size (`if S > window`, `range(H)`, `math.sqrt(D)`) is recorded by the
+ShapeEnv as a guard. A size that flows into a value rather than a shape (ALiBi
+slopes from `H`, `D ** -0.5`, a slice offset) pins that size: the concrete
+program has its value baked in. Sequence lengths are the exception: the
+generalisation pass fits them as runtime scalars, and pins them itself when
+it cannot. Python scalar arguments are baked into the capture, so each one
+is a guard too.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from ..ir.expr import Expr, arg, call, const, dim
+from .sdpa_math import SdpaAsMath
+from .trace import rebuild_call
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_CMP = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt", sympy.LessThan: "le",
+        sympy.StrictGreaterThan: "gt", sympy.GreaterThan: "ge"}
+
+
+class _Opaque(Exception):
+    """A guard expression with a function this converter does not know."""
+
+
+def _to_expr(e: sympy.Basic, where: dict[sympy.Symbol, Expr]) -> Expr:
+    if e is sympy.true or e is sympy.false:
+        return const(bool(e))
+    if isinstance(e, sympy.Symbol):
+        if e not in where:
+            raise _Opaque(str(e))
+        return where[e]
+    if isinstance(e, sympy.Integer):
+        return const(int(e))
+    if isinstance(e, (sympy.Rational, sympy.Float)):
+        return const(float(e))
+    args = [_to_expr(a, where) for a in e.args]
+    for cls, op in _CMP.items():
+        if isinstance(e, cls):
+            return call(op, *args)
+    name = type(e).__name__
+    fold = {sympy.Add: "add", sympy.Mul: "mul", sympy.And: "and", sympy.Or: "or"}
+    for cls, op in fold.items():
+        if isinstance(e, cls):
+            out = args[0]
+            for a in args[1:]:
+                out = call(op, out, a)
+            return out
+    if isinstance(e, sympy.Not):
+        return call("not", args[0])
+    if isinstance(e, sympy.Pow) and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) >= 0:
+        return call("pow", *args)
+    named = {"FloorDiv": "floordiv", "PythonMod": "mod", "Mod": "mod", "Max": "max", "Min": "min"}
+    if name in named and len(args) == 2:
+        return call(named[name], *args)
+    raise _Opaque(name)
+
+
+def _fakes(bound: dict[str, Any], paths: list[str], env: ShapeEnv, mode: FakeTensorMode
+           ) -> tuple[list[torch.Tensor], dict[sympy.Symbol, tuple[str, int]]]:
+    from torch._dynamo.source import LocalSource
+    fakes, owner = [], {}
+    for i, p in enumerate(paths):
+        t = bound[p]
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
+        f = mode.from_tensor(t, source=LocalSource(f"t{i}"), symbolic_context=ctx)
+        for d, n in enumerate(f.shape):
+            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+                owner.setdefault(n.node.expr, (p, d))
+        fakes.append(f)
+    return fakes, owner
+
+
+def _value_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
+    """Symbols of sizes that reach an aten op as a scalar value (not a shape list)."""
+    out: set[sympy.Symbol] = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        for a in list(n.args) + list(n.kwargs.values()):
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if isinstance(v, _SYM):
+                out |= v.node.expr.free_symbols
+    return out
+
+
+def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
+                ) -> tuple[Expr, ...] | None:
+    """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
+
+    seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
+    """
+    paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
+    env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    fakes, owner = _fakes(bound, paths, env, mode)
+
+    def flat(*tensors: torch.Tensor) -> Any:
+        b = dict(bound)
+        b.update(zip(paths, tensors))
+        args, kwargs = rebuild_call(fn, b)
+        with SdpaAsMath():
+            return fn(*args, **kwargs)
+    try:
+        with mode:
+            gm = make_fx(flat, tracing_mode="real")(*fakes)
+    except Exception:  # code only a static trace survives: the caller pins every size
+        return None
+    where = {s: dim(p, d) for s, (p, d) in owner.items()}
+    value = {env.replace(s) for s in _value_symbols(gm)}
+    seq = {env.replace(s) for s, pd in owner.items() if pd in seq_dims}
+    canon: dict[sympy.Basic, list[sympy.Symbol]] = {}
+    for s in owner:
+        canon.setdefault(env.replace(s), []).append(s)
+    facts = [g.expr for g in env.guards]
+    facts += [sympy.Eq(s, r) for s, r in env.replacements.items() if s in owner]
+    out: list[Expr] = []
+    for f in facts:
+        try:
+            out.append(_to_expr(f, where))
+        except _Opaque:  # pin what it speaks of
+            out += [call("eq", where[s], const(int(bound[owner[s][0]].shape[owner[s][1]])))
+                    for s in f.free_symbols if s in where]
+    for c in value - seq:
+        for s in c.free_symbols:
+            for orig in canon.get(s, [s]):
+                if orig in where:
+                    p, d = owner[orig]
+                    out.append(call("eq", where[orig], const(int(bound[p].shape[d]))))
+    return _unique(out)
+
+
+def pin_all(bound: dict[str, Any]) -> tuple[Expr, ...]:
+    """Every size of every tensor argument equal to the example's."""
+    return tuple(call("eq", dim(p, d), const(int(n)))
+                 for p, v in bound.items() if isinstance(v, torch.Tensor) for d, n in enumerate(v.shape))
+
+
+def value_guards(fn: Callable, bound: dict[str, Any]) -> tuple[Expr, ...]:
+    """Python scalar arguments are constants of the capture: each call must pass the same."""
+    import inspect
+    defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    out = []
+    for p, v in bound.items():
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            d = defaults.get(p, inspect.Parameter.empty)
+            leaf = arg(p, d) if d is not inspect.Parameter.empty and type(d) is type(v) and d == v else arg(p)
+            out.append(call("eq", leaf, const(v)))
+    return tuple(out)
+
+
+def _unique(gs: list[Expr]) -> tuple[Expr, ...]:
+    seen, out = set(), []
+    for g in gs:
+        if g not in seen and g != const(True):
+            seen.add(g)
+            out.append(g)
+    return tuple(out)

@@ -1,0 +1,127 @@
+"""The CuBridge pipeline: the one module that says which stage runs when.
+
+    capture -> transfer -> generalise -> guard -> verify (CPU, fp64)
+            -> lower -> build/load -> verify on GPU (the call's own inputs first) -> register
+
+Data flows one way: each stage takes the previous stage's output. Everything
+above this module (compile, api, integrations) asks for a program or a kernel
+here; nothing below it imports it.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+
+from .capture.checks import check_call
+from .capture.guards import pin_all, size_guards, value_guards
+from .capture.hashing import spec_hash
+from .capture.trace import Captured, capture
+from .errors import UnsupportedSpec
+from .ir.expr import Expr, call, dim
+from .ir.program import Program
+from .transfer import symbolic_transfer
+from .transfer.generalize import generalize
+from .verify.cpu import VerifyReport, verify_program
+
+
+@dataclass
+class Transferred:
+    """A verified program and how it was obtained."""
+    program: Program
+    captured: Captured
+    generic: bool          # valid at other batch sizes and lengths (within its guards)
+    report: VerifyReport
+    key: str               # the spec hash
+    backend: str           # "symbolic" or "llm"
+
+
+def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic",
+                   llm_options: dict | None = None) -> Transferred:
+    """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal."""
+    check_call(bound)
+    cap = capture(fn, bound)
+    key = spec_hash(cap)
+    try:
+        prog = symbolic_transfer(cap)
+        used = "symbolic"
+    except UnsupportedSpec as e:
+        if backend not in ("auto", "llm"):
+            raise
+        from .transfer.llm import llm_transfer
+        prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
+        used = "llm"
+    prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+    prog = with_requirements(prog, bound, generic)
+    prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
+    report = verify_program(fn, prog, bound, generic)
+    if not report.ok:
+        raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
+                              op="verify")
+    return Transferred(prog, cap, generic, report, key, used)
+
+
+def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Program:
+    """Sizes of extent 1 were broadcasts at capture; a specialised program holds at its shape only."""
+    from .verify.inputs import example_sizes
+    sizes = example_sizes(prog, bound)
+    keep = ("B", "H", "Hkv", "Sq", "Skv")
+    req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic)
+    return replace(prog, requires=req)
+
+
+def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool) -> tuple[Expr, ...]:
+    """When the program holds: the spec's size decisions, pinned sizes, its Python arguments."""
+    q_seq = (prog.q.arg, prog.q.dims.index("s"))
+    k_seq = (prog.k.arg, prog.k.dims.index("s"))
+    sizes = size_guards(fn, bound, (q_seq, k_seq)) if generic else None
+    if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
+        sizes = pin_all(bound)
+    elif _size(bound, q_seq) == _size(bound, k_seq):
+        # generalisation fitted scalars in Sq alone when the example was square
+        sizes += (call("eq", dim(*q_seq), dim(*k_seq)),)
+    return sizes + value_guards(fn, bound)
+
+
+def _size(bound: dict[str, Any], where: tuple[str, int]) -> int:
+    from .ir.bind import lookup
+    return int(lookup(bound, where[0]).shape[where[1]])
+
+
+def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
+    """lower -> build/load -> verify on GPU -> register. Returns (runner or None, why)."""
+    if not torch.cuda.is_available():
+        return None, "CUDA is not available, so no kernel is used; the spec computes the result"
+    if not on_cuda(bound):
+        return None, "the inputs are not CUDA tensors, so no kernel is used; the spec computes the result"
+    try:
+        from .ops.runner import build_runner
+        return build_runner(fn, res, bound)
+    except UnsupportedSpec as e:
+        return None, f"no kernel for this program: {e}"
+    except Exception as e:  # a build or launch problem must never become a wrong answer
+        return None, f"kernel build failed ({type(e).__name__}: {e}); the spec computes the result"
+
+
+def on_cuda(bound: dict[str, Any]) -> bool:
+    ts = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+    return bool(ts) and ts[0].device.type == "cuda" and torch.cuda.is_available()
+
+
+def safely(stage: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a stage; an internal error becomes a refusal naming it, never an exception out of a call."""
+    try:
+        return stage(*args, **kwargs)
+    except (UnsupportedSpec, TypeError, ValueError):
+        raise
+    except Exception as e:
+        raise UnsupportedSpec(f"internal error in {stage.__name__}: {type(e).__name__}: {e}",
+                              op=stage.__name__) from e
+
+
+def warn_once(cache: set, key: Any, msg: str) -> None:
+    if key not in cache:
+        cache.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
