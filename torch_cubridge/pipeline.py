@@ -41,7 +41,23 @@ class Transferred:
 def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic",
                    llm_options: dict | None = None) -> Transferred:
     """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal."""
-    check_call(bound)
+    check_call(bound)  # bad input raises TypeError/ValueError here, before any work
+    try:
+        cap, key, prog, generic, used = _transfer(fn, bound, backend, llm_options)
+        report = verify_program(fn, prog, bound, generic)
+    except UnsupportedSpec:
+        raise
+    except Exception as e:  # an internal error is a refusal that names itself, never an escape
+        raise UnsupportedSpec(f"internal error ({type(e).__name__}: {e}); please report it with the spec",
+                              op="torch_cubridge") from e
+    if not report.ok:
+        raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
+                              op="verify")
+    return Transferred(prog, cap, generic, report, key, used)
+
+
+def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None
+              ) -> tuple[Captured, str, Program, bool, str]:
     cap = capture(fn, bound)
     key = spec_hash(cap)
     try:
@@ -56,11 +72,7 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
     prog = with_requirements(prog, bound, generic)
     prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
-    report = verify_program(fn, prog, bound, generic)
-    if not report.ok:
-        raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
-                              op="verify")
-    return Transferred(prog, cap, generic, report, key, used)
+    return cap, key, prog, generic, used
 
 
 def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Program:
@@ -108,17 +120,6 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
 def on_cuda(bound: dict[str, Any]) -> bool:
     ts = [v for v in bound.values() if isinstance(v, torch.Tensor)]
     return bool(ts) and ts[0].device.type == "cuda" and torch.cuda.is_available()
-
-
-def safely(stage: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a stage; an internal error becomes a refusal naming it, never an exception out of a call."""
-    try:
-        return stage(*args, **kwargs)
-    except (UnsupportedSpec, TypeError, ValueError):
-        raise
-    except Exception as e:
-        raise UnsupportedSpec(f"internal error in {stage.__name__}: {type(e).__name__}: {e}",
-                              op=stage.__name__) from e
 
 
 def warn_once(cache: set, key: Any, msg: str) -> None:

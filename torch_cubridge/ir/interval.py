@@ -17,6 +17,15 @@ BOOL_UNKNOWN: Interval = (0.0, 1.0)
 _BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "to_bool"}
 
 
+def _floor(x: float) -> float:
+    """floor that keeps an unbounded end unbounded (math.floor(inf) raises)."""
+    return x if math.isinf(x) else float(math.floor(x))
+
+
+def _trunc(x: float) -> float:
+    return x if math.isinf(x) else float(math.trunc(x))
+
+
 def _mul(a: Interval, b: Interval) -> Interval:
     prods = [x * y for x in a for y in b if not (math.isinf(x) and y == 0 or math.isinf(y) and x == 0)]
     return (min(prods), max(prods)) if prods else UNKNOWN
@@ -45,8 +54,8 @@ def interval(e: Expr, env: Mapping[str, Interval]) -> Interval:
     if op == "not":
         return (1 - xs[0][1], 1 - xs[0][0])
     if op in ("tanh", "exp", "sigmoid", "floor", "to_float", "to_int", "sqrt", "log"):
-        f = {"tanh": math.tanh, "exp": _exp, "sigmoid": _sigmoid, "floor": math.floor,
-             "to_float": float, "to_int": math.trunc, "sqrt": _sqrt, "log": _log}[op]
+        f = {"tanh": math.tanh, "exp": _exp, "sigmoid": _sigmoid, "floor": _floor,
+             "to_float": float, "to_int": _trunc, "sqrt": _sqrt, "log": _log}[op]
         return (f(xs[0][0]), f(xs[0][1]))
     if op == "to_bool":
         lo, hi = xs[0]
@@ -73,7 +82,7 @@ def interval(e: Expr, env: Mapping[str, Interval]) -> Interval:
         return UNKNOWN
     if op == "floordiv":
         if y[0] == y[1] and y[0] > 0:
-            return (math.floor(x[0] / y[0]), math.floor(x[1] / y[0]))
+            return (_floor(x[0] / y[0]), _floor(x[1] / y[0]))
         return UNKNOWN
     if op == "mod":
         if y[0] == y[1] and y[0] > 0 and not math.isinf(x[0]) and not math.isinf(x[1]):

@@ -31,6 +31,8 @@ def format_program(p: Program) -> str:
     lines.append(f"  out    : [{', '.join(o.dims)}] dtype {o.dtype}{where}")
     if p.requires:
         lines.append("  only at : " + ", ".join(f"{k}={v}" for k, v in p.requires))
+    if p.guards:
+        lines.append("  guards : " + " and ".join(str(g) for g in p.guards))
     for n in p.notes:
         lines.append(f"  note   : {n}")
     return "\n".join(lines)

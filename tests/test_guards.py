@@ -1,0 +1,136 @@
+"""Wrong-answer probes: reuse only where guards prove a program holds.
+
+Each probe captures a spec at one call and then calls it where a program
+without guards would be wrong (the cases found on an H100 at 3a3f50b). The
+answer must be the spec's, or a clear refusal. On the CPU the compiled
+function always computes with the spec, so these tests look at the programs
+and the dispatch table; tests/test_guards_gpu.py repeats them through kernels.
+"""
+import math
+import warnings
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from torch_cubridge.ir.program import Program
+from helpers import rel_err, to64
+
+
+def qkv(B=1, H=4, S=128, D=32, Skv=None):
+    return (torch.randn(B, H, S, D), torch.randn(B, H, Skv or S, D), torch.randn(B, H, Skv or S, D))
+
+
+def windowed_if_long(q, k, v, window: int = 64):
+    S = q.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if S > window:  # a Python branch on a size
+        i = torch.arange(S, device=q.device)
+        s = s.masked_fill((i[:, None] - i[None, :]).abs() > window, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def alibi_from_heads(q, k, v):
+    H = q.shape[1]
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=q.device)  # a constant from a size
+    i = torch.arange(q.shape[-2], device=q.device)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = s - slopes[:, None, None] * (i[:, None] - i[None, :]).abs()
+    return torch.softmax(s, -1) @ v
+
+
+def alibi_arange(q, k, v):
+    H = q.shape[1]
+    slopes = torch.arange(1, H + 1, device=q.device) * (-8.0 / H)  # a size reaches the graph as a value
+    s = q @ k.transpose(-1, -2) * 0.125
+    return torch.softmax(s + slopes[:, None, None], -1) @ v
+
+
+def softcap_attn(q, k, v, softcap: float = 50.0):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return torch.softmax(softcap * torch.tanh(s / softcap), -1) @ v
+
+
+def explicit_scale(q, k, v, scale: float = 0.1):
+    return torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v
+
+
+def nested_floordiv(q, k, v):
+    i = torch.arange(q.shape[-2], device=q.device)
+    keep = (i[:, None] // 16) // 4 >= (i[None, :] // 16) // 4
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def _agrees_or_refuses(p: Program, fn, args, **kw):
+    """The program's answer is the spec's (fp64), or it refuses with ValueError naming a guard."""
+    try:
+        got = p.run(*args, **kw)
+    except ValueError as e:
+        assert "holds only where" in str(e)
+        return "refused"
+    assert rel_err(got, fn(*to64(args), **kw)) < 1e-6
+    return "served"
+
+
+def test_size_branch_is_a_guard():
+    p = tc.transfer(windowed_if_long, *qkv(S=128))
+    assert any("> 64" in str(g) for g in p.guards)
+    assert _agrees_or_refuses(p, windowed_if_long, qkv(S=600)) == "served"   # same side of the branch
+    assert _agrees_or_refuses(p, windowed_if_long, qkv(S=40)) == "refused"   # the other side
+
+
+def test_constant_from_a_size_pins_it():
+    p = tc.transfer(alibi_from_heads, *qkv(H=4))
+    assert _agrees_or_refuses(p, alibi_from_heads, qkv(H=4, S=77)) == "served"
+    assert _agrees_or_refuses(p, alibi_from_heads, qkv(H=2)) == "refused"
+
+
+def test_size_reaching_the_graph_as_a_value_pins_it():
+    p = tc.transfer(alibi_arange, *qkv(H=4))
+    assert _agrees_or_refuses(p, alibi_arange, qkv(H=8)) == "refused"
+    assert _agrees_or_refuses(p, alibi_arange, qkv(H=4, S=50)) == "served"
+
+
+def test_head_dim_in_the_scale_pins_it_but_an_explicit_scale_does_not():
+    p = tc.transfer(softcap_attn, *qkv(D=32))
+    assert _agrees_or_refuses(p, softcap_attn, qkv(D=64)) == "refused"
+    p = tc.transfer(explicit_scale, *qkv(D=32))
+    assert _agrees_or_refuses(p, explicit_scale, qkv(D=64)) == "served"
+
+
+@pytest.mark.parametrize("round_trip", [False, True])
+def test_program_run_refuses_other_python_values(round_trip):
+    p = tc.transfer(softcap_attn, *qkv(), softcap=50.0)
+    if round_trip:
+        p = Program.from_json(p.to_json())
+    args = qkv(S=40)
+    assert _agrees_or_refuses(p, softcap_attn, args, softcap=50.0) == "served"
+    assert _agrees_or_refuses(p, softcap_attn, args) == "served"          # the default is 50.0 too
+    assert _agrees_or_refuses(p, softcap_attn, args, softcap=2.0) == "refused"
+
+
+def test_compiled_function_captures_again_outside_the_guards():
+    f = tc.compile(windowed_if_long, fallback="silent")
+    for S in (128, 600, 40, 30):
+        args = qkv(S=S)
+        assert rel_err(f(*args), windowed_if_long(*to64(args))) < 1e-5
+    programs = [e.result.program for e in f.entries() if e.result is not None]
+    assert len(programs) == 2  # S=600 reused the S=128 program; S=40 needed its own, which S=30 reused
+
+
+def test_internal_errors_never_escape():
+    args = qkv(S=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = tc.compile(nested_floordiv)(*args)
+    assert torch.allclose(out, nested_floordiv(*args))
+    p = tc.transfer(nested_floordiv, *args)  # interval analysis of (i // 16) // 4 no longer overflows
+    assert _agrees_or_refuses(p, nested_floordiv, qkv(S=100)) == "served"
+
+
+def test_guards_survive_json_and_print():
+    p = tc.transfer(windowed_if_long, *qkv(S=128))
+    q = Program.from_json(p.to_json())
+    assert q == p and q.guards
+    assert "guards" in str(p) and "q.shape[2] > 64" in str(p)
