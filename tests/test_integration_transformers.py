@@ -30,5 +30,5 @@ def test_model_with_cubridge_attention_matches_eager(family):
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
     assert tcx._compiled  # calls went through compiled attention
     for c in tcx._compiled.values():
-        for entry in c._table.values():
-            assert entry.program is not None, entry.reason  # the model's attention transferred to CuIR
+        for entry in c.entries():
+            assert entry.result is not None, entry.reason  # the model's attention transferred to CuIR

@@ -174,6 +174,10 @@ class CompiledAttention:
         """Every entry of the dispatch table (for explain and tests)."""
         return [e for es in self._table.values() for e in es]
 
+    def kernels(self) -> list[Any]:
+        """Every GPU-verified kernel runner built so far, oldest first."""
+        return [r for e in self.entries() for r in e.runners.values() if r is not None]
+
 
 def compile(fn: Callable | None = None, **options: Any) -> Any:
     """Decorator: `@compile` or `@compile(fallback="raise")`."""

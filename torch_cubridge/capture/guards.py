@@ -122,8 +122,10 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     canon: dict[sympy.Basic, list[sympy.Symbol]] = {}
     for s in owner:
         canon.setdefault(env.replace(s), []).append(s)
-    facts = [g.expr for g in env.guards]
-    facts += [sympy.Eq(s, r) for s, r in env.replacements.items() if s in owner]
+    # equalities and pins in canonical form (each size against its class's representative),
+    # then every other decision the spec's Python made
+    facts = [sympy.Eq(s, env.replace(s)) for s in owner if env.replace(s) != s]
+    facts += [g.expr for g in env.guards if not _is_equality(g.expr)]
     out: list[Expr] = []
     for f in facts:
         try:
@@ -138,6 +140,11 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
                     p, d = owner[orig]
                     out.append(call("eq", where[orig], const(int(bound[p].shape[d]))))
     return _unique(out)
+
+
+def _is_equality(e: sympy.Basic) -> bool:
+    """Eq of two sizes or a size and a number: the replacements already say it."""
+    return isinstance(e, sympy.Eq) and all(isinstance(a, (sympy.Symbol, sympy.Integer)) for a in e.args)
 
 
 def pin_all(bound: dict[str, Any]) -> tuple[Expr, ...]:
