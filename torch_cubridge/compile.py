@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture.signature import call_signature
+from .capture.signature import call_signature, traced_signature
 from .capture.trace import bind_example
 from .capture.checks import check_call
 from .errors import UnsupportedSpec
@@ -151,11 +151,11 @@ class CompiledAttention:
 
     def _traced(self, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
-        e = self._find(call_signature(args, kwargs), args, kwargs)
+        e = self._find(traced_signature(args, kwargs), args, kwargs)
         runner = e.runners.get(e.head_dim(args, kwargs)) if e is not None and e.result is not None else None
         if runner is None:
-            self._warn("under torch.compile no verified kernel covers this call (call it once eagerly to build "
-                       "one); the spec is traced instead")
+            # no kernel verified for this call: trace the spec itself. No warning here: warnings.warn
+            # cannot be traced under fullgraph=True. explain() says which calls a kernel serves.
             return self.fn(*args, **kwargs)
         return runner.op_call(args, kwargs)
 

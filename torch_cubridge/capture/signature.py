@@ -34,3 +34,19 @@ def call_signature(args: tuple, kwargs: dict) -> tuple:
     if kwargs:
         key += tuple((k, _meta(v)) for k, v in sorted(kwargs.items()))
     return key
+
+
+def _meta_traceable(v: Any) -> Any:
+    if isinstance(v, _Tensor):
+        return (v.dtype, v.get_device(), tuple(n == 1 for n in v.shape))
+    if isinstance(v, (tuple, list)):
+        return tuple(_meta_traceable(x) for x in v)
+    return _meta(v)
+
+
+def traced_signature(args: tuple, kwargs: dict) -> tuple:
+    """call_signature's key, in code torch.compile can trace (no C-level method wrappers)."""
+    key = tuple(_meta_traceable(a) for a in args)
+    if kwargs:
+        key += tuple((k, _meta_traceable(v)) for k, v in sorted(kwargs.items()))
+    return key
