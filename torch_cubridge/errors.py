@@ -8,5 +8,6 @@ class UnsupportedSpec(Exception):
     def __init__(self, reason: str, op: str | None = None) -> None:
         self.op = op
         self.reason = reason
+        self.node: str | None = None   # the captured graph's node it refused, where known
         super().__init__(f"{op}: {reason}" if op else reason)
 

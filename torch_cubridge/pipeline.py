@@ -65,7 +65,7 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         used = "symbolic"
     except UnsupportedSpec as e:
         if backend not in ("auto", "llm"):
-            raise
+            raise located(fn, bound, e, cap) from None
         from .transfer.llm import llm_transfer
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
@@ -73,6 +73,22 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
     prog = with_requirements(prog, bound, generic)
     prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
     return cap, key, prog, generic, used
+
+
+def located(fn: Callable, bound: dict[str, Any], e: UnsupportedSpec, cap: Captured) -> UnsupportedSpec:
+    """The refusal, naming the user's op and line instead of an aten op."""
+    from .capture.locate import locate_op, occurrence, torch_name
+    from .capture.sdpa_math import SdpaAsMath
+    from .capture.trace import rebuild_call
+    if not (e.op or "").startswith("aten."):
+        return e
+
+    def run() -> Any:
+        args, kwargs = rebuild_call(fn, bound)
+        with SdpaAsMath():
+            return fn(*args, **kwargs)
+    where = locate_op(run, e.op, occurrence(cap.graph, e.node) if e.node else 0)
+    return UnsupportedSpec(e.reason, op=f"{torch_name(e.op)} at {where}") if where else e
 
 
 def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Program:

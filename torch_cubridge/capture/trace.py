@@ -120,6 +120,11 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
 
 
 def _last_frame(e: BaseException) -> str:
+    """The user's line that failed (file:line (fn): code), else the innermost function's name."""
+    from .locate import frame_of_exception
+    where = frame_of_exception(e)
+    if where:
+        return where
     tb = e.__traceback__
     last = None
     while tb is not None:

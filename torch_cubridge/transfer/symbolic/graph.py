@@ -70,7 +70,11 @@ class Walker:
             elif node.op == "get_attr":
                 self.env[node] = self.inputs[consts[node.target]]
             elif node.op == "call_function":
-                self.env[node] = self.call(node)
+                try:
+                    self.env[node] = self.call(node)
+                except UnsupportedSpec as e:  # say which node, so the refusal can point at the user's line
+                    e.node = e.node or node.name
+                    raise
             elif node.op == "output":
                 return self.arg(node.args[0])
         raise UnsupportedSpec("graph has no output")

@@ -1,0 +1,51 @@
+"""Refusals a user can act on: they name the user's own op and line, never an internal name."""
+import inspect
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+
+
+def qkv():
+    return tuple(torch.randn(1, 2, 8, 4) for _ in range(3))
+
+
+def cosine_scores(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    s = torch.cos(s)  # no rule: refused here
+    return torch.softmax(s, -1) @ v
+
+
+def value_branch(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    if s.max() > 0:  # a tensor value decides a branch
+        s = s * 2
+    return torch.softmax(s, -1) @ v
+
+
+def scaled_value(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    return torch.softmax(s, -1) @ (v * 2)  # the second matmul is the one refused
+
+
+def _line(fn, marker):
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, l in enumerate(src) if marker in l)
+
+
+@pytest.mark.parametrize("fn, marker, op", [
+    (cosine_scores, "torch.cos(s)", "torch.cos"),
+    (value_branch, "if s.max()", None),
+    (scaled_value, "(v * 2)", "torch.bmm"),
+])
+def test_refusal_names_the_users_line(fn, marker, op):
+    with pytest.raises(tc.UnsupportedSpec) as err:
+        tc.transfer(fn, *qkv())
+    msg = str(err.value)
+    assert f"test_errors.py:{_line(fn, marker)}" in msg, msg
+    assert marker in msg
+    if op:
+        assert msg.startswith(op)
+    for internal in ("local_scalar_dense", "__torch_function__", "_check_with", "aten."):
+        assert internal not in msg
