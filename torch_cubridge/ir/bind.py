@@ -1,12 +1,16 @@
 """Binding a call's arguments to a program's inputs (shared by interpreter and ops)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: Program.run and str() call into this module
+    from .program import Operand, Program
+
 from typing import Any
 
 import torch
 
 from ..errors import UnsupportedSpec
-from .program import Operand, Program
 
 
 def bind_args(signature: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:

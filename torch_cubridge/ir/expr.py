@@ -25,6 +25,7 @@ COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 # scalar argument) appear only in guards: predicates over the call, not the tile.
 LEAVES = {"const", "var", "scalar", "dim", "arg"}
 OPS = UNARY | BINARY | LEAVES | {"where", "load"}
+CANON = ("b", "h", "s", "d")  # canonical operand dims: batch, head, sequence, head dim
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ score matrix. Runs on any device; float64 inputs compute in float64.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: Program.run and str() call into this module
+    from .program import Program
+
 import contextlib
 import math
 from typing import Any
@@ -15,7 +20,6 @@ import torch
 from .bind import bind_args, extra_tensors, head_index, lookup, scalar_values, sizes_of, to_canonical
 from .expr import Expr
 from .interval import classify_tile
-from .program import Program
 
 BLOCK_M = 64
 BLOCK_N = 64

@@ -1,7 +1,11 @@
 """The readable text form of a program (what `cubridge explain` prints)."""
 from __future__ import annotations
 
-from .program import Program
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: Program.run and str() call into this module
+    from .program import Program
+
 
 
 def format_program(p: Program) -> str:

@@ -11,9 +11,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .expr import Expr
-
-CANON = ("b", "h", "s", "d")
+from .expr import CANON, Expr  # noqa: F401  (CANON re-exported)
 
 
 @dataclass(frozen=True)

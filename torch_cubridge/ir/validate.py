@@ -1,8 +1,13 @@
 """The validity check for CuIR programs (tests and every pass boundary call it)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .program import Program
+
 from .expr import BINARY, INDEX_VARS, SIZE_VARS, UNARY, Expr, free_vars, walk
-from .program import CANON, Program
+from .expr import CANON
 
 _ARITY = {**{o: 1 for o in UNARY}, **{o: 2 for o in BINARY}, "where": 3}
 
