@@ -7,6 +7,7 @@
 namespace cubridge {
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+__device__ __forceinline__ float neg_max() { return -__int_as_float(0x7f7fffff); }  // -FLT_MAX
 
 __device__ __forceinline__ float fast_exp2(float x) {  // 2^-inf = +0
   float y;
@@ -48,7 +49,11 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
       mx = quad_max(mx);
       // A row with every key masked so far keeps m = -inf; use 0 as the
       // reference so exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-      const float mref = (mx == neg_inf()) ? 0.f : mx * factor;
+      // A finite fill (finfo.min) overflows to -inf in log2 units: clamping the
+      // reference keeps exp2 finite (such fills then weigh 0, as in the spec once
+      // the row meets a real key); a row of nothing but fills ends with l = 0 and
+      // takes the empty-row path (the spec's uniform weights: the mean of V).
+      const float mref = (mx == neg_inf()) ? 0.f : fmaxf(mx * factor, neg_max());
       const float alpha = fast_exp2(m[r] * factor - mref);  // 0 when m was -inf
       m[r] = mx;
       float sum = 0.f;
