@@ -40,7 +40,18 @@ def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
 
 
 def register(name: str = NAME) -> str:
-    """Register the implementation under `name` in transformers' AttentionInterface."""
+    """Register the implementation under `name` in transformers' AttentionInterface, and its mask.
+
+    The model's eager function adds the mask to the scores, so it needs the additive float mask
+    transformers builds for "eager" (causal, sliding windows, padding). Without a mask function
+    registered under the same name, transformers passes None (no causal mask at all) or a bool mask.
+    """
     from transformers import AttentionInterface
     AttentionInterface.register(name, cubridge_attention_forward)
+    try:
+        from transformers import AttentionMaskInterface
+        from transformers.masking_utils import eager_mask
+    except ImportError:  # transformers before masking_utils builds eager's 4-D mask for any name
+        return name
+    AttentionMaskInterface.register(name, eager_mask)
     return name

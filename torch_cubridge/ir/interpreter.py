@@ -146,7 +146,9 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
             _step("mma qk")
             env["s"] = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-1, -2)
             _step("hook score")
-            x = torch.as_tensor(evaluate(p.score, env, fdt)).to(fdt).expand(B, H, q1 - q0, k1 - k0)
+            # the kernel holds each score in float32: a fill such as -1e9 absorbs s * scale there
+            # (every masked key of a row gets one value), so the model rounds as the kernel does
+            x = torch.as_tensor(evaluate(p.score, env, fdt)).to(torch.float32).to(fdt).expand(B, H, q1 - q0, k1 - k0)
             if cls == 1 and p.mask is not None:
                 _step("hook mask")
                 keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()

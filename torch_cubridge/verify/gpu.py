@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..ir.program import Program
-from .cpu import Trial, VerifyReport, compare
+from .cpu import Trial, VerifyReport, compare, trials
 from .inputs import example_sizes, make_inputs, within_guards
 from .reference import attention_output, run_reference
 
@@ -49,23 +49,26 @@ def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
                   dtype: torch.dtype, device: torch.device, seed: int = 0) -> VerifyReport:
+    """`example` is the first real call's own arguments (on the device): they are the first trial."""
     rep = VerifyReport(ok=True)
-    for i, sizes in enumerate(gpu_shapes(p, example)):
-        for j, mag in enumerate((1.0, 4.0)):
-            cpu = make_inputs(p, example, sizes, seed=9000 + 10 * i + j + 1000 * seed, magnitude=mag, dtype=dtype)
-            gpu = _to(cpu, device)
-            try:
-                with torch.no_grad():
-                    got = attention_output(run_bound(gpu, poison=True), p.out.index, p.out.tuple_len)
-                torch.cuda.synchronize(device)
-            except Exception as e:  # a launch failure is a verification failure
-                rep.ok = False
-                rep.reason = f"({type(e).__name__}: {e})"
-                return rep
-            ref = attention_output(run_reference(fn, cpu), p.out.index, p.out.tuple_len)
-            rel, mx, ok = compare(got, ref, p.empty_rows, rel_tol=REL_TOL, max_tol=5e-2)
-            rep.trials.append(Trial(sizes, mag, rel, mx, ok))
-            rep.ok &= ok
+    cases: list[tuple[dict[str, Any], dict[str, int], float, int | None]] = [
+        (example, example_sizes(p, example), 1.0, -1)]
+    for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
+        cpu = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype, pattern=pattern)
+        cases.append((_to(cpu, device), sizes, mag, pattern))
+    for bound, sizes, mag, pattern in cases:
+        try:
+            with torch.no_grad():
+                got = attention_output(run_bound(bound, poison=True), p.out.index, p.out.tuple_len)
+            torch.cuda.synchronize(device)
+        except Exception as e:  # a launch failure is a verification failure
+            rep.ok = False
+            rep.reason = f"({type(e).__name__}: {e})"
+            return rep
+        ref = attention_output(run_reference(fn, bound), p.out.index, p.out.tuple_len)
+        rel, mx, ok = compare(got, ref, p.empty_rows, rel_tol=REL_TOL, max_tol=5e-2)
+        rep.trials.append(Trial(sizes, mag, rel, mx, ok, pattern))
+        rep.ok &= ok
     if not rep.ok:
         rep.reason = "(the kernel disagrees with the spec)"
     return rep

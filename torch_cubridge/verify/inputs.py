@@ -8,6 +8,7 @@ tensors are resized along dims that follow b/h/q/kv and redrawn from the same
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -61,9 +62,50 @@ def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) 
     return (torch.randn(shape, generator=gen) * (std if std > 0 else 1.0) + mean).to(ex.dtype)
 
 
+# The fills a mask meets in real code: -inf, finfo.min of each float dtype (transformers' masks),
+# -1e9 (older models), -finfo.max (GPT-2's second fill).
+FILLS = (-math.inf, torch.finfo(torch.float16).min, torch.finfo(torch.bfloat16).min,
+         torch.finfo(torch.float32).min, -1e9, -torch.finfo(torch.float32).max)
+WINDOWS = (3, 40, 1 << 30)  # narrower than a 64-key tile, a few tiles, wider than any length
+STRUCTURED = 6  # patterns: every fill once, every window twice, whole rows masked in the even ones
+
+
+def _is_mask_family(ex: torch.Tensor) -> bool:
+    if ex.dtype == torch.bool:
+        return True
+    if not ex.dtype.is_floating_point:
+        return False
+    vals = ex.detach().flatten().unique()
+    return 1 <= vals.numel() <= 3 and bool(vals.isinf().any() or vals.abs().max() > 1e4)
+
+
+def structured_mask(like: torch.Tensor, q_dim: int, k_dim: int, pattern: int) -> torch.Tensor:
+    """A band (bottom-right aligned) of width WINDOWS[pattern % 3], with the first two and the last
+    query rows fully masked in even patterns; bool keeps, or 0 kept and FILLS[pattern] masked."""
+    Sq, Skv = like.shape[q_dim], like.shape[k_dim]
+    i = torch.arange(Sq)[:, None] + (Skv - Sq)
+    j = torch.arange(Skv)[None, :]
+    keep = (j <= i) & (j > i - WINDOWS[pattern % len(WINDOWS)])
+    if pattern % 2 == 0:
+        keep[:2] = False
+        keep[-1:] = False
+    shape = [1] * like.dim()
+    shape[q_dim], shape[k_dim] = Sq, Skv
+    keep = keep.view(shape).expand(like.shape)
+    if like.dtype == torch.bool:
+        return keep.clone()
+    fill = torch.tensor(FILLS[pattern % len(FILLS)], dtype=torch.float64).to(like.dtype)
+    return torch.zeros(like.shape, dtype=like.dtype).masked_fill(~keep, fill)
+
+
 def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed: int,
-                magnitude: float = 1.0, dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """A bound-argument dict like `example`, at new sizes and with new values."""
+                magnitude: float = 1.0, dtype: torch.dtype | None = None,
+                pattern: int | None = None) -> dict[str, Any]:
+    """A bound-argument dict like `example`, at new sizes and with new values.
+
+    pattern: a structured case (see structured_mask) for every mask-like tensor argument that
+    follows both the query and the key axis; random redraws otherwise.
+    """
     gen = torch.Generator().manual_seed(seed)
     out = dict(example)
     for name, op in (("q", p.q), ("k", p.k), ("v", p.v)):
@@ -95,7 +137,20 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
             i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
         shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
         out[path] = redraw(ex, shape, gen)
+        axes = {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
+        if pattern is not None and "Sq" in axes and "Skv" in axes and _is_mask_family(ex):
+            out[path] = structured_mask(out[path], axes["Sq"], axes["Skv"], pattern)
     return out
+
+
+def has_structured(p: Program, example: dict[str, Any]) -> bool:
+    """Whether some tensor argument is a mask over (query, key) that structured cases can shape."""
+    ex = example_sizes(p, example)
+    probe = dict(ex, Sq=ex["Sq"] + 1, Skv=ex["Skv"] + 2)
+    a = make_inputs(p, example, probe, seed=0)
+    b = make_inputs(p, example, probe, seed=0, pattern=0)
+    return any(isinstance(v, torch.Tensor) and not torch.equal(v, b[k]) for k, v in a.items()
+               if k not in (p.q.arg, p.k.arg, p.v.arg))
 
 
 def within_guards(p: Program, example: dict[str, Any], sizes: dict[str, int]) -> bool:

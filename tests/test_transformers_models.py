@@ -1,0 +1,34 @@
+"""Whole transformers models under attn_implementation="cubridge" against "eager", on the CPU.
+
+On the CPU every call is computed by the spec (the model's own eager attention), so this tests what
+the integration hands it: the mask (causal, sliding windows, padding) and the arguments, in prefill
+and in every decode step. tests/test_gpu.py repeats it with kernels serving every call.
+"""
+import warnings
+
+import pytest
+import torch
+
+import torch_cubridge.integrations.transformers as tcx
+from tiny_models import FAMILIES, inputs, pair, step_logits
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    tcx.register()
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left_padded"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_model_matches_eager_in_prefill_and_every_decode_step(family, padded):
+    ref, ours = pair(family)
+    ids, mask = inputs()
+    mask = mask if padded else torch.ones_like(mask)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = step_logits(ref, ids, mask)
+        got = step_logits(ours, ids, mask)
+    assert len(got) == len(want) == 4
+    for step, (g, w) in enumerate(zip(got, want)):
+        err = float((g - w).norm() / w.norm())
+        assert err < 1e-5, f"{family} step {step}: rel err {err:.2e}"

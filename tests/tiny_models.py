@@ -1,0 +1,54 @@
+"""Tiny transformers models for "eager vs cubridge" comparisons, each built from its own config.
+
+Two models built from one config object share its attention implementation (it lives on the config),
+so an "eager vs ours" test built that way compares ours with ours. build() refuses that.
+"""
+from __future__ import annotations
+
+import torch
+
+FAMILIES = {  # sliding windows shorter than the test sequences, so the window bites
+    "llama": {},
+    "mistral": {"sliding_window": 8},
+    "qwen2": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    "qwen3": {},
+    "gemma2": {"sliding_window": 8, "attn_logit_softcapping": 20.0},
+    "gemma3_text": {"sliding_window": 8, "sliding_window_pattern": 2},
+    "gpt_oss": {"sliding_window": 8, "num_local_experts": 2, "num_experts_per_tok": 1},
+}
+
+
+def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
+          seed: int = 0) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    kw.update(FAMILIES[family])
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(family, **kw)  # a config of its own: never shared with the other model
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=dtype).to(device).eval()
+    assert model.config._attn_implementation == impl
+    return model
+
+
+def pair(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2):
+    """(eager model, cubridge model) with the same weights and separate configs."""
+    ref = build(family, "eager", dtype, device, layers)
+    ours = build(family, "cubridge", dtype, device, layers)
+    ours.load_state_dict(ref.state_dict())
+    assert ref.config is not ours.config and ref.config._attn_implementation == "eager"
+    return ref, ours
+
+
+def step_logits(model, ids, mask, steps: int = 4) -> list[torch.Tensor]:
+    """Prefill and every decode step of greedy generation: one logits tensor per step."""
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0)
+    return [x.float() for x in out.logits]
+
+
+def inputs(B: int = 2, S: int = 21, pad: int = 5, device: str = "cpu"):
+    ids = torch.randint(1, 128, (B, S), generator=torch.Generator().manual_seed(1)).to(device)
+    mask = torch.ones_like(ids)
+    mask[0, :pad] = 0  # a left-padded batch
+    return ids, mask
