@@ -21,7 +21,11 @@ from ..verify.inputs import example_sizes, make_inputs
 
 def _probe_sizes(ex: dict[str, int]) -> list[dict[str, int]]:
     def near(n: int, d: int) -> int:
-        return n - d if n - d >= 1 else n + d
+        # a size-1 dim is its own call signature (a broadcast, or one decoding query): probes never
+        # leave 1, and never step onto it from a longer length
+        if n == 1:
+            return 1
+        return n - d if n - d >= 2 else n + d
     if ex["Sq"] == ex["Skv"]:
         return [dict(ex, Sq=near(ex["Sq"], d), Skv=near(ex["Sq"], d)) for d in (3, 1, 6)]
     return [dict(ex, Sq=near(ex["Sq"], a), Skv=near(ex["Skv"], b)) for a, b in ((3, 1), (1, 4), (2, 7))]

@@ -21,20 +21,30 @@ def reshape(ctx: Ctx, x: Sym, shape: list[int], op: str) -> Sym:
             if n != -1:
                 known *= n
         shape[shape.index(-1)] = total // max(known, 1)
-    seq: list[str] = []
+    # Size-1 atoms stay in order and fill the output's size-1 dims positionally (a unit dim can sit
+    # anywhere in a row-major view); this keeps a query axis of length 1 (decoding) an axis of its own.
+    # A unit atom no unit output dim takes is index 0.
+    seq = [a for d in x.axes for a in d]
     sub: dict[str, Expr] = {}
-    for d in x.axes:
-        for a in d:
-            if ctx.sizes[a] == 1:
-                sub[a] = const(0)
-            else:
-                seq.append(a)
     axes: list[tuple[str, ...]] = []
     i = 0
+
+    def skip_units() -> None:
+        nonlocal i
+        while i < len(seq) and ctx.sizes[seq[i]] == 1:
+            sub[seq[i]] = const(0)
+            i += 1
     for n in shape:
         group: list[str] = []
+        if n == 1:
+            if i < len(seq) and ctx.sizes[seq[i]] == 1:
+                group.append(seq[i])
+                i += 1
+            axes.append(tuple(group))
+            continue
         prod = 1
         while prod < n:
+            skip_units()
             if i >= len(seq):
                 raise UnsupportedSpec(f"reshape to {shape} does not fit", op=op)
             a = seq[i]
@@ -53,6 +63,14 @@ def reshape(ctx: Ctx, x: Sym, shape: list[int], op: str) -> Sym:
             prod *= need
             seq[i] = inner
         axes.append(tuple(group))
+    skip_units()
+    # a permute may have moved a unit atom past others: unit atoms left over fill the unit dims left empty
+    dropped = [a for a, e in sub.items() if e == const(0) and ctx.sizes.get(a) == 1]
+    for j, n in enumerate(shape):
+        if n == 1 and not axes[j] and dropped:
+            a = dropped.pop(0)
+            del sub[a]
+            axes[j] = (a,)
     if i != len(seq):
         raise UnsupportedSpec(f"reshape to {shape} does not fit", op=op)
     y = ctx.subst(x, sub, op)
