@@ -11,8 +11,9 @@ from test_numerics import additive_mask_attention, window_mask
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("S, W", [(512, 40), (8192, 4096)])
-@pytest.mark.parametrize("fill", [torch.finfo(torch.bfloat16).min, torch.finfo(torch.float32).min])
+@pytest.mark.parametrize("S, W, fill", [(512, 40, torch.finfo(torch.bfloat16).min),
+                                        (512, 40, torch.finfo(torch.float32).min), (512, 40, -1e9),
+                                        (8192, 4096, torch.finfo(torch.bfloat16).min)])
 def test_windowed_finite_fill_is_never_nan(S, W, fill):
     f = tc.compile(additive_mask_attention, fallback="raise")
     args = tuple(torch.randn(1, 2, S, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))

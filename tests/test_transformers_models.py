@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_cubridge.integrations.transformers as tcx
-from tiny_models import FAMILIES, inputs, pair, step_logits
+from tiny_models import FAMILIES, forced_step_logits, greedy_tokens, inputs, pair, step_logits
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,7 +28,11 @@ def test_model_matches_eager_in_prefill_and_every_decode_step(family, padded):
         warnings.simplefilter("ignore")
         want = step_logits(ref, ids, mask)
         got = step_logits(ours, ids, mask)
+        tokens = greedy_tokens(ref, ids, mask, 4)
+        forced = zip(forced_step_logits(ours, ids, mask, tokens), forced_step_logits(ref, ids, mask, tokens))
     assert len(got) == len(want) == 4
+    for g, w in forced:  # the GPU test's teacher-forced comparison, checked here where the spec serves
+        assert float((g - w).norm() / w.norm()) < 1e-5
     for step, (g, w) in enumerate(zip(got, want)):
         err = float((g - w).norm() / w.norm())
         assert err < 1e-5, f"{family} step {step}: rel err {err:.2e}"

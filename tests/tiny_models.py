@@ -19,11 +19,12 @@ FAMILIES = {  # sliding windows shorter than the test sequences, so the window b
 
 
 def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
-          seed: int = 0) -> torch.nn.Module:
+          seed: int = 0, **overrides) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
     kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
     kw.update(FAMILIES[family])
+    kw.update(overrides)
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(family, **kw)  # a config of its own: never shared with the other model
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=dtype).to(device).eval()
@@ -31,10 +32,10 @@ def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: st
     return model
 
 
-def pair(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2):
+def pair(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2, **overrides):
     """(eager model, cubridge model) with the same weights and separate configs."""
-    ref = build(family, "eager", dtype, device, layers)
-    ours = build(family, "cubridge", dtype, device, layers)
+    ref = build(family, "eager", dtype, device, layers, **overrides)
+    ours = build(family, "cubridge", dtype, device, layers, **overrides)
     ours.load_state_dict(ref.state_dict())
     assert ref.config is not ours.config and ref.config._attn_implementation == "eager"
     return ref, ours
@@ -45,6 +46,25 @@ def step_logits(model, ids, mask, steps: int = 4) -> list[torch.Tensor]:
     out = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, pad_token_id=0)
     return [x.float() for x in out.logits]
+
+
+def forced_step_logits(model, ids, mask, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Prefill, then one decode step per forced token (teacher forcing): both models see the same
+    tokens, so a near-tied greedy choice cannot make them decode different sequences."""
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    out = model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    logits = [out.logits[:, -1].float()]
+    for t in range(tokens.shape[1] - 1):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(tokens[:, t:t + 1], attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        logits.append(out.logits[:, -1].float())
+    return logits
+
+
+def greedy_tokens(model, ids, mask, steps: int) -> torch.Tensor:
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, pad_token_id=0)
+    return out[:, ids.shape[1]:]
 
 
 def inputs(B: int = 2, S: int = 21, pad: int = 5, device: str = "cpu"):

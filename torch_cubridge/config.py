@@ -43,16 +43,23 @@ def compiler_preference() -> str:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (and parents) with mode 0700 and tighten it if we own it.
+    """Create `path` (and parents) with mode 0700, or check that an existing one is safe.
 
     The cache holds machine code that gets loaded into the process, so nobody
-    else may be able to write there.
+    but us (or root) may be able to write there or swap the directory out; an
+    unsafe one raises cache.UnsafeCacheDirError (rules: cache/safedir.py).
+    Returns the real path (symlinks resolved), which callers should use.
     """
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid == os.getuid() and (st.st_mode & 0o777) != 0o700:
-        os.chmod(path, 0o700)
-    return path
+    from .cache.safedir import make_private_dir  # lazy: the cache package imports config
+
+    return make_private_dir(path)
+
+
+def _checked_existing_dir(path: Path) -> Path:
+    """Readonly mode: check `path` by the same rules but create nothing; a missing dir is empty."""
+    from .cache.safedir import safe_existing_dir
+
+    return safe_existing_dir(path) or path
 
 
 def _user_cache_dir() -> Path:
@@ -62,7 +69,12 @@ def _user_cache_dir() -> Path:
 
 
 def cache_root() -> Path:
-    """Root of the on-disk cache; created 0700 unless in readonly mode."""
+    """Root of the on-disk cache (real path); created 0700 unless in readonly mode.
+
+    A checkout's tracked cache/ is used as git left it (0755 is safe: only we
+    can write it); one that group or others can write is refused, as is any
+    root that someone other than us or root owns (cache/safedir.py).
+    """
     env = os.environ.get("CUBRIDGE_CACHE_DIR")
     if env:
         root = Path(env).expanduser()
@@ -70,13 +82,9 @@ def cache_root() -> Path:
         root = _REPO_DIR / "cache"
     else:
         root = _user_cache_dir()
-    if not is_readonly():
-        # A checkout's cache/ is tracked (README.md) and keeps git's mode;
-        # only what we create below it must be private.
-        if root.is_dir() and root == _REPO_DIR / "cache":
-            return root
-        ensure_private_dir(root)
-    return root
+    if is_readonly():
+        return _checked_existing_dir(root)
+    return ensure_private_dir(root)
 
 
 def cache_settings_token() -> tuple:
@@ -88,9 +96,9 @@ def cache_settings_token() -> tuple:
 def kernels_dir() -> Path:
     """Where compiled kernels (cubin + json + index) are stored."""
     path = cache_root() / "kernels"
-    if not is_readonly():
-        ensure_private_dir(path)
-    return path
+    if is_readonly():
+        return _checked_existing_dir(path)
+    return ensure_private_dir(path)
 
 
 def csrc_dir() -> Path:

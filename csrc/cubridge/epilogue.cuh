@@ -8,13 +8,9 @@ namespace cubridge {
 
 // Finish one row: m (x units), l_part (this lane's partial sum), sink2 (sink in
 // log2 units or -inf). Returns the factor that turns the unnormalised O row into
-// the output and the natural-log LSE. Empty rows (nothing in the normaliser,
-// sink included) give 0 and -inf; mean_v says which of them take the mean of V
-// instead, where the spec's own weights are uniform: a row of nothing but finite
-// fills always, a row masked to -inf only where the spec fills finitely.
-template <bool kMaskedRowMeanV, bool kFillRowMeanV>
+// the output and the natural-log LSE. Empty rows give 0 and -inf.
 __device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
-                                           float& o_scale, float& lse, bool& mean_v) {
+                                           float& o_scale, float& lse) {
   const float l = quad_sum(l_part);
   const float m2 = m * factor;  // -inf stays -inf (factor > 0)
   const float mf = fmaxf(m2, sink2);
@@ -24,7 +20,6 @@ __device__ __forceinline__ void finish_row(float m, float l_part, float factor, 
     c = fast_exp2(m2 - mf);
     lt = fmaf(l, c, fast_exp2(sink2 - mf));
   }
-  mean_v = !(lt > 0.f) && (kMaskedRowMeanV || (kFillRowMeanV && m != neg_inf()));
   o_scale = lt > 0.f ? c / lt : 0.f;
   lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
 }
@@ -48,7 +43,7 @@ __device__ __forceinline__ void stage_o(T* s, const float (&o)[MT][DT][4],
     }
 }
 
-// Rare path for empty rows that take the mean of V: one 8-wide chunk of mean_k V[k, :] straight
+// Rare path for kEmptyRowMeanV: one 8-wide chunk of mean_k V[k, :] straight
 // from global memory.
 template <class T>
 __device__ __forceinline__ uint4 mean_v_chunk(const T* v, long long ld, int skv, int c) {

@@ -185,10 +185,8 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
 
   // @cuir epilogue kind=normalise
   float o_scale[2 * MT], lse[2 * MT];
-  bool mean_v[2 * MT];
 #pragma unroll
-  for (int r = 0; r < 2 * MT; ++r)
-    finish_row<Variant::kEmptyRowMeanV, Variant::kFillRowMeanV>(m[r], l[r], factor, sink2, o_scale[r], lse[r], mean_v[r]);
+  for (int r = 0; r < 2 * MT; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
   // Each warp restages only its own Q rows, so a warp-level sync suffices.
   // The row pad (columns D..D+7, never read by ldmatrix) carries per-row
   // extras: the LSE (float at D+2) and the empty-row flag (int at D).
@@ -199,7 +197,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     for (int r = 0; r < 2 * MT; ++r) {
       T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + D;
       *reinterpret_cast<float*>(pad + 2) = lse[r];
-      if constexpr (Variant::kEmptyRowMeanV || Variant::kFillRowMeanV) *reinterpret_cast<int*>(pad) = mean_v[r];
+      if constexpr (Variant::kEmptyRowMeanV) *reinterpret_cast<int*>(pad) = m[r] == neg_inf();
     }
   }
   __syncwarp();
@@ -207,7 +205,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   // @cuir store tensor=o
   const int row0 = q_lo + warp * RW;
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-  store_rows<RW, D, LDS, Variant::kEmptyRowMeanV || Variant::kFillRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
+  store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
                                                   skv);
 
   // @cuir store tensor=lse when=requested

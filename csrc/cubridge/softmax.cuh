@@ -1,13 +1,12 @@
 // Online softmax on mma accumulator fragments, kept in registers.
 // Scores arrive as x (natural-log logits, or raw dot products when the
-// variant's score is the default s * scale); `factor` maps x to log2 units so
-// every probability is one FFMA + one EX2: p = 2^(x * factor - m * factor).
+// variant's score is the default s * scale); `factor` maps x to log2 units:
+// p = 2^((x - m) * factor), one FADD, one FMUL and one EX2.
 #pragma once
 
 namespace cubridge {
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-__device__ __forceinline__ float neg_max() { return -__int_as_float(0x7f7fffff); }  // -FLT_MAX
 
 __device__ __forceinline__ float fast_exp2(float x) {  // 2^-inf = +0
   float y;
@@ -47,20 +46,19 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
       mx = quad_max(mx);
-      // A row with every key masked so far keeps m = -inf; use 0 as the
-      // reference so exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-      // A finite fill (finfo.min) overflows to -inf in log2 units: clamping the
-      // reference keeps exp2 finite (such fills then weigh 0, as in the spec once
-      // the row meets a real key); a row of nothing but fills ends with l = 0 and
-      // takes the empty-row path (the spec's uniform weights: the mean of V).
-      const float mref = (mx == neg_inf()) ? 0.f : fmaxf(mx * factor, neg_max());
-      const float alpha = fast_exp2(m[r] * factor - mref);  // 0 when m was -inf
+      // Subtract, then scale: p = 2^((x - m) * factor). Equal scores give exactly 2^0, so
+      // a row of finite fills (finfo.min, -1e9) is uniform as in the spec, and a fill
+      // far below m gives -inf -> 0. The fused x * factor - m * factor is off by the
+      // rounding of m * factor, up to 2^64 in p at |m| ~ 1e9, and overflows at finfo.min.
+      // A row with every key masked so far keeps m = -inf: 0 is its reference.
+      const float mref = (mx == neg_inf()) ? 0.f : mx;
+      const float alpha = fast_exp2((m[r] - mref) * factor);  // 0 when m was -inf
       m[r] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        s[mt][nt][2 * hf] = fast_exp2(fmaf(s[mt][nt][2 * hf], factor, -mref));
-        s[mt][nt][2 * hf + 1] = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], factor, -mref));
+        s[mt][nt][2 * hf] = fast_exp2((s[mt][nt][2 * hf] - mref) * factor);
+        s[mt][nt][2 * hf + 1] = fast_exp2((s[mt][nt][2 * hf + 1] - mref) * factor);
         sum += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
       }
       l[r] = fmaf(l[r], alpha, sum);

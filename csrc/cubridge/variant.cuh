@@ -40,10 +40,6 @@ struct DefaultVariant {
   // Empty rows (every key masked) output zero unless this is set, in which
   // case they output the mean of V over all keys (a finite-fill mask spec).
   static constexpr bool kEmptyRowMeanV = false;
-  // Rows whose scores are all finite fills (a data term such as a finfo.min
-  // mask) have the spec's uniform weights: the mean of V. Set where the score
-  // reads a tensor; index masks give -inf rows or real scores, never this.
-  static constexpr bool kFillRowMeanV = false;
 
   // Raw dot product s = q.k (fp32) -> logit in natural-log units.
   __device__ __forceinline__ static float score(const FwdArgs& a, const Params&, float s,

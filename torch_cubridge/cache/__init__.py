@@ -2,6 +2,8 @@
 
 Module-level get/get_or_build/put use the default cache at
 config.kernels_dir(); build an ArtifactCache yourself for another directory.
+A directory someone other than us or root could write is refused with
+UnsafeCacheDirError (rules in safedir.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import threading
 from typing import Any
 
 from .. import config
-from .errors import CacheError, CacheReadOnlyError
+from .errors import CacheError, CacheReadOnlyError, UnsafeCacheDirError
 from .store import Artifact, ArtifactCache, BuildFn, check_key
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "get",
     "get_or_build",
     "put",
+    "UnsafeCacheDirError",
 ]
 
 _defaults: dict[tuple, ArtifactCache] = {}

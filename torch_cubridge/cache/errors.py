@@ -9,3 +9,7 @@ class CacheError(RuntimeError):
 
 class CacheReadOnlyError(CacheError):
     """A write or build was needed but CUBRIDGE_READONLY=1 forbids it."""
+
+
+class UnsafeCacheDirError(CacheError):
+    """Someone other than us (or root) could write the cache directory or swap it out."""

@@ -6,12 +6,19 @@ Layout of a cache directory (config.kernels_dir() by default):
                 presence marks a complete entry
   <key>.lock    filelock so concurrent processes build a key once
   index/        diskcache (sqlite, JSON only) mapping key -> metadata
+
+Whoever can write here can run code in every process that loads from here,
+so the directory is checked on every disk read (cache/safedir.py). Nothing
+read from disk is trusted as a path: every path is the checked directory plus
+a validated key, and an entry is served only if its metadata names that key
+and the sha256 of the bytes read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -26,6 +33,8 @@ from ..version import __version__
 from .atomic import write_atomic
 from .errors import CacheError, CacheReadOnlyError
 from .index import Index
+from .safedir import check_dir, make_private_dir, resolve
+from .sweep import sweep_stale_tmp
 
 # Keys become file names: no separators, no leading dot, bounded length.
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")
@@ -45,6 +54,11 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _matches(meta: Any, key: str, sha256: str) -> bool:
+    """Metadata vouches for these bytes under this key (not a copy of another entry's)."""
+    return isinstance(meta, dict) and meta.get("key") == key and meta.get("sha256") == sha256
+
+
 def check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY_RE.match(key):
         raise CacheError(f"bad cache key {key!r}: use [A-Za-z0-9._-], at most 200 chars")
@@ -53,13 +67,14 @@ def check_key(key: str) -> str:
 
 class ArtifactCache:
     def __init__(self, directory: Path, *, readonly: bool | None = None) -> None:
-        self.dir = Path(directory)
         self.readonly = config.is_readonly() if readonly is None else readonly
+        # The real path from here on; readonly creates nothing (missing = empty cache).
+        self.dir = resolve(directory) if self.readonly else make_private_dir(directory)
+        check_dir(self.dir)  # refuse an unsafe directory now, not at the first miss
         self._memo: dict[str, Artifact] = {}
         self._index: Index | None = None
         self._index_lock = threading.Lock()
-        if not self.readonly:
-            config.ensure_private_dir(self.dir)
+        self._swept = False
 
     # ---- paths -----------------------------------------------------------
     def _path(self, key: str, ext: str) -> Path:
@@ -68,41 +83,58 @@ class ArtifactCache:
     def _lock(self, key: str) -> filelock.FileLock:
         return filelock.FileLock(str(self._path(key, "lock")), timeout=_LOCK_TIMEOUT_S)
 
+    def _lock_for_file(self, name: str) -> filelock.FileLock | None:
+        """The lock writers of file `name` hold, if it is one of ours (<key>.cubin / <key>.json)."""
+        key, _, ext = name.rpartition(".")
+        if ext not in ("cubin", "json") or not _KEY_RE.match(key):
+            return None
+        return self._lock(key)
+
     def index(self) -> Index | None:
         """The sqlite index, or None in readonly mode (sqlite would write)."""
         if self.readonly:
             return None
         with self._index_lock:
             if self._index is None:
-                self._index = Index(config.ensure_private_dir(self.dir / "index"))
+                self._index = Index(make_private_dir(self.dir / "index"), self._json_entries)
             return self._index
 
     # ---- reading ---------------------------------------------------------
-    def _read_meta(self, key: str) -> dict | None:
-        idx = self.index()
-        meta = idx.get(key) if idx is not None else None
-        if meta is not None:
-            return meta
+    def _read_json(self, key: str) -> dict | None:
         try:
-            meta = json.loads(self._path(key, "json").read_text())
-        except (FileNotFoundError, ValueError):
+            meta = json.loads(self._path(key, "json").read_bytes())
+        except (OSError, ValueError):
             return None
-        if not isinstance(meta, dict):
-            return None
-        if idx is not None:
-            idx.set(key, meta)  # e.g. a cache dir copied without its index
-        return meta
+        return meta if isinstance(meta, dict) else None
+
+    def _json_entries(self) -> list[tuple[str, dict]]:
+        """(key, metadata) of every entry's .json, to refill a rebuilt index."""
+        out = []
+        for name in os.listdir(self.dir):
+            key = name[: -len(".json")]
+            if name.endswith(".json") and _KEY_RE.match(key):
+                meta = self._read_json(key)
+                if meta is not None and meta.get("key") == key:
+                    out.append((key, meta))
+        return out
 
     def _load_verified(self, key: str) -> Artifact | None:
-        meta = self._read_meta(key)
-        if meta is None:
+        if not check_dir(self.dir):  # re-checked: it may have been loosened, or appeared
             return None
         try:
             cubin = self._path(key, "cubin").read_bytes()
         except FileNotFoundError:
-            cubin = None
-        if cubin is None or meta.get("sha256") != _sha256(cubin):
             return None
+        sha = _sha256(cubin)
+        idx = self.index()
+        meta = idx.get(key) if idx is not None else None
+        if not _matches(meta, key, sha):
+            # The .json is the record; the index row may be missing or stale.
+            meta = self._read_json(key)
+            if not _matches(meta, key, sha):
+                return None
+            if idx is not None:
+                idx.set(key, meta)  # e.g. a cache dir copied without its index
         return Artifact(key, cubin, meta)
 
     def get(self, key: str) -> Artifact | None:
@@ -126,6 +158,7 @@ class ArtifactCache:
                 self._delete(key)
 
     def _delete(self, key: str) -> None:
+        # Only paths made from the checked key: nothing read from disk names a file to delete.
         self._memo.pop(key, None)
         idx = self.index()
         if idx is not None:
@@ -163,10 +196,17 @@ class ArtifactCache:
         self._memo[key] = art
         return art
 
+    def _before_write(self) -> None:
+        make_private_dir(self.dir)  # re-checked, and re-made if someone deleted it
+        if not self._swept:  # once per cache object: killed writers' temp files
+            self._swept = True
+            sweep_stale_tmp(self.dir, self._lock_for_file)
+
     def put(self, key: str, cubin: bytes, meta: dict[str, Any] | None = None) -> Artifact:
         check_key(key)
         if self.readonly:
             raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: cannot write cache entry {key!r}")
+        self._before_write()
         with self._lock(key):
             return self._write(key, cubin, meta or {})
 
@@ -181,6 +221,7 @@ class ArtifactCache:
                 "forbids building it; warm the cache with the same torch_cubridge version "
                 "and toolchain, or unset CUBRIDGE_READONLY"
             )
+        self._before_write()
         with self._lock(key):
             art = self._load_verified(key)  # someone may have built it while we waited
             if art is None:
@@ -191,7 +232,7 @@ class ArtifactCache:
 
     # ---- housekeeping ----------------------------------------------------
     def keys(self) -> list[str]:
-        return sorted(p.stem for p in self.dir.glob("*.json"))
+        return sorted(p.stem for p in self.dir.glob("*.json") if _KEY_RE.match(p.stem))
 
     def clear_memo(self) -> None:
         self._memo.clear()

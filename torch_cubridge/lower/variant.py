@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import Expr, var, walk
+from ..ir.expr import Expr, var
 from ..ir.program import Program
 from ..lift.reference import lift_reference
 from .cexpr import CExpr, ctype
@@ -102,8 +102,6 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
                   "    return h % static_cast<int>(a.Hkv);", "  }"]
     if p.empty_rows == "mean_v":
         lines.append("  static constexpr bool kEmptyRowMeanV = true;")
-    if any(n.op == "load" for n in walk(p.score)):  # a data term (a finfo.min mask) can fill a whole row
-        lines.append("  static constexpr bool kFillRowMeanV = true;")
     lines.append("};")
     return "\n".join(lines), fields, scale
 
