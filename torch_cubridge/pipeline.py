@@ -78,16 +78,10 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
 def located(fn: Callable, bound: dict[str, Any], e: UnsupportedSpec, cap: Captured) -> UnsupportedSpec:
     """The refusal, naming the user's op and line instead of an aten op."""
     from .capture.locate import locate_op, occurrence, torch_name
-    from .capture.sdpa_math import SdpaAsMath
-    from .capture.trace import rebuild_call
+    from .capture.trace import spec_over
     if not (e.op or "").startswith("aten."):
         return e
-
-    def run() -> Any:
-        args, kwargs = rebuild_call(fn, bound)
-        with SdpaAsMath():
-            return fn(*args, **kwargs)
-    where = locate_op(run, e.op, occurrence(cap.graph, e.node) if e.node else 0)
+    where = locate_op(spec_over(fn, bound, []), e.op, occurrence(cap.graph, e.node) if e.node else 0)
     return UnsupportedSpec(e.reason, op=f"{torch_name(e.op)} at {where}") if where else e
 
 

@@ -21,8 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ..ir.expr import Expr, arg, call, const, dim
-from .sdpa_math import SdpaAsMath
-from .trace import rebuild_call
+from .trace import spec_over
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _CMP = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt", sympy.LessThan: "le",
@@ -105,15 +104,9 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     fakes, owner = _fakes(bound, paths, env, mode)
 
-    def flat(*tensors: torch.Tensor) -> Any:
-        b = dict(bound)
-        b.update(zip(paths, tensors))
-        args, kwargs = rebuild_call(fn, b)
-        with SdpaAsMath():
-            return fn(*args, **kwargs)
     try:
         with mode:
-            gm = make_fx(flat, tracing_mode="real")(*fakes)
+            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
     except Exception:  # code only a static trace survives: the caller pins every size
         return None
     where = {s: dim(p, d) for s, (p, d) in owner.items()}

@@ -84,6 +84,17 @@ def _module_tensors(bound: dict[str, Any]) -> dict[int, str]:
     return found
 
 
+def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable[..., Any]:
+    """The spec as a function of the tensors at `paths` (the rest of the call bound), SDPA as math."""
+    def flat(*tensors: torch.Tensor) -> Any:
+        b = dict(bound)
+        b.update(zip(paths, tensors))
+        args, kwargs = rebuild_call(fn, b)
+        with SdpaAsMath():
+            return fn(*args, **kwargs)
+    return flat
+
+
 def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     """Trace fn at the shapes of the bound example arguments."""
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
@@ -93,16 +104,9 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
         fakes = [torch.empty_strided(bound[p].shape, bound[p].stride(), dtype=bound[p].dtype, device=bound[p].device)
                  for p in paths]
 
-    def flat(*tensors: torch.Tensor) -> Any:
-        b = dict(bound)
-        b.update(zip(paths, tensors))
-        args, kwargs = rebuild_call(fn, b)
-        with SdpaAsMath():
-            return fn(*args, **kwargs)
-
     try:
         with mode:
-            gm = make_fx(flat, tracing_mode="real")(*fakes)
+            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
     except UnsupportedSpec:
         raise
     except Exception as e:  # data-dependent control flow and friends surface here
