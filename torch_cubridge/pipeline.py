@@ -113,18 +113,53 @@ def _size(bound: dict[str, Any], where: tuple[str, int]) -> int:
 
 
 def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
-    """lower -> build/load -> verify on GPU -> register. Returns (runner or None, why)."""
+    """lower -> build/load -> verify on GPU -> register. Returns (runner or None, why); never raises."""
     if not torch.cuda.is_available():
         return None, "CUDA is not available, so no kernel is used; the spec computes the result"
     if not on_cuda(bound):
         return None, "the inputs are not CUDA tensors, so no kernel is used; the spec computes the result"
     try:
-        from .ops.runner import build_runner
-        return build_runner(fn, res, bound)
+        return _build_and_verify(fn, res, bound)
     except UnsupportedSpec as e:
         return None, f"no kernel for this program: {e}"
     except Exception as e:  # a build or launch problem must never become a wrong answer
         return None, f"kernel build failed ({type(e).__name__}: {e}); the spec computes the result"
+
+
+def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
+    """lower -> build/load -> runner -> GPU verification (fast tanh first, then exact) -> register."""
+    from .ir.bind import lookup
+    from .ir.bounds import data_dependent_index
+    from .lower import lower
+    from .ops.custom_op import register
+    from .ops.kernel import load_kernel
+    from .ops.runner import DTYPES, KernelRunner, arch_for
+    from .verify.gpu import verify_kernel
+    p = res.program
+    if data_dependent_index(p):
+        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
+    q = lookup(bound, p.q.arg)
+    if q.dtype not in DTYPES:
+        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
+    head_dim, arch = q.shape[p.q.dims.index("d")], arch_for(q.device)
+    last = None
+    for fast in (True, False):
+        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast)
+        kern, info, pre = load_kernel(low, arch)
+        info["program"] = res.key
+        runner = KernelRunner(p, low, kern, head_dim, info, pre)
+        rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
+        info["verification"] = rep
+        if rep.ok:
+            register(runner.kernel_id, runner)
+            how = "built" if info["built"] else "loaded from the disk cache"
+            worst = max((t.rel_err for t in rep.trials), default=0.0)
+            return runner, (f"fused kernel {info['key']} ({how} in {info['seconds']:.2f} s, source "
+                            f"{info['source_path']}); GPU verification passed, worst rel L2 {worst:.1e}")
+        last = rep
+        if not low.fast_tanh:
+            break
+    return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
 def on_cuda(bound: dict[str, Any]) -> bool:

@@ -7,7 +7,7 @@ layout, pack arguments, launch on the current stream. No host sync.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -17,15 +17,14 @@ from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
 from ..ir.program import Program
-from ..lower import Lowered, lower
-from .kernel import load_kernel
+from ..lower import Lowered
 from .launch import CubinKernel
-from ..ir.bounds import data_dependent_index, load_sites, out_of_bounds
+from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .pack import pack_fwd_raw, pack_params, params_format
 
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
 
 
 class KernelRunner:
@@ -228,36 +227,9 @@ def _ok(t: torch.Tensor, st: tuple) -> bool:
     return st[3] == 1 and t.data_ptr() % 16 == 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0
 
 
-def build_runner(fn: Callable, res: Any, bound: dict[str, Any]) -> tuple[KernelRunner | None, str]:
-    """Lower, build or load, verify on the GPU; a kernel that fails is never returned."""
-    from ..verify.gpu import verify_kernel
-    p: Program = res.program
-    if data_dependent_index(p):
-        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
-    q = lookup(bound, p.q.arg)
-    if q.dtype not in _DTYPES:
-        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim = q.shape[p.q.dims.index("d")]
-    major, minor = torch.cuda.get_device_capability(q.device)
+def arch_for(device: torch.device) -> str:
+    """The arch this kernel is built for on `device` (sm_80 class, or sm_90)."""
+    major, minor = torch.cuda.get_device_capability(device)
     if major < 8:
         raise UnsupportedSpec(f"the kernel needs sm_80 or newer; this GPU is sm_{major}{minor}", op="kernel")
-    arch = "sm_90" if major == 9 else f"sm_{major}{minor}" if major == 8 else "sm_80"
-    last = None
-    for fast in (True, False):
-        low = lower(p, arch, _DTYPES[q.dtype], head_dim, fast_tanh=fast)
-        kern, info, pre = load_kernel(low, arch)
-        info["program"] = res.key
-        runner = KernelRunner(p, low, kern, head_dim, info, pre)
-        rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
-        info["verification"] = rep
-        if rep.ok:
-            from .custom_op import register
-            register(runner.kernel_id, runner)
-            how = "built" if info["built"] else "loaded from the disk cache"
-            worst = max((t.rel_err for t in rep.trials), default=0.0)
-            return runner, (f"fused kernel {info['key']} ({how} in {info['seconds']:.2f} s, source "
-                            f"{info['source_path']}); GPU verification passed, worst rel L2 {worst:.1e}")
-        last = rep
-        if not low.fast_tanh:
-            break
-    return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
+    return "sm_90" if major == 9 else f"sm_{major}{minor}" if major == 8 else "sm_80"
