@@ -70,10 +70,14 @@ def _unsafe(target: Path, culprit: Path, problem: str, fix: str) -> UnsafeCacheD
     )
 
 
-def _validate(real: Path, *, leaf: bool = True) -> None:
-    """Raise UnsafeCacheDirError unless `real` (and each parent up to /) follows the rule."""
-    for i, p in enumerate((real, *real.parents)):
-        bad = _problem(p, os.lstat(p), leaf=leaf and i == 0)
+def _validate(real: Path, start: Path | None = None) -> None:
+    """Raise UnsafeCacheDirError unless `real` and each parent up to / follow the rule.
+
+    `start`: begin at this existing parent of a `real` not created yet.
+    """
+    first = real if start is None else start
+    for p in (first, *first.parents):
+        bad = _problem(p, os.lstat(p), leaf=p == real)
         if bad is not None:
             raise _unsafe(real, p, *bad)
 
@@ -118,7 +122,7 @@ def make_private_dir(path: Path) -> Path:
         missing.append(p)
         p = p.parent
     if missing:
-        _validate(p, leaf=False)  # refuse before creating anything in an unsafe place
+        _validate(real, start=p)  # refuse before creating anything in an unsafe place
     for d in reversed(missing):
         try:
             os.mkdir(d, _PRIVATE)

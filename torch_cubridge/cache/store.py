@@ -68,9 +68,12 @@ def check_key(key: str) -> str:
 class ArtifactCache:
     def __init__(self, directory: Path, *, readonly: bool | None = None) -> None:
         self.readonly = config.is_readonly() if readonly is None else readonly
-        # The real path from here on; readonly creates nothing (missing = empty cache).
-        self.dir = resolve(directory) if self.readonly else make_private_dir(directory)
-        check_dir(self.dir)  # refuse an unsafe directory now, not at the first miss
+        # The real path from here on, checked now rather than at the first miss.
+        if self.readonly:
+            self.dir = resolve(directory)
+            check_dir(self.dir)  # creates nothing: a missing dir is an empty cache
+        else:
+            self.dir = make_private_dir(directory)
         self._memo: dict[str, Artifact] = {}
         self._index: Index | None = None
         self._index_lock = threading.Lock()
