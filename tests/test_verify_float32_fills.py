@@ -1,0 +1,110 @@
+"""GPT-2/BERT-style specs add a finite fill (-1e9, finfo.min) to the scores and take softmax in their own
+dtype. Where a whole row is filled, float64 still resolves s * scale - 1e9 (the row is not uniform);
+float32 (the kernel's score precision) rounds every key to -1e9 (uniform). Verification judges such
+rows against the spec run in float32, and still rejects a program that is wrong.
+"""
+from dataclasses import replace
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from torch_cubridge.api import transfer_bound
+from torch_cubridge.capture.trace import bind_example
+from torch_cubridge.verify import cpu as vcpu
+from helpers import rel_err
+
+
+def gpt2_bool(q, k, v, keep):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = s + (~keep).to(s.dtype) * -1e9
+    return torch.softmax(s, -1) @ v
+
+
+def gpt2_float(q, k, v, mask):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return torch.softmax(s + mask, -1) @ v
+
+
+def gpt2_finfo(q, k, v, keep):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = torch.where(keep, s, torch.tensor(torch.finfo(s.dtype).min, dtype=s.dtype))
+    return torch.softmax(s, -1) @ v
+
+
+def inf_masked(q, k, v, keep):
+    """Agrees with gpt2_bool wherever a row keeps a key; fully masked rows are 0 (by contract), not uniform."""
+    s = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _args(spec, S=70, B=2, H=4, D=32):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, generator=g) for _ in range(3))
+    keep = torch.rand(B, 1, S, S, generator=g) < 0.8
+    last = torch.zeros(B, 1, S, S).masked_fill(~keep, -1e9) if spec is gpt2_float else keep
+    return q, k, v, last
+
+
+@pytest.mark.parametrize("spec", [gpt2_bool, gpt2_float, gpt2_finfo])
+def test_gpt2_style_specs_transfer_and_verify_on_cpu(spec):
+    args = _args(spec)
+    res = transfer_bound(spec, bind_example(spec, args, {}))
+    assert res.report.ok, res.report.summary()
+    assert any(t.pattern is not None for t in res.report.trials)  # whole filled rows were drawn
+    if spec is not gpt2_finfo:  # finfo(float64).min absorbs the scores in float64 too
+        assert any(t.ref_dtype == "float32" for t in res.report.trials)
+
+
+def test_filled_rows_are_uniform_like_the_spec_in_float32():
+    q, k, v, keep = _args(gpt2_bool)
+    keep[:, :, :3] = False
+    p = tc.transfer(gpt2_bool, q, k, v, keep)
+    got = p.run(q.double(), k.double(), v.double(), keep)
+    ref32 = gpt2_bool(q, k, v, keep)
+    assert rel_err(got, ref32) < 1e-5
+    assert rel_err(got[:, :, :3], v.mean(2, keepdim=True).expand(-1, -1, 3, -1)) < 1e-5
+
+
+def test_a_program_wrong_on_filled_rows_is_rejected():
+    """0 for a fully masked row matches neither the float64 spec nor the float32 one (uniform)."""
+    args = _args(gpt2_bool)
+    bound = bind_example(gpt2_bool, args, {})
+    wrong = tc.transfer(inf_masked, *args)
+    assert wrong.empty_rows == "zero"
+    rep = vcpu.verify_program(gpt2_bool, wrong, bound)
+    assert not rep.ok
+    # random redraws over many keys never fill a whole row: only filled rows tell the two apart
+    assert all(t.ok for t in rep.trials if t.pattern is None and t.sizes["Skv"] > 1)
+    assert any(not t.ok for t in rep.trials if t.pattern is not None)
+
+
+def test_a_program_with_a_wrong_scale_is_rejected():
+    args = _args(gpt2_bool)
+    good = tc.transfer(gpt2_bool, *args)
+    wrong = replace(good, score=tc.transfer(lambda q, k, v, keep: gpt2_bool(q * 1.01, k, v, keep), *args).score)
+    assert str(wrong.score) != str(good.score)
+    rep = vcpu.verify_program(gpt2_bool, wrong, bind_example(gpt2_bool, args, {}))
+    assert not rep.ok
+
+
+def test_the_float32_spec_must_leave_the_same_rows_undefined():
+    """A float32 run that defines a row the float64 run leaves NaN decides nothing."""
+    args = _args(gpt2_bool, S=8)
+    p = tc.transfer(gpt2_bool, *args)
+    bound = bind_example(gpt2_bool, args, {})
+
+    def spec(q, k, v, keep):  # NaN in row 0 in float64 only
+        out = torch.full_like(q, 0.5)
+        if q.dtype == torch.float64:
+            out[:, :, 0] = float("nan")
+        return out
+    got = torch.full_like(args[0], 0.5).double()
+    ref = spec(*(a.double() if a.is_floating_point() else a for a in args))
+    assert not vcpu.judge(spec, p, bound, got, ref)[2]
+    # the same, with the NaN in both runs: float64 decides (0.5 is not the contract's 0), still rejected
+    both = lambda q, k, v, keep: spec(q.double(), k, v, keep).to(q.dtype)
+    assert not vcpu.judge(both, p, bound, got, ref)[2]
+    # and the float32 fallback does accept where the runs agree on NaN and the program matches it
+    f32 = lambda q, k, v, keep: torch.full_like(q, 0.5) if q.dtype == torch.float32 else torch.zeros_like(q)
+    assert vcpu.judge(f32, p, bound, got, torch.zeros_like(got)) == (0.0, 0.0, True, "float32")
