@@ -12,6 +12,7 @@ from .symbolic.simplify import simplify
 from .symbolic.sym import Ctx, Sym
 
 _CANON = {"b": "b", "h": "h", "q": "q", "kv": "kv"}
+_OUT_DIM = {"q": "s", "dv": "d", "b": "b", "h": "h"}
 
 
 def _var(e: Expr) -> str | None:
@@ -34,25 +35,40 @@ def _pick_output(result: Any) -> tuple[Sym, int, int]:
     raise UnsupportedSpec("the function does not return a tensor", op="output")
 
 
-def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Operand, list[Expr]]:
-    dims = []
-    heads: list[Expr] = []
-    rank = len(ld.args)
-    for i, ix in enumerate(ld.args):
-        role = ctx.roles.get(_var(ix) or "", None)
-        if role in ("q", "kv"):
-            dims.append("s")
-        elif role in ("d", "dv"):
-            dims.append("d")
-        else:
-            dims.append(None)
-            heads.append(ix)
-    free = ["b", "h"] if rank == 4 else ["h"]
-    if dims.count(None) != len(free) or dims.count("s") != 1 or dims.count("d") != 1:
+_ROLE_DIM = {"q": "s", "kv": "s", "d": "d", "dv": "d", "b": "b", "h": "h"}
+
+
+def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Operand, dict[str, Expr]]:
+    """The operand's layout and its index per batch/head dim: {"b": ..., "h": ...}.
+
+    A size-1 dim is named by position, never by its atom's role: a size-1 batch, head and query axis
+    look alike to the analysis (decoding with B = 1), and any naming of them reads the same values.
+    """
+    shape = tuple(ctx.facts["inputs"][ld.attr].shape)
+    names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["h", "s", "d"]
+    dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
+                              zip(ld.args, shape)]
+    named = [d for d in dims if d is not None]
+    if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
         raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
-    it = iter(free)
-    dims = [d if d is not None else next(it) for d in dims]
-    return Operand(paths[ld.attr], tuple(dims)), heads
+    dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
+    return Operand(paths[ld.attr], tuple(dims)), {d: ix for d, ix in zip(dims, ld.args) if d in ("b", "h")}
+
+
+def _fill(dims: list[str | None], left: list[str], big: list[bool], name: str) -> list[str]:
+    """Unnamed dims take the names left in canonical order; one of size > 1 only a batch or head."""
+    out = list(dims)
+    for i, d in enumerate(dims):
+        if d is not None:
+            continue
+        later = sum(1 for j in range(i + 1, len(dims)) if dims[j] is None and big[j])
+        ok = [n for n in left if (n in ("b", "h") or not big[i])
+              and sum(m in ("b", "h") for m in left if m != n) >= later]
+        if not ok:
+            raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
+        out[i] = ok[0]
+        left.remove(ok[0])
+    return out  # type: ignore[return-value]
 
 
 def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
@@ -64,10 +80,9 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     vld = ctx.facts["output"]["v"]
     probs: Sym = ctx.facts["output"]["probs"]
     q, qb = _operand(ctx, qld, "query", paths)
-    # batch roles from the query's own dim order: [b, h] or [h]
-    names = ["b", "h"] if len(qb) == 2 else ["h"]
-    for ix, nm in zip(qb, names):
-        if _var(ix):
+    # batch roles from the query's layout; a size-1 atom keeps a role it has (any reads the same)
+    for nm, ix in qb.items():
+        if _var(ix) and ctx.roles.get(_var(ix), "batch") == "batch":
             ctx.roles[_var(ix)] = nm
     k, kb = _operand(ctx, kld, "key", paths)
     v, vb = _operand(ctx, vld, "value", paths)
@@ -101,28 +116,46 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
                                   arg=path, value=None if path else consts[t].tolist()))
     odims = []
     for d in out.axes:
-        rs = [ctx.roles.get(a) for a in d]
-        if not d:
+        # a size-1 atom without a role is a unit axis: named with the others left over, below
+        rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _OUT_DIM or ctx.sizes[a] > 1]
+        if not rs:
             odims.append(None)
             continue
-        nm = "*".join({"q": "s", "dv": "d", "b": "b", "h": "h"}.get(r or "", "?") for r in rs)
+        nm = "*".join(_OUT_DIM.get(r or "", "?") for r in rs)
         if "?" in nm:
             raise UnsupportedSpec("the output mixes in an axis that is not batch, head, query or dim", op="output")
         odims.append(nm)
-    missing = [x for x in ["b", "h", "s", "d"][(0 if len(qb) == 2 else 1):] if not any(x in (o or "").split("*") for o in odims)]
-    odims = [o if o is not None else missing.pop(0) for o in odims]
+    odims = _name_units(odims, ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):])
     dt = "q" if out.dtype == q_dtype else str(out.dtype).replace("torch.", "")
     return dict(signature=signature, q=q, k=k, v=v, score=score, sink=sink, head_map=head_map,
                 extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index))
 
 
-def _head_map(ctx: Ctx, qb: list[Expr], kb: list[Expr], name: str) -> str:
-    for qi, ki in zip(qb, kb):
-        qv = _var(qi)
-        role = ctx.roles.get(qv or "")
-        if ki == qi or ki == const(0):
-            continue
-        if role == "h" and ki.op in ("floordiv", "mod") and ki.args[0] == qi and ki.args[1].op == "const":
+def _name_units(odims: list[str | None], canon: list[str]) -> list[str]:
+    """Names no output axis holds fill the unnamed (size-1) axes in order; any left over were size-1
+    axes a reshape folded away (e.g. [B, S, 1, D] -> [B, S, D]) and join the axis of the next name."""
+    missing = [x for x in canon if not any(x in (o or "").split("*") for o in odims)]
+    out = [o if o is not None else missing.pop(0) if missing else None for o in odims]
+    if None in out:
+        raise UnsupportedSpec("the output has more axes than batch, head, query and dim", op="output")
+    names: list[str] = out  # type: ignore[assignment]
+    for x in missing:
+        later = canon[canon.index(x) + 1:]
+        at = next((i for i, o in enumerate(names) for y in later if y in o.split("*")), len(names) - 1)
+        names[at] = f"{x}*{names[at]}"
+    return names
+
+
+def _head_map(ctx: Ctx, qb: dict[str, Expr], kb: dict[str, Expr], name: str) -> str:
+    for nm, qi in qb.items():
+        ki = kb.get(nm, const(0))
+        if ki == qi or ki == const(0) or (_unit(ctx, qi) and _unit(ctx, ki)):
+            continue  # the same index, a broadcast, or two size-1 axes (both read index 0)
+        if nm == "h" and ki.op in ("floordiv", "mod") and ki.args[0] == qi and ki.args[1].op == "const":
             return "group" if ki.op == "floordiv" else "tile"
         raise UnsupportedSpec(f"{name} is indexed by an unsupported head/batch expression {ki}", op=name)
     return "group"
+
+
+def _unit(ctx: Ctx, e: Expr) -> bool:
+    return e == const(0) or (e.op == "var" and ctx.sizes.get(e.attr) == 1)

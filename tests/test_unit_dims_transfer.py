@@ -1,0 +1,104 @@
+"""Size-1 dims in every writing style: a size-1 batch, head and query axis look alike to the analysis
+(einsum's bmm views them in any order), so they are named by position, not by the roles their atoms
+happened to get. Decoding with B = 1 in einsum style was refused ("key is indexed by an unsupported
+head/batch expression"), and a [B, S, H*D] output with H = 1 failed validation.
+"""
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from torch_cubridge.capture.trace import bind_example
+from torch_cubridge.verify import cpu as vcpu
+from helpers import rel_err, to64
+
+D = 16
+
+
+def matmul_style(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
+
+
+def einsum_style(q, k, v):
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5
+    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
+
+
+def bmm_style(q, k, v):
+    B, H, Sq, Dh = q.shape
+    S = k.shape[2]
+    p = torch.bmm(q.reshape(B * H, Sq, Dh), k.reshape(B * H, S, Dh).transpose(1, 2)).mul(Dh ** -0.5).softmax(-1)
+    return torch.bmm(p, v.reshape(B * H, S, Dh)).view(B, H, Sq, Dh)
+
+
+def einsum_repeat_interleave(q, k, v):
+    r = q.shape[1] // k.shape[1]
+    return einsum_style(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1))
+
+
+def einsum_expand(q, k, v):
+    B, Hkv, S, Dh = k.shape
+    r = q.shape[1] // Hkv
+    grow = lambda x: x[:, :, None].expand(B, Hkv, r, S, Dh).reshape(B, Hkv * r, S, Dh)
+    return einsum_style(q, grow(k), grow(v))
+
+
+def einsum_bshd(q, k, v):  # transformers' layout: heads after the sequence
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+
+
+def bshd_reshaped_output(q, k, v):  # ... and the output reshaped to [B, S, H * D]
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    o = matmul_style(q, k, v).transpose(1, 2)
+    return o.reshape(o.shape[0], o.shape[1], -1)
+
+
+STYLES = [matmul_style, einsum_style, bmm_style, einsum_repeat_interleave, einsum_expand, einsum_bshd,
+          bshd_reshaped_output]
+GQA = (einsum_repeat_interleave, einsum_expand)
+BSHD = (einsum_bshd, bshd_reshaped_output)
+
+
+def maker(spec, B, Sq, H):
+    Hkv = max(H // 2, 1) if spec in GQA else H
+
+    def make(S, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        shapes = [(B, H, Sq, D), (B, Hkv, S, D), (B, Hkv, S, D)]
+        if spec in BSHD:
+            shapes = [(b, s, h, d) for b, h, s, d in shapes]
+        return tuple(torch.randn(*s, generator=g) for s in shapes)
+    return make
+
+
+@pytest.mark.parametrize("B,Sq,H", list(itertools.product((1, 2), (1, 5), (1, 4))))
+@pytest.mark.parametrize("spec", STYLES)
+def test_unit_dims_transfer_and_match_the_spec(spec, B, Sq, H):
+    make = maker(spec, B, Sq, H)
+    p = tc.transfer(spec, *make(33))  # transfer verifies on the CPU: it raises on a mismatch
+    for S in (33, 40):
+        args = make(S, seed=S)
+        got = p.run(*args)
+        ref = spec(*to64(args))
+        assert got.shape == ref.shape
+        assert rel_err(got, ref) < 1e-6
+
+
+def test_gqa_decode_keeps_the_head_map():
+    p = tc.transfer(einsum_repeat_interleave, *maker(einsum_repeat_interleave, 1, 1, 4)(33))
+    assert p.head_map == "group" and p.q.dims == ("b", "h", "s", "d")
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_a_wrong_decode_program_is_rejected(B):
+    """Verification still tells a wrong head map or a wrong layout from the right one."""
+    spec = einsum_repeat_interleave
+    args = maker(spec, B, 1, 4)(33)
+    good = tc.transfer(spec, *args)
+    bound = bind_example(spec, args, {})
+    assert vcpu.verify_program(spec, good, bound).ok
+    assert not vcpu.verify_program(spec, replace(good, head_map="tile"), bound).ok
+    assert not vcpu.verify_program(spec, replace(good, q=replace(good.q, dims=("h", "b", "s", "d"))), bound).ok
