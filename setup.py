@@ -36,6 +36,6 @@ setup(
         "filelock>=3.20.3",
         "safetensors",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "triton"]},  # triton: its wheel carries cuobjdump
     entry_points={"console_scripts": ["cubridge=torch_cubridge.cli:main"]},
 )

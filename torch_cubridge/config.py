@@ -35,6 +35,11 @@ def is_readonly() -> bool:
     return os.environ.get("CUBRIDGE_READONLY", "").strip().lower() in _TRUE
 
 
+def hopper_kernel_enabled() -> bool:
+    """CUBRIDGE_KERNEL=sm80 keeps Hopper GPUs on the FA2-class kernel (comparisons, fallback)."""
+    return os.environ.get("CUBRIDGE_KERNEL", "").strip().lower() != "sm80"
+
+
 def compiler_preference() -> str:
     choice = os.environ.get("CUBRIDGE_COMPILER", "auto").strip().lower() or "auto"
     if choice not in COMPILERS:

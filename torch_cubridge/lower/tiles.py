@@ -1,4 +1,4 @@
-"""Launch geometry per head dim; must agree with csrc/cubridge/fwd_config.cuh
+"""Launch geometry per kernel and head dim; must agree with csrc/cubridge/fwd_config.cuh
 (a CPU test parses that header and compares)."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class Tile:
     block_n: int
     warps: int
     stages: int
+    kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Config)
 
     @property
     def threads(self) -> int:
@@ -21,14 +22,23 @@ class Tile:
 
     @property
     def smem_bytes(self) -> int:
+        if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), barriers, row flags
+            return 1024 + (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2 \
+                + 8 * (1 + 3 * self.stages) + 4 * self.block_m
         return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
 
 
 TILES = {64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2), 128: Tile(128, 128, 64, 4, 2),
          256: Tile(256, 128, 64, 8, 2)}
+# Hopper (sm_90a): one producer + two consumer warpgroups
+TILES_SM90 = {64: Tile(64, 128, 128, 12, 2, "sm90"), 128: Tile(128, 128, 128, 12, 2, "sm90"),
+              256: Tile(256, 128, 80, 12, 2, "sm90")}
 
 
 def tile_for(head_dim: int, arch: str = "sm_90") -> Tile:
+    """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dim; else FA2-class."""
+    if arch == "sm_90a" and head_dim in TILES_SM90:
+        return TILES_SM90[head_dim]
     if head_dim not in TILES:
         raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration (64, 96, 128, 256)", op="lower")
     return TILES[head_dim]

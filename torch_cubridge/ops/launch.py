@@ -68,6 +68,12 @@ class _Libcuda:
         for name, argtypes in sigs.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        # CUDA >= 12 drivers: tensor maps for the Hopper kernel's TMA copies.
+        self.encode_tiled = getattr(lib, "cuTensorMapEncodeTiled", None)
+        if self.encode_tiled is not None:
+            u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+            self.encode_tiled.argtypes = [_vp, i, u, _vp, u64p, u64p, u32p, u32p, i, i, i, i]
+            self.encode_tiled.restype = ctypes.c_int
         # CUDA >= 12.4 drivers: lets us check the packed struct sizes.
         self.get_param_info = getattr(lib, "cuFuncGetParamInfo", None)
         if self.get_param_info is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
 from ..ir.bind import bind_args, lookup, scalar_values
 from ..ir.expr import free_vars
@@ -23,6 +24,7 @@ from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .pack import pack_fwd_raw, pack_params, params_format
+from .tma import tensor_map, tma_compatible
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
 
@@ -125,7 +127,10 @@ class KernelRunner:
             raise ValueError(f"head dim must be {self.head_dim} for query, key and value")
         if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
-        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)):  # cp.async needs 16-byte rows
+        tma = self.low.tile.kernel == "sm90"
+        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (
+                tma_compatible(q.data_ptr(), (B, H, Sq, D), qs) and tma_compatible(k.data_ptr(), (B, Hkv, Skv, D), ks)
+                and tma_compatible(v.data_ptr(), (B, Hkv, Skv, D), vs)):  # cp.async/TMA need 16-byte rows
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
@@ -158,7 +163,13 @@ class KernelRunner:
             else:
                 runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, q.device, stream) if self.prepass else None
                 params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
-            self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), (fwd, params), stream)
+            blocks: tuple = (fwd, params)
+            if tma:
+                tile = self.low.tile
+                blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
+                           tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
+                           tensor_map(v.data_ptr(), (B, Hkv, Skv, D), vs, dt, tile.block_n))
+            self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), blocks, stream)
         else:
             out.zero_()
         if raw:
@@ -228,8 +239,10 @@ def _ok(t: torch.Tensor, st: tuple) -> bool:
 
 
 def arch_for(device: torch.device) -> str:
-    """The arch this kernel is built for on `device` (sm_80 class, or sm_90)."""
+    """The arch this kernel is built for on `device`: sm_80 class, or sm_90a (Hopper: wgmma, TMA)."""
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:
         raise UnsupportedSpec(f"the kernel needs sm_80 or newer; this GPU is sm_{major}{minor}", op="kernel")
-    return "sm_90" if major == 9 else f"sm_{major}{minor}" if major == 8 else "sm_80"
+    if major == 9:
+        return "sm_90a" if minor == 0 and hopper_kernel_enabled() else "sm_90"
+    return f"sm_{major}{minor}" if major == 8 else "sm_80"

@@ -1,0 +1,230 @@
+// Expert forward attention kernel for Hopper (sm_90a): TMA loads, wgmma,
+// warp specialisation. Same hooks, same semantics as fwd_kernel.cuh:
+//
+//   O[b, h, q, :] = sum_kv softmax_kv(score(q.k)) V[b, kv_head(h), kv, :]
+//
+// Launch (one CTA per 128-row query tile of one head):
+//   grid  = (ceil(Sq / 128), Hq, B), block = 384 threads (3 warpgroups),
+//   dynamic shared memory = Sm90Cfg::kSmemBytes; parameters (FwdArgs,
+//   Params, tensor maps of Q, K, V). blockIdx.x is reversed: the heaviest
+//   (last) query tiles of a causal mask start first.
+//
+// Warpgroup 0 is the producer: one thread walks the non-empty key blocks and
+// issues TMA copies of K and V into a kStages-deep shared-memory ring, each
+// stage completing on its own mbarrier; it gives most of its registers away
+// (setmaxnreg). Warpgroups 1 and 2 are consumers, 64 query rows each:
+// S = Q K^T (wgmma, both operands in shared memory), score/mask hooks, online
+// softmax in registers, O += P V (wgmma, P from registers); after its P V a
+// consumer releases the stage to the producer. Epilogue: O / l (sink joins l),
+// staged through the consumer's own Q rows, 16-byte coalesced stores.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "epilogue.cuh"
+#include "fwd_config.cuh"
+#include "hooks.cuh"
+#include "mma.cuh"
+#include "score_tile.cuh"
+#include "softmax.cuh"
+#include "tma.cuh"
+#include "variant.cuh"
+#include "wgmma.cuh"
+
+namespace cubridge {
+
+// Byte offset of element (r, c) of a 128B-swizzled [rows][D] tile (wgmma.cuh).
+template <int ROWS>
+__device__ __forceinline__ unsigned sw128_offset(int r, int c) {
+  return (c / 64) * (ROWS * 128) + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
+template <class Cfg, class Variant, class T>
+__device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typename Variant::Params& p,
+                                                   const TmaDesc* tq, const TmaDesc* tk,
+                                                   const TmaDesc* tv) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr int NT = BN / 8, DT = D / 8, KC = D / 16, PK = BN / 16, CH = D / 64;
+  constexpr unsigned kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  constexpr bool kRaw = score_is_default<Variant>(0);
+  using H = Hook<Variant>;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte alignment; the launch reserves the slack.
+  const unsigned raw = smem_u32(smem_raw);
+  const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
+  unsigned char* base = smem_raw + pad;
+  const unsigned sQ = raw + pad, sK = sQ + kQBytes, sV = sK + ST * kKVBytes;
+  const unsigned bars = sV + ST * kKVBytes;  // q_full, k_full[ST], v_full[ST], empty[ST]
+  const unsigned q_full = bars;
+  auto k_full = [&](int s) { return bars + 8u * (1 + s); };
+  auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
+  auto empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
+  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + 8 * (1 + 3 * ST));
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+
+  // @cuir tile axis=q size=kBlockM
+  const int m_blk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) tiles launch first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = Variant::kv_head(a, h);
+  const int q_lo = m_blk * BM, q_hi = imin(q_lo + BM, sq);
+  const int n_blk = (skv + BN - 1) / BN;
+  auto block_cls = [&](int j) {
+    return H::block_class(a, p, b, h, q_lo, q_hi, j * BN, imin(j * BN + BN, skv));
+  };
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(empty(s), 8);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    regs_dealloc<24>();
+    if (tid == 0) {
+      tma_prefetch_desc(tk);
+      tma_prefetch_desc(tv);
+      // @cuir load tensor=q
+      mbar_expect_tx(q_full, kQBytes);
+#pragma unroll
+      for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
+      int i = 0;
+      for (int j = 0; j < n_blk; ++j) {
+        if (block_cls(j) == kEmpty) continue;
+        const int s = i % ST;
+        mbar_wait(empty(s), ((i / ST) & 1) ^ 1);  // a fresh barrier passes parity 1
+        mbar_expect_tx(k_full(s), kKVBytes);
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          tma_load_4d(sK + s * kKVBytes + c * BN * 128, tk, k_full(s), c * 64, j * BN, hk, b);
+        mbar_expect_tx(v_full(s), kKVBytes);
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+          tma_load_4d(sV + s * kKVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
+        ++i;
+      }
+    }
+    return;
+  }
+
+  regs_alloc<240>();
+  const int cw = wg - 1, t = tid - 128 * wg, warp = t / 32, lane = t % 32;
+  const int r0 = cw * 64 + warp * 16 + lane / 4;  // this thread's first row in the tile (+8: second)
+
+  float o[1][DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+  const unsigned q_tile = sQ + cw * 64 * 128;
+  mbar_wait(q_full, 0);
+
+  int i = 0;
+  // @cuir loop axis=kv size=kBlockN
+  for (int j = 0; j < n_blk; ++j) {
+    // @cuir hook name=block_class
+    const int cls = block_cls(j);
+    // @cuir skip when=empty
+    if (cls == kEmpty) continue;
+    const int s = i % ST;
+    const unsigned ph = (i / ST) & 1;
+    const unsigned k_tile = sK + s * kKVBytes, v_tile = sV + s * kKVBytes;
+    // @cuir load tensor=k
+    mbar_wait(k_full(s), ph);
+
+    // @cuir mma name=qk
+    float sc[1][NT][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      const unsigned off = (kc % 4) * 32;  // 16 columns further inside the 128-byte row
+      Wgmma<BN, T>::ss(&sc[0][0][0], sw128_desc(q_tile + (kc / 4) * BM * 128 + off, 16, 1024),
+                       sw128_desc(k_tile + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<4 * NT>(&sc[0][0][0]);
+
+    // @cuir hook name=score
+    // @cuir hook name=mask when=partial
+    const bool call_mask = Variant::kHasMask && cls == kPartial;
+    const int kv0 = j * BN + (lane % 4) * 2;
+    if (call_mask || j * BN + BN > skv)
+      apply_score<Variant, kRaw, true>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, call_mask);
+    else
+      apply_score<Variant, kRaw, false>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, false);
+
+    // @cuir softmax kind=online
+    softmax_update<1, NT, DT, Cfg::kLazyRescale>(sc, o, m, l, factor);
+    unsigned pa[PK][4];
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk) {
+      pa[kk][0] = pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+      pa[kk][1] = pack2<T>(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+      pa[kk][2] = pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
+    }
+
+    // @cuir load tensor=v
+    mbar_wait(v_full(s), ph);
+    // @cuir mma name=pv
+    wgmma_hold<4 * DT>(&o[0][0][0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+      Wgmma<D, T>::rs(&o[0][0][0], pa[kk], sw128_desc(v_tile + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<4 * DT>(&o[0][0][0]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage
+    ++i;
+  }
+  // @cuir endloop axis=kv
+
+  // @cuir hook name=sink
+  const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
+
+  // @cuir epilogue kind=normalise
+  float o_scale[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
+  // Stage O in this warpgroup's own Q rows (every QK^T that read them has completed).
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + hf * 8;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      *reinterpret_cast<unsigned*>(base + sw128_offset<BM>(r, dt * 8 + (lane % 4) * 2)) =
+          pack2<T>(o[0][dt][2 * hf] * o_scale[hf], o[0][dt][2 * hf + 1] * o_scale[hf]);
+    if (lane % 4 == 0) {
+      if constexpr (Variant::kEmptyRowMeanV) row_info[r] = m[hf] == neg_inf();
+      // @cuir store tensor=lse when=requested
+      if (a.lse != nullptr && q_lo + r < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + r] = lse[hf];
+    }
+  }
+  named_sync(1 + cw, 128);
+
+  // @cuir store tensor=o
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+#pragma unroll
+  for (int it = 0; it < 64 * DT / 128; ++it) {
+    const int idx = t + 128 * it;
+    const int r = cw * 64 + idx / DT, c = (idx % DT) * 8;
+    if (q_lo + r >= sq) continue;
+    uint4 val = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r, c));
+    if (Variant::kEmptyRowMeanV && row_info[r]) val = mean_v_chunk(gV, a.v_ss, skv, c / 8);
+    *reinterpret_cast<uint4*>(gO + (long long)(q_lo + r) * a.o_ss + c) = val;
+  }
+}
+
+}  // namespace cubridge

@@ -1,0 +1,73 @@
+// Hopper bulk tensor copies (TMA) and the shared-memory mbarriers they
+// complete on (plain sm_90 instructions).
+//
+// A tensor map is built on the host (cuTensorMapEncodeTiled, torch_cubridge/
+// ops/tma.py) and passed by value as a __grid_constant__ kernel parameter;
+// the kernel only names its address. Q, K and V are described as 4-D
+// [B][H][S][D] tensors (D innermost), boxes of [64 columns x rows] with the
+// 128-byte swizzle of wgmma.cuh; rows past S read as zeros.
+#pragma once
+
+namespace cubridge {
+
+// Opaque CUtensorMap (cuda.h is not available under NVRTC): 128 bytes, 64-aligned.
+struct alignas(64) TmaDesc {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Make barrier initialisation visible to the async proxy (TMA) and other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Block until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* d) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(d)) : "memory");
+}
+// Copy box (c0, c1, c2, c3) of tensor map `d` into shared memory at `dst`,
+// completing `bytes` on barrier `bar` (the caller set the expected count).
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* d, unsigned bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(d)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// Per-warpgroup register budgets (sm_90a); the kernel must start with a cap
+// (__launch_bounds__(threads, 1)) for these to take effect.
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Barrier among `count` threads (whole warps) under hardware barrier `id` (1..15).
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+}  // namespace cubridge
