@@ -52,20 +52,13 @@ struct Sm90Tile {
   static constexpr int kStages = Stages;
   static constexpr bool kLazyRescale = LazyRescale;
   static constexpr int kThreads = 384;
-  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN) * D * 2 + 8 * (1 + 3 * Stages) + 4 * 128;
+  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN) * D * 2 + 8 * (1 + 4 * Stages) + 4 * 128;
 
   static_assert(D % 64 == 0 && D <= 256, "TMA boxes are 64-column chunks");
   static_assert(BN % 16 == 0 && BN <= 256, "wgmma n is a multiple of 16, at most 256");
   static_assert(kSmemBytes <= 232448, "at most 227 KB of shared memory per CTA");
 };
 
-//   D   BN  stages  smem
-//   64  128 2       83512
-//   128 128 2       165432
-//   256 80  2       230968
-template <int D, class T> struct Sm90Config;
-template <class T> struct Sm90Config<64, T> : Sm90Tile<64, 128, 2> {};
-template <class T> struct Sm90Config<128, T> : Sm90Tile<128, 128, 2> {};
-template <class T> struct Sm90Config<256, T> : Sm90Tile<256, 80, 2> {};
+// The tile per head dim is chosen in torch_cubridge/lower/tiles.py (TILES_SM90).
 
 }  // namespace cubridge

@@ -11,11 +11,12 @@
 //
 // Warpgroup 0 is the producer: one thread walks the non-empty key blocks and
 // issues TMA copies of K and V into a kStages-deep shared-memory ring, each
-// stage completing on its own mbarrier; it gives most of its registers away
+// buffer completing on its own mbarrier; it gives most of its registers away
 // (setmaxnreg). Warpgroups 1 and 2 are consumers, 64 query rows each:
 // S = Q K^T (wgmma, both operands in shared memory), score/mask hooks, online
-// softmax in registers, O += P V (wgmma, P from registers); after its P V a
-// consumer releases the stage to the producer. Epilogue: O / l (sink joins l),
+// softmax in registers, O += P V (wgmma, P from registers). P V of one block
+// is issued behind the next block's Q K^T, so it overlaps that block's softmax.
+// Consumers release K after its Q K^T and V after its P V. Epilogue: O / l (sink joins l),
 // staged through the consumer's own Q rows, 16-byte coalesced stores.
 #pragma once
 #include <cuda_bf16.h>
@@ -56,12 +57,14 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
   unsigned char* base = smem_raw + pad;
   const unsigned sQ = raw + pad, sK = sQ + kQBytes, sV = sK + ST * kKVBytes;
-  const unsigned bars = sV + ST * kKVBytes;  // q_full, k_full[ST], v_full[ST], empty[ST]
+  // mbarriers: q_full, then per stage k_full, v_full, k_empty, v_empty
+  const unsigned bars = sV + ST * kKVBytes;
   const unsigned q_full = bars;
   auto k_full = [&](int s) { return bars + 8u * (1 + s); };
   auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
-  auto empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
-  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + 8 * (1 + 3 * ST));
+  auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
+  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + 8 * (1 + 4 * ST));
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -81,7 +84,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     for (int s = 0; s < ST; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(empty(s), 8);  // one arrival per consumer warp
+      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 8);
     }
     mbar_init_fence();
   }
@@ -96,15 +100,19 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
       for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
+      // K and V of a stage are released separately: K once its QK^T is done,
+      // V once its PV is, a block later.
       int i = 0;
       for (int j = 0; j < n_blk; ++j) {
         if (block_cls(j) == kEmpty) continue;
         const int s = i % ST;
-        mbar_wait(empty(s), ((i / ST) & 1) ^ 1);  // a fresh barrier passes parity 1
+        const unsigned free_ph = ((i / ST) & 1) ^ 1;  // a fresh barrier passes parity 1
+        mbar_wait(k_empty(s), free_ph);
         mbar_expect_tx(k_full(s), kKVBytes);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
           tma_load_4d(sK + s * kKVBytes + c * BN * 128, tk, k_full(s), c * 64, j * BN, hk, b);
+        mbar_wait(v_empty(s), free_ph);
         mbar_expect_tx(v_full(s), kKVBytes);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
@@ -127,44 +135,44 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const unsigned q_tile = sQ + cw * 64 * 128;
   mbar_wait(q_full, 0);
 
-  int i = 0;
-  // @cuir loop axis=kv size=kBlockN
-  for (int j = 0; j < n_blk; ++j) {
-    // @cuir hook name=block_class
-    const int cls = block_cls(j);
-    // @cuir skip when=empty
-    if (cls == kEmpty) continue;
-    const int s = i % ST;
-    const unsigned ph = (i / ST) & 1;
-    const unsigned k_tile = sK + s * kKVBytes, v_tile = sV + s * kKVBytes;
-    // @cuir load tensor=k
-    mbar_wait(k_full(s), ph);
+  // Software pipeline (intra-warpgroup overlap): P V of block i-1 runs on the
+  // tensor cores while block i's scores go through the hooks and the softmax.
+  unsigned pa[PK][4];  // P of the previous block, as the A operand
+  int prev = -1;       // its ring stage, -1 before the first block
+  unsigned prev_ph = 0;
+  auto release = [&](unsigned bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);  // this warp is done with the buffer
+  };
+  auto issue_pv = [&]() {
+    mbar_wait(v_full(prev), prev_ph);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+      Wgmma<D, T>::rs(&o[0][0][0], pa[kk], sw128_desc(sV + prev * kKVBytes + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+  };
 
-    // @cuir mma name=qk
-    float sc[1][NT][4];
+  auto qk = [&](float (&sc)[1][NT][4], int s) {
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       const unsigned off = (kc % 4) * 32;  // 16 columns further inside the 128-byte row
       Wgmma<BN, T>::ss(&sc[0][0][0], sw128_desc(q_tile + (kc / 4) * BM * 128 + off, 16, 1024),
-                       sw128_desc(k_tile + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
+                       sw128_desc(sK + s * kKVBytes + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_hold<4 * NT>(&sc[0][0][0]);
-
-    // @cuir hook name=score
-    // @cuir hook name=mask when=partial
+  };
+  auto score_softmax = [&](float (&sc)[1][NT][4], int j, int cls, float (&alpha)[2]) {
     const bool call_mask = Variant::kHasMask && cls == kPartial;
     const int kv0 = j * BN + (lane % 4) * 2;
     if (call_mask || j * BN + BN > skv)
       apply_score<Variant, kRaw, true>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, call_mask);
     else
       apply_score<Variant, kRaw, false>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, false);
-
-    // @cuir softmax kind=online
-    softmax_update<1, NT, DT, Cfg::kLazyRescale>(sc, o, m, l, factor);
-    unsigned pa[PK][4];
+    softmax_rows<1, NT>(sc, m, l, factor, alpha);
+  };
+  auto keep_p = [&](const float (&sc)[1][NT][4]) {
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk) {
       pa[kk][0] = pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
@@ -172,23 +180,65 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       pa[kk][2] = pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
       pa[kk][3] = pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
     }
+  };
 
-    // @cuir load tensor=v
-    mbar_wait(v_full(s), ph);
-    // @cuir mma name=pv
-    wgmma_hold<4 * DT>(&o[0][0][0]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < PK; ++kk)
-      Wgmma<D, T>::rs(&o[0][0][0], pa[kk], sw128_desc(v_tile + kk * 16 * 128, BN * 128, 1024));
-    wgmma_commit();
+  // The first non-empty block has no P V to overlap with; the loop below
+  // runs the rest with the pipeline full (no branches around the wgmmas).
+  int j = 0, cls = kEmpty;
+  while (j < n_blk && (cls = block_cls(j)) == kEmpty) ++j;
+  if (j < n_blk) {
+    float sc[1][NT][4], alpha[2];
+    mbar_wait(k_full(0), 0);
+    qk(sc, 0);
     wgmma_wait<0>();
+    wgmma_hold<4 * NT>(&sc[0][0][0]);
+    release(k_empty(0));
+    score_softmax(sc, j, cls, alpha);
+    keep_p(sc);  // O is still zero: nothing to rescale
+    prev = 0;
+    ++j;
+  }
+  int i = 1;
+  // @cuir loop axis=kv size=kBlockN
+  for (; prev >= 0 && j < n_blk; ++j) {
+    // @cuir hook name=block_class
+    cls = block_cls(j);
+    // @cuir skip when=empty
+    if (cls == kEmpty) continue;
+    const int s = i % ST;
+    const unsigned ph = (i / ST) & 1;
+    // @cuir load tensor=k
+    mbar_wait(k_full(s), ph);
+    // @cuir mma name=qk
+    float sc[1][NT][4];
+    qk(sc, s);
+    issue_pv();  // the previous block's P V, behind this Q K^T
+    wgmma_wait<1>();
+    wgmma_hold<4 * NT>(&sc[0][0][0]);
+    release(k_empty(s));
+    // @cuir hook name=score
+    // @cuir hook name=mask when=partial
+    // @cuir softmax kind=online
+    float alpha[2];
+    score_softmax(sc, j, cls, alpha);
+    wgmma_wait<0>();  // O is the previous P V's accumulator: complete before rescaling
     wgmma_hold<4 * DT>(&o[0][0][0]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the stage
+    release(v_empty(prev));
+    rescale_o<1, DT, Cfg::kLazyRescale>(o, alpha);
+    keep_p(sc);
+    // @cuir load tensor=v
+    // @cuir mma name=pv
+    // (issued at the top of the next block, or after the loop for the last one)
+    prev = s;
+    prev_ph = ph;
     ++i;
   }
   // @cuir endloop axis=kv
+  if (prev >= 0) {
+    issue_pv();
+    wgmma_wait<0>();
+    wgmma_hold<4 * DT>(&o[0][0][0]);
+  }
 
   // @cuir hook name=sink
   const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();

@@ -30,13 +30,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // One key block: update the running max m (x units) and the thread-partial
-// row sum l, rescale O, and overwrite s with unnormalised probabilities.
+// row sum l, and overwrite s with unnormalised probabilities; alpha[r] is the
+// factor the row's O must be multiplied by (rescale_o), 1 once the max settles.
 // Thread row slot r = 2 * mt + half (half 0: row lane/4, half 1: row lane/4 + 8).
-template <int MT, int NT, int DT, bool kLazy = true>
-__device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
-                                               float (&m)[MT * 2], float (&l)[MT * 2],
-                                               float factor) {
-  float scale[2 * MT];
+template <int MT, int NT>
+__device__ __forceinline__ void softmax_rows(float (&s)[MT][NT][4], float (&m)[MT * 2],
+                                             float (&l)[MT * 2], float factor,
+                                             float (&alpha)[MT * 2]) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -52,7 +52,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
       // rounding of m * factor, up to 2^64 in p at |m| ~ 1e9, and overflows at finfo.min.
       // A row with every key masked so far keeps m = -inf: 0 is its reference.
       const float mref = (mx == neg_inf()) ? 0.f : mx;
-      const float alpha = fast_exp2((m[r] - mref) * factor);  // 0 when m was -inf
+      alpha[r] = fast_exp2((m[r] - mref) * factor);  // 0 when m was -inf
       m[r] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -61,26 +61,38 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
         s[mt][nt][2 * hf + 1] = fast_exp2((s[mt][nt][2 * hf + 1] - mref) * factor);
         sum += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
       }
-      l[r] = fmaf(l[r], alpha, sum);
-      scale[r] = alpha;
+      l[r] = fmaf(l[r], alpha[r], sum);
     }
   }
-  // Once the running max settles, alpha is 1 for every row: skip the O
-  // rescale (2 * MT * DT * 2 FMULs) unless some row in the warp moved.
+}
+
+// O *= alpha per row. With kLazy, skipped (2 * MT * DT * 2 FMULs) unless some
+// row in the warp moved its max.
+template <int MT, int DT, bool kLazy = true>
+__device__ __forceinline__ void rescale_o(float (&o)[MT][DT][4], const float (&alpha)[MT * 2]) {
   bool moved = false;
 #pragma unroll
-  for (int r = 0; r < 2 * MT; ++r) moved |= scale[r] != 1.f;
+  for (int r = 0; r < 2 * MT; ++r) moved |= alpha[r] != 1.f;
   if (!kLazy || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
-        o[mt][dt][0] *= scale[2 * mt];
-        o[mt][dt][1] *= scale[2 * mt];
-        o[mt][dt][2] *= scale[2 * mt + 1];
-        o[mt][dt][3] *= scale[2 * mt + 1];
+        o[mt][dt][0] *= alpha[2 * mt];
+        o[mt][dt][1] *= alpha[2 * mt];
+        o[mt][dt][2] *= alpha[2 * mt + 1];
+        o[mt][dt][3] *= alpha[2 * mt + 1];
       }
   }
+}
+
+template <int MT, int NT, int DT, bool kLazy = true>
+__device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                               float (&m)[MT * 2], float (&l)[MT * 2],
+                                               float factor) {
+  float alpha[2 * MT];
+  softmax_rows<MT, NT>(s, m, l, factor, alpha);
+  rescale_o<MT, DT, kLazy>(o, alpha);
 }
 
 }  // namespace cubridge

@@ -24,7 +24,7 @@ class Tile:
     def smem_bytes(self) -> int:
         if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), barriers, row flags
             return 1024 + (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2 \
-                + 8 * (1 + 3 * self.stages) + 4 * self.block_m
+                + 8 * (1 + 4 * self.stages) + 4 * self.block_m
         return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
 
 
