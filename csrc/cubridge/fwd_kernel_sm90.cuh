@@ -144,8 +144,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);  // this warp is done with the buffer
   };
-  auto issue_pv = [&]() {
-    mbar_wait(v_full(prev), prev_ph);
+  auto issue_pv = [&]() {  // the caller waited for V
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
@@ -182,14 +181,26 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     }
   };
 
+  // Pingpong: the two consumer warpgroups take turns issuing their GEMMs, so
+  // one's softmax runs while the other's GEMMs hold the tensor cores. Barrier
+  // kTurn + w opens warpgroup w's turn; the other warpgroup opens it after
+  // issuing. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
+  // every barrier phase completes.
+  constexpr int kTurn = 3;
+  auto my_turn = [&]() { named_sync(kTurn + cw, 256); };
+  auto pass_turn = [&]() { named_arrive(kTurn + (cw ^ 1), 256); };
+
   // The first non-empty block has no P V to overlap with; the loop below
   // runs the rest with the pipeline full (no branches around the wgmmas).
   int j = 0, cls = kEmpty;
   while (j < n_blk && (cls = block_cls(j)) == kEmpty) ++j;
   if (j < n_blk) {
     float sc[1][NT][4], alpha[2];
+    if (cw == 1) named_arrive(kTurn, 256);
     mbar_wait(k_full(0), 0);
+    my_turn();
     qk(sc, 0);
+    pass_turn();
     wgmma_wait<0>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(0));
@@ -211,8 +222,11 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     mbar_wait(k_full(s), ph);
     // @cuir mma name=qk
     float sc[1][NT][4];
+    mbar_wait(v_full(prev), prev_ph);
+    my_turn();
     qk(sc, s);
     issue_pv();  // the previous block's P V, behind this Q K^T
+    pass_turn();
     wgmma_wait<1>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(s));
@@ -235,7 +249,10 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   }
   // @cuir endloop axis=kv
   if (prev >= 0) {
+    mbar_wait(v_full(prev), prev_ph);
+    my_turn();
     issue_pv();
+    if (cw == 0) pass_turn();
     wgmma_wait<0>();
     wgmma_hold<4 * DT>(&o[0][0][0]);
   }
