@@ -93,6 +93,24 @@ def _value_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
     return out
 
 
+def _symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str], on_meta: bool):
+    env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    src = bound
+    if on_meta:
+        src = dict(bound)
+        for p in paths:
+            t = bound[p]
+            src[p] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    fakes, owner = _fakes(src, paths, env, mode)
+    try:
+        with mode:
+            gm = make_fx(spec_over(fn, src, paths), tracing_mode="real")(*fakes)
+    except Exception:
+        return None
+    return gm, env, owner
+
+
 def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
                 ) -> tuple[Expr, ...] | None:
     """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
@@ -100,15 +118,15 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
     """
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
-    env = ShapeEnv(duck_shape=False)
-    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    fakes, owner = _fakes(bound, paths, env, mode)
-
-    try:
-        with mode:
-            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
-    except Exception:  # code only a static trace survives: the caller pins every size
+    traced = _symbolic_trace(fn, bound, paths, on_meta=False)
+    if traced is None:
+        # CUDA fakes can fail where meta ones do not (seen on an H100 at 2^31 score elements,
+        # which pinned every size and sent verification to the full call): sizes decide the
+        # same branches on either device unless the spec branches on the device itself
+        traced = _symbolic_trace(fn, bound, paths, on_meta=True)
+    if traced is None:  # code only a static trace survives: the caller pins every size
         return None
+    gm, env, owner = traced
     where = {s: dim(p, d) for s, (p, d) in owner.items()}
     value = {env.replace(s) for s in _value_symbols(gm)}
     seq = {env.replace(s) for s, pd in owner.items() if pd in seq_dims}
