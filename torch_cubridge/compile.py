@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture.signature import call_signature, traced_signature
+from .capture.signature import alive, call_signature, traced_signature
 from .capture.trace import bind_example
 from .capture.checks import check_call
 from .errors import UnsupportedSpec
@@ -23,7 +23,6 @@ from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warn_once
 
-_WARNED: set = set()
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves
 
 
@@ -61,6 +60,7 @@ class CompiledAttention:
         self.options = options
         self._table: dict[tuple, list[Entry]] = {}
         self.served: collections.Counter = collections.Counter()  # "kernel" / "spec": who computed each call
+        self._warned: set[str] = set()  # per instance: a set keyed by id(self) would silence a successor at its address
         functools.update_wrapper(self, fn)
 
     # -- the call path -----------------------------------------------------------
@@ -128,11 +128,13 @@ class CompiledAttention:
             e = Entry(f"the spec serves calls: {bad}", bad_input=bad)
             entries.append(e)
             return e
-        if sum(map(len, self._table.values())) > MAX_PROGRAMS:
+        if self._full():
             return Entry(f"the spec serves calls: more than {MAX_PROGRAMS} programs were captured "
                          "(a size or value that changes with every call?)")
         try:
             res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm)
+            # the entry must not keep the call's module and tensors alive; _runner binds each call's own
+            res = replace(res, captured=replace(res.captured, example={}))
         except Exception as err:
             if self.options.fallback == "raise":
                 raise
@@ -149,6 +151,12 @@ class CompiledAttention:
         entries.append(e)
         return e
 
+    def _full(self) -> bool:
+        """At the cap, once the entries of dead objects (modules keyed by identity) are dropped."""
+        for key in [k for k in self._table if not alive(k)]:
+            del self._table[key]
+        return sum(map(len, self._table.values())) > MAX_PROGRAMS
+
     def _traced(self, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
         e = self._find(traced_signature(args, kwargs), args, kwargs)
@@ -161,7 +169,7 @@ class CompiledAttention:
 
     def _warn(self, reason: str) -> None:
         if self.options.fallback != "silent":
-            warn_once(_WARNED, (id(self), reason), f"torch_cubridge: {getattr(self.fn, '__name__', 'spec')}: {reason}")
+            warn_once(self._warned, reason, f"torch_cubridge: {getattr(self.fn, '__name__', 'spec')}: {reason}")
 
     def serving_report(self, *args: Any, **kwargs: Any) -> str:
         key = call_signature(args, kwargs)

@@ -3,9 +3,15 @@
 It must be cheap (microseconds): dtypes, devices, ranks, which dims are 1,
 and non-tensor values. Sizes are not in it; programs are generic in sizes
 unless generalisation said otherwise, which the entry checks.
+
+Modules and other objects are keyed by identity, never by id(): a program bakes
+in what the spec read from them (module.scaling, a softcap, a window), and a new
+object can be allocated at a dead one's address. A weak reference names the
+object without keeping it alive, and once dead it equals no other reference.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -13,20 +19,49 @@ import torch
 
 _ONE = (1).__eq__
 _Tensor = torch.Tensor
+_Ref = weakref.ref
+_identity_eq = object.__eq__
+
+
+class _Pinned:
+    """An object no weak reference can key (no weakref support, or an __eq__ of its own): held, so
+    its address cannot be reused while the key lives, and equal only to itself."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Pinned) and other.obj is self.obj
+
+
+def _same(v: Any) -> Any:
+    """A key part equal only to `v` itself, for as long as it lives."""
+    if type(v).__eq__ is _identity_eq:  # a live weakref compares its referents with ==: identity only
+        try:
+            r = _Ref(v)
+            hash(r)  # __hash__ = None would fail at the table lookup instead
+            return r
+        except TypeError:
+            pass
+    return _Pinned(v)
 
 
 def _meta(v: Any) -> Any:
     if isinstance(v, _Tensor):  # map with a C-level predicate: this runs on every call
         return (v.dtype, v.get_device(), tuple(map(_ONE, v.shape)))
     if isinstance(v, torch.nn.Module):
-        return (type(v).__name__, id(v))
+        return (type(v).__name__, _same(v))
     if isinstance(v, (int, float, bool, str, type(None))):
         return v
     if isinstance(v, (tuple, list)):
         return tuple(_meta(x) for x in v)
     if isinstance(v, torch.dtype):
         return v
-    return (type(v).__name__, id(v))
+    return (type(v).__name__, _same(v))
 
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
@@ -50,3 +85,13 @@ def traced_signature(args: tuple, kwargs: dict) -> tuple:
     if kwargs:
         key += tuple((k, _meta_traceable(v)) for k, v in sorted(kwargs.items()))
     return key
+
+
+def alive(key: tuple) -> bool:
+    """False once an object the key names has died: no call can hit its entries again."""
+    for part in key:
+        if type(part) is _Ref and part() is None:
+            return False
+        if type(part) is tuple and not alive(part):
+            return False
+    return True
