@@ -23,7 +23,7 @@ from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warn_once
 
-MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves
+MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,11 @@ class CompiledAttention:
             entries.append(e)
             return e
         if self._full():
-            return Entry(f"the spec serves calls: more than {MAX_PROGRAMS} programs were captured "
-                         "(a size or value that changes with every call?)")
+            e = Entry(f"the spec serves calls: {MAX_PROGRAMS} programs were captured already, the most one "
+                      "compiled function keeps (a size or value that changes with every call?)")
+            entries.append(e)  # later calls of this signature skip the slow path
+            self._warn(e.reason)
+            return e
         try:
             res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm)
             # the entry must not keep the call's module and tensors alive; _runner binds each call's own
@@ -155,7 +158,7 @@ class CompiledAttention:
         """At the cap, once the entries of dead objects (modules keyed by identity) are dropped."""
         for key in [k for k in self._table if not alive(k)]:
             del self._table[key]
-        return sum(map(len, self._table.values())) > MAX_PROGRAMS
+        return sum(map(len, self._table.values())) >= MAX_PROGRAMS
 
     def _traced(self, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
