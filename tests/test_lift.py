@@ -2,7 +2,7 @@
 import pytest
 
 from torch_cubridge.lift.annotations import AnnotationError, parse_annotations
-from torch_cubridge.lift.reference import REQUIRED_HOOKS, lift_reference
+from torch_cubridge.lift.reference import KERNELS, REQUIRED_HOOKS, lift_reference
 
 
 def test_reference_from_kernel_source():
@@ -63,3 +63,12 @@ def test_interpreter_follows_the_lifted_reference():
     with tracing() as steps:
         prog.run(*args)
     assert steps == _flatten(ref.steps, full_tile=False)  # the diagonal tile is partial: mask runs
+
+
+def test_hopper_kernel_lifts_to_the_same_reference():
+    """The sm_90a kernel's own annotations give the same orchestration and hook sites, so one
+    program fills either kernel and the interpreter follows both step for step."""
+    fa2 = lift_reference(kernel=KERNELS["sm80"])
+    hopper = lift_reference(kernel=KERNELS["sm90"])
+    assert hopper.hooks() == fa2.hooks()
+    assert hopper.steps == fa2.steps

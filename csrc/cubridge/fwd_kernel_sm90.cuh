@@ -272,11 +272,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     for (int dt = 0; dt < DT; ++dt)
       *reinterpret_cast<unsigned*>(base + sw128_offset<BM>(r, dt * 8 + (lane % 4) * 2)) =
           pack2<T>(o[0][dt][2 * hf] * o_scale[hf], o[0][dt][2 * hf + 1] * o_scale[hf]);
-    if (lane % 4 == 0) {
-      if constexpr (Variant::kEmptyRowMeanV) row_info[r] = m[hf] == neg_inf();
-      // @cuir store tensor=lse when=requested
-      if (a.lse != nullptr && q_lo + r < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + r] = lse[hf];
-    }
+    if constexpr (Variant::kEmptyRowMeanV)
+      if (lane % 4 == 0) row_info[r] = m[hf] == neg_inf();
   }
   named_sync(1 + cw, 128);
 
@@ -291,6 +288,13 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     uint4 val = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r, c));
     if (Variant::kEmptyRowMeanV && row_info[r]) val = mean_v_chunk(gV, a.v_ss, skv, c / 8);
     *reinterpret_cast<uint4*>(gO + (long long)(q_lo + r) * a.o_ss + c) = val;
+  }
+
+  // @cuir store tensor=lse when=requested
+  if (a.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      if (q_lo + r0 + hf * 8 < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + r0 + hf * 8] = lse[hf];
   }
 }
 

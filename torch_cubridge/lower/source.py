@@ -47,7 +47,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
     tile = tile_for(head_dim, arch)
     fast = fast_tanh and "tanh" in str(p.score)
-    variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n)
+    variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)
     prepass = []
     if p.block_rule == "prepass":
         prepass = [

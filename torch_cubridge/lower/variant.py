@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..errors import UnsupportedSpec
 from ..ir.expr import Expr, var
 from ..ir.program import Program
-from ..lift.reference import lift_reference
+from ..lift.reference import KERNELS, lift_reference
 from .cexpr import CExpr, ctype
 
 
@@ -56,8 +56,8 @@ def param_fields(p: Program) -> list[ParamField]:
 
 
 def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 128,
-                   block_n: int = 64) -> tuple[str, list[ParamField], Expr | None]:
-    hooks = lift_reference().hooks()
+                   block_n: int = 64, kernel: str = "sm80") -> tuple[str, list[ParamField], Expr | None]:
+    hooks = lift_reference(kernel=KERNELS[kernel]).hooks()  # the hook sites of the kernel it fills
     needed = {"score"} | ({"mask", "block_class"} if p.mask is not None else set()) | \
         ({"sink"} if p.sink is not None else set())
     missing = needed - set(hooks)
