@@ -9,89 +9,17 @@ into the program. A call that fails one is not served by that program.
 Guards compile once per call layout into one generated function. Its source
 holds only operators, indices and fixed names: every constant, argument name
 and attribute comes from a side table, so a program read from JSON stays data
-and cannot inject code. A refusal's message comes from the slow closure path.
+and cannot inject code. A refusal names its guard: single-guard checks are
+generated only when the conjunction fails.
 """
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable
 
-from .expr import Expr, render
+from .expr import Expr
 
-_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-    "floordiv": operator.floordiv, "mod": operator.mod, "max": max, "min": min, "pow": operator.pow,
-    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
-    "ge": operator.ge, "and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b),
-}
-_UNARY: dict[str, Callable[[Any], Any]] = {
-    "neg": operator.neg, "not": operator.not_, "abs": abs, "floor": math.floor, "to_float": float,
-    "to_int": int, "to_bool": bool, "sqrt": math.sqrt, "log": math.log, "exp": math.exp,
-}
-
-Call = tuple[tuple, dict]
 Getter = Callable[[tuple, dict], Any]
-
-
-def reader(signature: tuple[str, ...], nargs: int, path: str) -> Getter:
-    """A getter for `path` ("q", "args.2", "kwargs.mask", "module.sinks") in calls with nargs positionals."""
-    head, _, tail = path.partition(".")
-    names = [n for n in signature]
-    base: Getter
-    star = next((i for i, n in enumerate(names) if n.startswith("*") and not n.startswith("**")), len(names))
-    if path in names and names.index(path) < min(nargs, star):  # a bound dict's own key
-        i = names.index(path)
-        return lambda a, kw: a[i]
-    if f"*{head}" in names and tail.split(".")[0].isdigit():
-        i = star + int(tail.split(".")[0])
-        tail = tail.partition(".")[2]
-        base = lambda a, kw, i=i: a[i]  # noqa: E731
-    elif f"**{head}" in names:
-        key, _, tail = tail.partition(".")
-        base = lambda a, kw, key=key: kw[key]  # noqa: E731
-    elif head in names and names.index(head) < min(nargs, star):
-        i = names.index(head)
-        base = lambda a, kw, i=i: a[i]  # noqa: E731
-    else:
-        base = lambda a, kw, head=head: kw[head]  # noqa: E731
-    for part in [p for p in tail.split(".") if p]:
-        base = (lambda g, part: lambda a, kw: getattr(g(a, kw), part))(base, part)
-    return base
-
-
-def _compile(e: Expr, get: Callable[[str], Getter]) -> Callable[[tuple, dict], Any]:
-    op = e.op
-    if op == "const":
-        v = e.attr
-        return lambda a, kw: v
-    if op == "dim":
-        path, _, i = e.attr.rpartition(":")
-        g, d = get(path), int(i)
-        return lambda a, kw: g(a, kw).shape[d]
-    if op == "arg":
-        g = get(e.attr)
-        if not e.args:
-            return g
-        default = e.args[0].attr  # an argument left out of the call takes the spec's default
-
-        def value(a: tuple, kw: dict) -> Any:
-            try:
-                return g(a, kw)
-            except (IndexError, KeyError):
-                return default
-        return value
-    if op == "where":
-        c, x, y = (_compile(x, get) for x in e.args)
-        return lambda a, kw: x(a, kw) if c(a, kw) else y(a, kw)
-    if op in _UNARY:
-        f, x = _UNARY[op], _compile(e.args[0], get)
-        return lambda a, kw: f(x(a, kw))
-    if op in _BINARY:
-        f = _BINARY[op]
-        x, y = (_compile(x, get) for x in e.args)
-        return lambda a, kw: f(x(a, kw), y(a, kw))
-    raise ValueError(f"guards cannot use CuIR op {op!r}")
 
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**",
@@ -158,39 +86,49 @@ class _Source:
         raise ValueError(f"guards cannot use CuIR op {op!r}")
 
 
+_SCOPE = {"_floor": math.floor, "_sqrt": math.sqrt, "_log": math.log, "_exp": math.exp,
+          "__builtins__": {"max": max, "min": min, "abs": abs, "float": float, "int": int, "bool": bool,
+                           "getattr": getattr, "Exception": Exception, "KeyError": KeyError,
+                           "IndexError": IndexError}}
+
+
+def _define(code: str, src: _Source) -> Callable[[tuple, dict], Any]:
+    scope = dict(_SCOPE, K=src.table)
+    exec(compile(code, "<cubridge guards>", "exec"), scope)  # noqa: S102 - source has no data in it, see _Source
+    return scope["f"]
+
+
 def _generate(guards: tuple[Expr, ...], signature: tuple[str, ...], nargs: int) -> Callable[[tuple, dict], bool]:
     src = _Source(signature, nargs)
     body = " and ".join(src.expr(g) for g in guards) or "True"
     loads = "".join(f"        {local} = {base}.shape\n" for base, local in src.shapes.items())
-    code = f"def check(a, kw):\n    try:\n{loads}        return bool({body})\n    except Exception:\n        return False\n"
-    scope = {"K": src.table, "_floor": math.floor, "_sqrt": math.sqrt, "_log": math.log, "_exp": math.exp,
-             "__builtins__": {"max": max, "min": min, "abs": abs, "float": float, "int": int, "bool": bool,
-                              "getattr": getattr, "Exception": Exception}}
-    exec(compile(code, "<cubridge guards>", "exec"), scope)  # noqa: S102 - source has no data in it, see _Source
-    return scope["check"]
+    return _define(f"def f(a, kw):\n    try:\n{loads}        return bool({body})\n"
+                   "    except Exception:\n        return False\n", src)
+
+
+def reader(signature: tuple[str, ...], nargs: int, path: str) -> Getter:
+    """A getter for `path` ("q", "args.2", "kwargs.mask", "module.sinks") in calls with nargs positionals."""
+    src = _Source(signature, nargs)
+    return _define(f"def f(a, kw):\n    return {src.access(path)}\n", src)
 
 
 class GuardSet:
     """The compiled guards of one program for one call layout (signature, positional count)."""
 
     def __init__(self, guards: tuple[Expr, ...], signature: tuple[str, ...], nargs: int) -> None:
-        getters: dict[str, Getter] = {}
-
-        def get(path: str) -> Getter:
-            if path not in getters:
-                getters[path] = reader(signature, nargs, path)
-            return getters[path]
         self.guards = guards
-        self._checks = [_compile(g, get) for g in guards]
+        self._layout = (signature, nargs)
         self._fast = _generate(guards, signature, nargs)
+        self._each: list[Callable[[tuple, dict], bool]] | None = None  # per guard, built on first refusal
 
     def failing(self, args: tuple, kwargs: dict) -> Expr | None:
         """The first guard the call violates, or None when all hold."""
-        for g, check in zip(self.guards, self._checks):
-            try:
-                if not check(args, kwargs):
-                    return g
-            except Exception:  # a missing argument or dim fails the guard; it never raises
+        if self._fast(args, kwargs):
+            return None
+        if self._each is None:
+            self._each = [_generate((g,), *self._layout) for g in self.guards]
+        for g, check in zip(self.guards, self._each):
+            if not check(args, kwargs):  # a missing argument or dim fails its guard; never raises
                 return g
         return None
 
@@ -203,7 +141,3 @@ def bound_failing(guards: tuple[Expr, ...], bound: dict[str, Any]) -> Expr | Non
     keys = tuple(bound)
     args = tuple(bound[k] for k in keys)
     return GuardSet(guards, keys, len(keys)).failing(args, {})
-
-
-def describe(g: Expr) -> str:
-    return render(g)
