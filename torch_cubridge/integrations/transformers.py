@@ -5,12 +5,15 @@
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="cubridge")
 
 Each attention module is served by its own model file's `eager_attention_forward`
-(so softcaps, sinks and scalings are exactly the model's), compiled once per
-model family with @torch_cubridge.compile; what cannot be compiled runs eager.
+(so softcaps, sinks and scalings are exactly the model's), compiled with
+@torch_cubridge.compile into a table of its own: a table shared by every layer
+needs two programs (prefill, decode) per layer and runs out of room at 16
+layers. What cannot be compiled runs eager.
 """
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -18,7 +21,8 @@ import torch
 from ..compile import CompiledAttention, compile
 
 NAME = "cubridge"
-_compiled: dict[Callable, CompiledAttention] = {}
+# weak keys: a table dies with its module (the table holds its module only weakly)
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
 
 
 def _eager_for(module: torch.nn.Module) -> Callable:
@@ -31,10 +35,9 @@ def _eager_for(module: torch.nn.Module) -> Callable:
 
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
-    fn = _eager_for(module)
-    c = _compiled.get(fn)
+    c = _compiled.get(module)
     if c is None:
-        c = _compiled[fn] = compile(fn)
+        c = _compiled[module] = compile(_eager_for(module))
     out, _ = c(module, query, key, value, attention_mask, **kwargs)
     return out, None
 
