@@ -83,7 +83,7 @@ def traced_signature(args: tuple, kwargs: dict) -> tuple:
     """call_signature's key, in code torch.compile can trace (no C-level method wrappers)."""
     key = tuple(_meta_traceable(a) for a in args)
     if kwargs:
-        key += tuple((k, _meta_traceable(v)) for k, v in sorted(kwargs.items()))
+        key += tuple((k, _meta_traceable(kwargs[k])) for k in sorted(kwargs))  # dynamo sorts constant keys only
     return key
 
 
