@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from .cache import verdicts
 from .capture.checks import check_call
 from .capture.guards import pin_all, size_guards, value_guards
 from .capture.hashing import spec_hash
@@ -43,7 +44,12 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal."""
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
     try:
-        cap, key, prog, generic, used = _transfer(fn, bound, backend, llm_options)
+        cap = capture(fn, bound)
+        key = spec_hash(cap)
+        warm = _remembered(cap, key)
+        if warm is not None:  # verified by an earlier process for exactly this spec hash
+            return warm
+        prog, generic, used = _transfer(fn, bound, backend, llm_options, cap)
         report = verify_program(fn, prog, bound, generic)
     except UnsupportedSpec:
         raise
@@ -53,13 +59,24 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     if not report.ok:
         raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
                               op="verify")
+    verdicts.remember_program(key, prog.to_json(), generic, used)
     return Transferred(prog, cap, generic, report, key, used)
 
 
-def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None
-              ) -> tuple[Captured, str, Program, bool, str]:
-    cap = capture(fn, bound)
-    key = spec_hash(cap)
+def _remembered(cap: Captured, key: str) -> Transferred | None:
+    rec = verdicts.recall_program(key)
+    if rec is None:
+        return None
+    try:
+        prog = Program.from_json(rec["program"])
+    except Exception:  # a record this version cannot read is a miss
+        return None
+    report = VerifyReport(ok=True, reason="(verified by an earlier process; record in the disk cache)")
+    return Transferred(prog, cap, bool(rec["generic"]), report, key, str(rec["backend"]))
+
+
+def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None, cap: Captured
+              ) -> tuple[Program, bool, str]:
     try:
         prog = symbolic_transfer(cap)
         used = "symbolic"
@@ -72,7 +89,7 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
     prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
     prog = with_requirements(prog, bound, generic)
     prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
-    return cap, key, prog, generic, used
+    return prog, generic, used
 
 
 def located(fn: Callable, bound: dict[str, Any], e: UnsupportedSpec, cap: Captured) -> UnsupportedSpec:
@@ -148,7 +165,14 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         kern, info, pre = load_kernel(low, arch)
         info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, pre)
-        rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
+        device = _device_id(q.device)
+        if verdicts.gpu_verified(info["key"], res.key, device):
+            rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
+        else:
+            rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
+            if rep.ok:
+                verdicts.remember_gpu_verified(info["key"], res.key, device,
+                                               max((t.rel_err for t in rep.trials), default=0.0))
         info["verification"] = rep
         if rep.ok:
             register(runner.kernel_id, runner)
@@ -160,6 +184,12 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         if not low.fast_tanh:
             break
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
+
+
+def _device_id(device: torch.device) -> str:
+    """What a GPU verdict holds for: the GPU model, its arch and the CUDA build of torch."""
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.name}|sm_{props.major}{props.minor}|cuda {torch.version.cuda}"
 
 
 def on_cuda(bound: dict[str, Any]) -> bool:

@@ -3,6 +3,8 @@ version and target. Stable across processes (no ids, no addresses)."""
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,9 +22,20 @@ def _value_text(v: Any) -> str:
     return repr(v)
 
 
+@lru_cache(maxsize=1)
+def package_digest() -> str:
+    """This package's Python source: a verdict recorded by other code is not this code's verdict."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def spec_hash(cap: Captured, target: str = "") -> str:
     h = hashlib.sha256()
-    h.update(f"torch_cubridge {__version__} target={target}\n".encode())
+    h.update(f"torch_cubridge {__version__} {package_digest()} torch {torch.__version__} target={target}\n".encode())
     h.update(cap.graph.code.encode())  # canonical aten graph; literals included
     for name, t in sorted(cap.constants.items()):
         h.update(name.encode())

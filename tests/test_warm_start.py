@@ -1,0 +1,79 @@
+"""Warm start: a process that finds a spec's verified program in the disk cache skips transfer and
+CPU verification; the record is keyed so that another spec, other code or a damaged record misses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = r"""
+import json, sys, time, torch
+from torch_cubridge.pipeline import transfer_stage
+SCALE = float(sys.argv[1])
+def attn(q, k, v):
+    s = (q @ k.transpose(-2, -1)) * SCALE
+    i = torch.arange(q.shape[-2])
+    s = s.masked_fill(i[None, :] > i[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ v
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 3, 40, 16) for _ in range(3))
+t0 = time.perf_counter()
+res = transfer_stage(attn, {"q": q, "k": k, "v": v})
+dt = time.perf_counter() - t0
+out = res.program.run(q, k, v)
+ref = attn(q.double(), k.double(), v.double())
+print(json.dumps({"reason": res.report.reason, "trials": len(res.report.trials), "seconds": dt,
+                  "err": float((out.double() - ref).abs().max()), "generic": res.generic}))
+"""
+
+
+def _run(tmp_path: Path, scale: float = 0.25, **env: str) -> dict:
+    e = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), **env)
+    e.pop("CUBRIDGE_READONLY", None) if "CUBRIDGE_READONLY" not in env else None
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(scale)], env=e, capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _records(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache").rglob("prog-*"))
+
+
+def test_second_process_skips_transfer_and_verification(tmp_path):
+    cold = _run(tmp_path)
+    assert cold["trials"] > 0 and "earlier process" not in cold["reason"]
+    warm = _run(tmp_path)
+    assert "earlier process" in warm["reason"] and warm["trials"] == 0
+    assert warm["err"] < 1e-5 and warm["generic"] == cold["generic"]  # the same program, still right
+    assert warm["seconds"] < cold["seconds"]
+
+
+def test_another_spec_misses(tmp_path):
+    _run(tmp_path, 0.25)
+    other = _run(tmp_path, 0.5)  # one constant differs: another spec hash
+    assert "earlier process" not in other["reason"] and other["trials"] > 0
+    assert other["err"] < 1e-5
+
+
+def test_damaged_record_is_a_miss(tmp_path):
+    _run(tmp_path)
+    recs = [p for p in _records(tmp_path) if p.suffix == ".cubin"]
+    assert recs, sorted(p.name for p in (tmp_path / "cache").rglob("*"))
+    for p in recs:  # flip a byte of the stored program: the store's sha256 check must reject it
+        b = bytearray(p.read_bytes())
+        b[len(b) // 2] ^= 0x20
+        p.write_bytes(bytes(b))
+    again = _run(tmp_path)
+    assert "earlier process" not in again["reason"] and again["trials"] > 0 and again["err"] < 1e-5
+
+
+def test_read_only_cache_records_nothing(tmp_path):
+    (tmp_path / "cache").mkdir(mode=0o700)
+    _run(tmp_path, CUBRIDGE_READONLY="1")
+    assert not _records(tmp_path)

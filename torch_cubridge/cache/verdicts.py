@@ -1,0 +1,64 @@
+"""Verdicts that outlive the process: a verified program under its spec hash, and "this kernel
+passed GPU verification for this program on this GPU model".
+
+Both are small records in the kernel store (sha256-checked on every read, atomic writes, file
+locks), so a warm process skips transfer, CPU verification and GPU verification. The keys carry
+everything the verdict depends on: the spec hash already covers the captured graph, constants,
+argument shapes and dtypes and this package's source; the GPU verdict adds the kernel key
+(source, arch, toolchain) and the device. Any problem reading one is a miss, never an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .. import config
+from . import default_cache
+
+_PROGRAM, _GPU = "prog-", "gpuok-"
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def recall(kind: str, *parts: str) -> dict[str, Any] | None:
+    """The record stored under (kind, parts), or None."""
+    try:
+        art = default_cache().get(kind + _digest(*parts))
+        return None if art is None else json.loads(art.cubin.decode())
+    except Exception:  # a missing, corrupt or unreadable record is a miss
+        return None
+
+
+def remember(kind: str, record: dict[str, Any], *parts: str) -> None:
+    """Store a record; read-only caches and write failures are silent (the call already succeeded)."""
+    if config.is_readonly():
+        return
+    try:
+        default_cache().put(kind + _digest(*parts), json.dumps(record, sort_keys=True).encode(),
+                            {"kind": kind.rstrip("-")})
+    except Exception:
+        pass
+
+
+def recall_program(spec_key: str) -> dict[str, Any] | None:
+    return recall(_PROGRAM, spec_key)
+
+
+def remember_program(spec_key: str, program_json: str, generic: bool, backend: str) -> None:
+    remember(_PROGRAM, {"program": program_json, "generic": generic, "backend": backend}, spec_key)
+
+
+def gpu_verified(kernel_key: str, spec_key: str, device: str) -> bool:
+    rec = recall(_GPU, kernel_key, spec_key, device)
+    return bool(rec and rec.get("ok"))
+
+
+def remember_gpu_verified(kernel_key: str, spec_key: str, device: str, worst: float) -> None:
+    remember(_GPU, {"ok": True, "worst_rel_err": worst}, kernel_key, spec_key, device)
