@@ -18,6 +18,7 @@ import torch
 from .capture.signature import alive, call_signature, traced_signature
 from .capture.trace import bind_example
 from .capture.checks import check_call
+from .capture.codekey import GlobalsWatch
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
@@ -61,12 +62,15 @@ class CompiledAttention:
         self._table: dict[tuple, list[Entry]] = {}
         self.served: collections.Counter = collections.Counter()  # "kernel" / "spec": who computed each call
         self._warned: set[str] = set()  # per instance: a set keyed by id(self) would silence a successor at its address
+        self._watch: GlobalsWatch | None = None  # the globals and closure cells the captured programs read
         functools.update_wrapper(self, fn)
 
     # -- the call path -----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return self._traced(args, kwargs)
+        if self._watch is not None and not self._watch.unchanged():
+            self._forget()  # a global the programs baked in was rebound: none of them holds
         key = call_signature(args, kwargs)
         e = self._find(key, args, kwargs)
         if e is None:
@@ -119,7 +123,13 @@ class CompiledAttention:
         return e.runners[d]
 
     # -- the slow path: capture, transfer, verify -----------------------------------
+    def _forget(self) -> None:
+        self._table.clear()
+        self._watch = None
+
     def _prepare(self, key: tuple, args: tuple, kwargs: dict) -> Entry:
+        if self._watch is None:  # taken before capture: the values the programs will bake in
+            self._watch = GlobalsWatch(self.fn)
         entries = self._table.setdefault(key, [])
         bound = bind_example(self.fn, args, kwargs)  # a call the signature cannot bind raises, as the spec would
         try:
