@@ -77,3 +77,55 @@ def test_read_only_cache_records_nothing(tmp_path):
     (tmp_path / "cache").mkdir(mode=0o700)
     _run(tmp_path, CUBRIDGE_READONLY="1")
     assert not _records(tmp_path)
+
+
+COMPILED = r"""
+import json, os, sys, time, torch
+import torch_cubridge as tc
+import torch_cubridge.pipeline as pl
+if os.environ.get("FORBID_CAPTURE"):
+    def no_capture(*a, **k):
+        raise AssertionError("capture ran")
+    pl.capture = no_capture
+WINDOW = int(sys.argv[1])
+def attn(q, k, v):
+    i = torch.arange(q.shape[-2])
+    s = (q @ k.transpose(-2, -1)) * 0.25
+    s = s.masked_fill((i[:, None] - i[None, :]).abs() > WINDOW, float("-inf"))
+    return torch.softmax(s, -1) @ v
+f = tc.compile(attn, fallback="raise")
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 3, int(sys.argv[2]), 16) for _ in range(3))
+t0 = time.perf_counter()
+f(q, k, v)
+dt = time.perf_counter() - t0
+e = f.entries()[0]
+out = e.result.program.run(q, k, v)
+ref = attn(q.double(), k.double(), v.double())
+print(json.dumps({"reason": e.result.report.reason, "seconds": dt, "err": float((out.double() - ref).abs().max())}))
+"""
+
+
+def _run_compiled(tmp_path: Path, window: int, S: int = 40, **env: str) -> dict:
+    e = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), **env)
+    r = subprocess.run([sys.executable, "-c", COMPILED, str(window), str(S)], env=e, capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_skips_capture_where_the_code_key_matches(tmp_path):
+    cold = _run_compiled(tmp_path, 5)
+    assert "earlier process" not in cold["reason"]
+    warm = _run_compiled(tmp_path, 5, FORBID_CAPTURE="1")  # capture would raise here
+    assert "no capture" in warm["reason"] and warm["err"] < 1e-5
+    assert warm["seconds"] < cold["seconds"]
+    # another length inside the program's guards: still no capture, still right
+    longer = _run_compiled(tmp_path, 5, S=57, FORBID_CAPTURE="1")
+    assert "no capture" in longer["reason"] and longer["err"] < 1e-5
+
+
+def test_a_changed_global_changes_the_code_key(tmp_path):
+    _run_compiled(tmp_path, 5)
+    other = _run_compiled(tmp_path, 9)  # WINDOW differs: the old program must not serve
+    assert "no capture" not in other["reason"] and other["err"] < 1e-5

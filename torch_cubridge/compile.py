@@ -22,7 +22,7 @@ from .capture.codekey import GlobalsWatch
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
-from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warn_once
+from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_transfer, warn_once
 
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
 
@@ -114,8 +114,7 @@ class CompiledAttention:
         d = e.head_dim(args, kwargs)
         if d not in e.runners:  # a head dim this program has no kernel for yet: build and verify one
             bound = bind_example(self.fn, args, kwargs)
-            res = replace(e.result, captured=replace(e.result.captured, example=bound))
-            e.runners[d], e.reasons[d] = kernel_stage(self.fn, res, bound)
+            e.runners[d], e.reasons[d] = kernel_stage(self.fn, e.result, bound)
             if e.runners[d] is None:
                 if self.options.fallback == "raise" and on_cuda(bound):
                     raise UnsupportedSpec(e.reasons[d], op="kernel")
@@ -145,9 +144,11 @@ class CompiledAttention:
             self._warn(e.reason)
             return e
         try:
-            res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm)
+            res = warm_transfer(self.fn, key, bound) if self.options.backend != "llm" else None
+            if res is None:
+                res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm, call_key=key)
             # the entry must not keep the call's module and tensors alive; _runner binds each call's own
-            res = replace(res, captured=replace(res.captured, example={}))
+            res = replace(res, captured=None)
         except Exception as err:
             if self.options.fallback == "raise":
                 raise

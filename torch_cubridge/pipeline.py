@@ -32,16 +32,45 @@ from .verify.cpu import VerifyReport, verify_program
 class Transferred:
     """A verified program and how it was obtained."""
     program: Program
-    captured: Captured
+    captured: Captured | None  # None when a warm record stood in for capture
     generic: bool          # valid at other batch sizes and lengths (within its guards)
     report: VerifyReport
     key: str               # the spec hash
     backend: str           # "symbolic" or "llm"
 
 
+def warm_transfer(fn: Callable, call_key: tuple, bound: dict[str, Any]) -> Transferred | None:
+    """The program an earlier process verified for this code key and call signature, without
+    capture, where its guards hold for this call; else None (then transfer_stage runs)."""
+    where = _warm_key(fn, call_key)
+    rec = verdicts.recall(verdicts.WARM, *where) if where else None
+    if rec is None:
+        return None
+    try:
+        prog = Program.from_json(rec["program"])
+        from .ir.guards import bound_failing
+        if bound_failing(prog.guards, bound) is not None:
+            return None
+    except Exception:  # a record this version cannot use is a miss
+        return None
+    report = VerifyReport(ok=True, reason="(verified by an earlier process; no capture: same code key)")
+    return Transferred(prog, None, bool(rec["generic"]), report, str(rec["spec_key"]), str(rec["backend"]))
+
+
+def _warm_key(fn: Callable, call_key: tuple) -> tuple[str, str] | None:
+    """(code key, call signature) as text, where both are stable across processes."""
+    from .capture.codekey import code_key
+    text = repr(call_key)
+    if " at 0x" in text:  # an object keyed by identity: nothing another process could match
+        return None
+    ck = code_key(fn)
+    return (ck, text) if ck is not None else None
+
+
 def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic",
-                   llm_options: dict | None = None) -> Transferred:
-    """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal."""
+                   llm_options: dict | None = None, call_key: tuple | None = None) -> Transferred:
+    """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal.
+    With call_key (the dispatch signature), the verified program is also recorded for warm_transfer."""
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
     try:
         cap = capture(fn, bound)
@@ -60,6 +89,10 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
                               op="verify")
     verdicts.remember_program(key, prog.to_json(), generic, used)
+    where = _warm_key(fn, call_key) if call_key is not None else None
+    if where:
+        verdicts.remember(verdicts.WARM, {"program": prog.to_json(), "generic": generic, "backend": used,
+                                          "spec_key": key}, *where)
     return Transferred(prog, cap, generic, report, key, used)
 
 
@@ -169,7 +202,7 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         if verdicts.gpu_verified(info["key"], res.key, device):
             rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
         else:
-            rep = verify_kernel(runner.run_bound, fn, p, res.captured.example, q.dtype, q.device)
+            rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, q.device)
             if rep.ok:
                 verdicts.remember_gpu_verified(info["key"], res.key, device,
                                                max((t.rel_err for t in rep.trials), default=0.0))

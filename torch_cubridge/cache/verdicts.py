@@ -17,14 +17,21 @@ from .. import config
 from . import default_cache
 
 _PROGRAM, _GPU = "prog-", "gpuok-"
+WARM = "warm-"  # (code key, call signature) -> the program, without capture
 
 
 def _digest(*parts: str) -> str:
     h = hashlib.sha256()
+    h.update(_code_version().encode())
     for p in parts:
         h.update(p.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
+
+
+def _code_version() -> str:
+    from ..capture.hashing import package_digest
+    return package_digest()
 
 
 def recall(kind: str, *parts: str) -> dict[str, Any] | None:
