@@ -20,6 +20,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionstart(session):
+    # the tests' kernels and verdicts go to a private cache, never the user's (records written by
+    # one test are read by later ones only within this session)
+    if "CUBRIDGE_CACHE_DIR" not in os.environ:
+        import tempfile
+        os.environ["CUBRIDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cubridge-tests-")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -197,7 +197,10 @@ def test_captured_constant_is_filled_in():
 
 # ---- end to end through transfer_bound (verification decides) ------------------------------
 @pytest.fixture
-def symbolic_refuses(monkeypatch):
+def symbolic_refuses(monkeypatch, tmp_path):
+    # a fresh disk cache: a program verified earlier for the same spec would be recalled instead
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+
     def refuse(cap):
         raise UnsupportedSpec("pretend the symbolic analysis cannot read this", op="aten.mystery")
     monkeypatch.setattr(pipeline, "symbolic_transfer", refuse)

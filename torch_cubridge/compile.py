@@ -144,7 +144,7 @@ class CompiledAttention:
             self._warn(e.reason)
             return e
         try:
-            res = warm_transfer(self.fn, key, bound) if self.options.backend != "llm" else None
+            res = warm_transfer(self.fn, key, bound, self.options.backend)
             if res is None:
                 res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm, call_key=key)
             # the entry must not keep the call's module and tensors alive; _runner binds each call's own

@@ -39,12 +39,13 @@ class Transferred:
     backend: str           # "symbolic" or "llm"
 
 
-def warm_transfer(fn: Callable, call_key: tuple, bound: dict[str, Any]) -> Transferred | None:
+def warm_transfer(fn: Callable, call_key: tuple, bound: dict[str, Any], backend: str = "symbolic"
+                  ) -> Transferred | None:
     """The program an earlier process verified for this code key and call signature, without
     capture, where its guards hold for this call; else None (then transfer_stage runs)."""
     where = _warm_key(fn, call_key)
     rec = verdicts.recall(verdicts.WARM, *where) if where else None
-    if rec is None:
+    if rec is None or not _allowed(rec, backend):
         return None
     try:
         prog = Program.from_json(rec["program"])
@@ -75,7 +76,7 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     try:
         cap = capture(fn, bound)
         key = spec_hash(cap)
-        warm = _remembered(cap, key)
+        warm = _remembered(cap, key, backend)
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
         prog, generic, used = _transfer(fn, bound, backend, llm_options, cap)
@@ -96,9 +97,14 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     return Transferred(prog, cap, generic, report, key, used)
 
 
-def _remembered(cap: Captured, key: str) -> Transferred | None:
+def _allowed(rec: dict, backend: str) -> bool:
+    """A record serves only a request its backend could have made it for ("auto" takes either)."""
+    return backend == "auto" or rec.get("backend") == backend
+
+
+def _remembered(cap: Captured, key: str, backend: str) -> Transferred | None:
     rec = verdicts.recall_program(key)
-    if rec is None:
+    if rec is None or not _allowed(rec, backend):
         return None
     try:
         prog = Program.from_json(rec["program"])
