@@ -1,10 +1,27 @@
-"""`cubridge explain path/to/file.py:function`: graph, CuIR program, verification."""
+"""cubridge: explain a spec, and manage the kernel cache for deployment.
+
+  cubridge explain path/to/file.py:function   graph, CuIR program, verification
+  cubridge cache list | verify | clear --yes | export DIR | import DIR
+  cubridge --version                          (also: python -m torch_cubridge ...)
+
+The cache is the one torch_cubridge uses: CUBRIDGE_CACHE_DIR, read-only under
+CUBRIDGE_READONLY=1 (then clear and import refuse).
+"""
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
+
+from .version import __version__
+
+# Exit codes: 0 fine, 1 the cache had bad entries (verify), 2 refused or failed.
+EXIT_BAD_ENTRIES, EXIT_ERROR = 1, 2
+
+
+# ---- explain -------------------------------------------------------------------
 
 
 def _load(target: str):
@@ -33,14 +50,7 @@ def _example(mod, name: str, shape: str):
     return tuple(torch.randn(B, H, S, D) for _ in range(3)), {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="cubridge", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("explain", help="print the captured graph, the CuIR program and the verification")
-    ex.add_argument("target", help="path/to/file.py:function (examples from <function>_example() if defined)")
-    ex.add_argument("--shape", default="2,4,128,64", help="B,H,S,D for q/k/v when no example is defined")
-    ex.add_argument("--json", action="store_true", help="print the program as JSON instead")
-    args = ap.parse_args(argv)
+def _explain(args: argparse.Namespace) -> int:
     import torch_cubridge as tc
     mod, fn, name = _load(args.target)
     a, kw = _example(mod, name, args.shape)
@@ -49,6 +59,150 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(tc.explain(fn, *a, **kw))
     return 0
+
+
+# ---- cache ---------------------------------------------------------------------
+
+
+def status(msg: str) -> None:
+    """A plain progress line on stderr (stdout stays the command's output)."""
+    print(f"cubridge: {msg}", file=sys.stderr, flush=True)
+
+
+def _cache():
+    from .cache import default_cache
+    return default_cache()
+
+
+def _refuse_if_readonly(what: str) -> None:
+    from . import config
+    from .cache import CacheReadOnlyError
+    if config.is_readonly():
+        raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: `cubridge cache {what}` writes the cache; "
+                                 "unset CUBRIDGE_READONLY to run it")
+
+
+def _when(meta: dict) -> str:
+    created = meta.get("created")
+    if not isinstance(created, (int, float)):
+        return "-"
+    when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(created))
+    took = meta.get("build_seconds")  # recorded by builds that time themselves
+    return f"{when} ({took:.1f} s)" if isinstance(took, (int, float)) else when
+
+
+def _list_line(key: str, meta: dict | None) -> str:
+    if meta is None:
+        return f"{key}  (metadata unreadable: run `cubridge cache verify`)"
+    arch = meta.get("arch") or "-"
+    # Kernels name their entry point; the other records (verdicts, programs) their kind.
+    what = meta.get("kernel") or f"[{meta.get('kind', 'record')}]"
+    size = meta.get("size", "?")
+    return f"{key:<44}  {arch:<8} {size:>9}  {what}  {_when(meta)}"
+
+
+def _cache_list(args: argparse.Namespace) -> int:
+    cache = _cache()
+    keys = cache.keys()
+    for key in keys:
+        print(_list_line(key, cache.meta(key)))
+    status(f"{len(keys)} entries in {cache.dir}")
+    return 0
+
+
+def _cache_verify(args: argparse.Namespace) -> int:
+    cache = _cache()
+    keys = cache.keys()
+    status(f"verifying {len(keys)} entries in {cache.dir}")
+    bad = 0
+    for key in keys:
+        # Read-only: report only. Otherwise re-checked and evicted under the key's lock.
+        problem = cache.problem(key) if cache.readonly else cache.evict_if_bad(key)
+        if problem is not None:
+            bad += 1
+            fate = "kept (read-only)" if cache.readonly else "evicted"
+            print(f"BAD {key}: {problem}; {fate}")
+    print(f"{len(keys) - bad} ok, {bad} bad")
+    return EXIT_BAD_ENTRIES if bad else 0
+
+
+def _cache_clear(args: argparse.Namespace) -> int:
+    _refuse_if_readonly("clear")
+    cache = _cache()
+    keys = cache.keys()
+    if not args.yes:
+        status(f"would remove {len(keys)} entries from {cache.dir}; pass --yes to do it")
+        return EXIT_ERROR
+    for key in keys:
+        cache.remove(key)
+    print(f"removed {len(keys)} entries from {cache.dir}")
+    return 0
+
+
+def _cache_export(args: argparse.Namespace) -> int:
+    from .cache.bundle import export_bundle, manifest_sha256
+    keys = export_bundle(_cache(), Path(args.dir), progress=status)
+    print(f"exported {len(keys)} entries to {args.dir}")
+    print(f"manifest sha256: {manifest_sha256(Path(args.dir))}")
+    return 0
+
+
+def _cache_import(args: argparse.Namespace) -> int:
+    _refuse_if_readonly("import")
+    from .cache.bundle import import_bundle
+    cache = _cache()
+    written, present = import_bundle(cache, Path(args.dir), args.manifest_sha256, progress=status)
+    print(f"imported {len(written)} entries into {cache.dir} ({len(present)} already present)")
+    return 0
+
+
+# ---- parser --------------------------------------------------------------------
+
+
+def _cache_parser(sub) -> None:
+    cache = sub.add_parser("cache", help="list, verify, clear, export or import the kernel cache")
+    csub = cache.add_subparsers(dest="cache_cmd", required=True)
+    csub.add_parser("list", help="one line per entry: key, arch, size, kernel, build time"
+                    ).set_defaults(run=_cache_list)
+    csub.add_parser("verify", help="re-hash every entry, evict bad ones; exit 1 if any was bad"
+                    ).set_defaults(run=_cache_verify)
+    clear = csub.add_parser("clear", help="remove every entry")
+    clear.add_argument("--yes", action="store_true", help="really remove them")
+    clear.set_defaults(run=_cache_clear)
+    exp = csub.add_parser("export", help="copy every entry into a new DIR with a sha256 manifest")
+    exp.add_argument("dir", metavar="DIR")
+    exp.set_defaults(run=_cache_export)
+    imp = csub.add_parser("import", help="check a bundle DIR against its manifest, then add its entries")
+    imp.add_argument("dir", metavar="DIR")
+    imp.add_argument("--manifest-sha256", metavar="HEX",
+                     help="refuse unless manifest.json has this sha256 (as export printed it)")
+    imp.set_defaults(run=_cache_import)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="cubridge", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"cubridge (torch_cubridge) {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("explain", help="print the captured graph, the CuIR program and the verification")
+    ex.add_argument("target", help="path/to/file.py:function (examples from <function>_example() if defined)")
+    ex.add_argument("--shape", default="2,4,128,64", help="B,H,S,D for q/k/v when no example is defined")
+    ex.add_argument("--json", action="store_true", help="print the program as JSON instead")
+    ex.set_defaults(run=_explain)
+    _cache_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "explain":
+        return args.run(args)
+    from .cache import CacheError
+    try:
+        return args.run(args)
+    except (CacheError, OSError) as e:  # a refusal or a bad bundle: one clear line, no traceback
+        print(f"cubridge: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -59,6 +59,29 @@ def _matches(meta: Any, key: str, sha256: str) -> bool:
     return isinstance(meta, dict) and meta.get("key") == key and meta.get("sha256") == sha256
 
 
+def sha256_hex(data: bytes) -> str:
+    """The digest the store records for an entry's bytes (bundle manifests use it too)."""
+    return _sha256(data)
+
+
+def file_name(key: str, ext: str) -> str:
+    """The name of an entry's file: <key>.cubin or <key>.json (in a cache dir or a bundle)."""
+    return f"{key}.{ext}"
+
+
+def entry_problem(key: str, cubin: bytes | None, meta: Any) -> str | None:
+    """Why (cubin, meta) would not be served under `key`; None when it would."""
+    if not isinstance(meta, dict):
+        return "metadata missing or not a JSON object"
+    if cubin is None:
+        return "cubin missing"
+    if meta.get("key") != key:
+        return f"metadata names key {meta.get('key')!r}"
+    if meta.get("sha256") != _sha256(cubin):
+        return "cubin sha256 does not match its metadata"
+    return None
+
+
 def check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY_RE.match(key):
         raise CacheError(f"bad cache key {key!r}: use [A-Za-z0-9._-], at most 200 chars")
@@ -81,7 +104,7 @@ class ArtifactCache:
 
     # ---- paths -----------------------------------------------------------
     def _path(self, key: str, ext: str) -> Path:
-        return self.dir / f"{key}.{ext}"
+        return self.dir / file_name(key, ext)
 
     def _lock(self, key: str) -> filelock.FileLock:
         return filelock.FileLock(str(self._path(key, "lock")), timeout=_LOCK_TIMEOUT_S)
@@ -236,6 +259,51 @@ class ArtifactCache:
     # ---- housekeeping ----------------------------------------------------
     def keys(self) -> list[str]:
         return sorted(p.stem for p in self.dir.glob("*.json") if _KEY_RE.match(p.stem))
+
+    def read_files(self, key: str) -> tuple[bytes | None, bytes | None]:
+        """The raw bytes of <key>.cubin and <key>.json as on disk (None: missing); unchecked."""
+        check_key(key)
+        check_dir(self.dir)
+        return self._read_or_none(key, "cubin"), self._read_or_none(key, "json")
+
+    def _read_or_none(self, key: str, ext: str) -> bytes | None:
+        try:
+            return self._path(key, ext).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def meta(self, key: str) -> dict | None:
+        """The metadata <key>.json holds (unchecked: for listing), or None."""
+        check_key(key)
+        return self._read_json(key)
+
+    def problem(self, key: str) -> str | None:
+        """Why the entry on disk would not be served (None: it is sound). Judged on the .json,
+        the record, whatever the index says."""
+        cubin, raw = self.read_files(key)
+        try:
+            meta = json.loads(raw) if raw is not None else None
+        except ValueError:
+            meta = None
+        return entry_problem(key, cubin, meta)
+
+    def evict_if_bad(self, key: str) -> str | None:
+        """Delete the entry if it is unsound; returns the problem found (None: kept)."""
+        if self.readonly:
+            raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: cannot evict cache entry {key!r}")
+        with self._lock(key):  # never delete what a concurrent builder just wrote
+            problem = self.problem(key)
+            if problem is not None:
+                self._delete(key)
+            return problem
+
+    def remove(self, key: str) -> None:
+        """Delete the entry (cubin, json, index row) under its lock."""
+        check_key(key)
+        if self.readonly:
+            raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: cannot remove cache entry {key!r}")
+        with self._lock(key):
+            self._delete(key)
 
     def clear_memo(self) -> None:
         self._memo.clear()
