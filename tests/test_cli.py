@@ -3,11 +3,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_explain_shows_program_and_verification():
-    r = subprocess.run([sys.executable, "-m", "torch_cubridge.cli", "explain",
+@pytest.mark.parametrize("module", ["torch_cubridge.cli", "torch_cubridge"])  # python -m either
+def test_explain_shows_program_and_verification(module):
+    r = subprocess.run([sys.executable, "-m", module, "explain",
                         str(ROOT / "torch_cubridge/examples/specs.py") + ":softcap_sliding_gqa"],
                        capture_output=True, text=True, cwd=ROOT, check=True)
     out = r.stdout
