@@ -153,6 +153,9 @@ def test_export_then_import_reproduces_entries(tmp_path: Path) -> None:
     # Through the store's put: the index knows every entry.
     fresh = ArtifactCache(_kernels(tmp_path / "fresh"), readonly=False)
     assert sorted(fresh.index().keys()) == sorted(ENTRIES)
+    # And a read-only process serves them (the deployment mode).
+    r = _run("cache", "verify", root=tmp_path / "fresh", readonly=True)
+    assert r.returncode == 0 and "3 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     # A second import finds them all present and rewrites none.
     r = _run("cache", "import", str(bundle), root=tmp_path / "fresh")
     assert r.returncode == 0 and "imported 0 entries" in r.stdout and "3 already present" in r.stdout
@@ -262,6 +265,15 @@ def test_import_refuses_tampered_bundle_in_a_real_process(tmp_path: Path) -> Non
     assert r.returncode == 2 and "sha256 does not match the manifest" in r.stderr
     assert "Traceback" not in r.stderr
     assert _files(_kernels(tmp_path / "fresh")) == []
+
+
+def test_import_warns_about_another_version(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bundle = _exported(tmp_path)
+    m = json.loads((bundle / MANIFEST).read_text())
+    m["cubridge_version"] = "0.0.1"
+    (bundle / MANIFEST).write_text(json.dumps(m))
+    assert _main("cache", "import", str(bundle)) == 0
+    assert "warning: bundle made by torch_cubridge 0.0.1" in capsys.readouterr().err
 
 
 def test_import_refuses_wrong_manifest_sha256(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

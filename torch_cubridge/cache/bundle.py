@@ -113,7 +113,7 @@ def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet) 
 # ---- import ------------------------------------------------------------------
 
 
-def _read_manifest(src: Path, expect_sha256: str | None) -> dict[str, str]:
+def _read_manifest(src: Path, expect_sha256: str | None, progress: Progress) -> dict[str, str]:
     """The manifest's {file name: sha256}, checked for shape (and against `expect_sha256`)."""
     try:
         raw = (src / MANIFEST).read_bytes()
@@ -130,6 +130,10 @@ def _read_manifest(src: Path, expect_sha256: str | None) -> dict[str, str]:
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise BundleError(f"{src / MANIFEST} has no valid 'files' table")
+    made_by = manifest.get("cubridge_version")
+    if made_by != __version__:  # kernel keys carry the version: such entries are never looked up
+        progress(f"warning: bundle made by torch_cubridge {made_by}, this is {__version__}; "
+                 "its kernels will not be used by this version")
     return files
 
 
@@ -181,7 +185,7 @@ def read_bundle(src: Path, expect_sha256: str | None = None, progress: Progress 
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory")
-    files = _read_manifest(src, expect_sha256)
+    files = _read_manifest(src, expect_sha256, progress)
     keys = _keys_of(files)
     _check_listing(src, files)
     progress(f"checking {len(keys)} entries in {src}")
