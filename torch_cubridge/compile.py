@@ -19,6 +19,7 @@ from .capture.signature import alive, call_signature, traced_signature
 from .capture.trace import bind_example
 from .capture.checks import check_call
 from .capture.codekey import GlobalsWatch
+from .capture.modulestate import ModuleState
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
@@ -50,9 +51,12 @@ class Entry:
     runners: dict[int, Any] = field(default_factory=dict)   # head dim -> GPU-verified kernel, or None
     reasons: dict[int, str] = field(default_factory=dict)
     bad_input: Exception | None = None            # re-raised if the spec also refuses the call
+    modules: ModuleState | None = None            # plain attributes of module arguments at capture
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
-        return self.guards is None or self.guards(args, kwargs)
+        if self.guards is not None and not self.guards(args, kwargs):
+            return False
+        return self.modules is None or self.modules.holds(args, kwargs)
 
 
 class CompiledAttention:
@@ -161,7 +165,9 @@ class CompiledAttention:
         nargs = len(args)
         q = reader(p.signature, nargs, p.q.arg)
         d = p.q.dims.index("d")
-        e = Entry("", res, GuardSet(p.guards, p.signature, nargs), lambda a, kw: q(a, kw).shape[d])
+        mods = ModuleState(bound, p.signature, nargs)
+        e = Entry("", res, GuardSet(p.guards, p.signature, nargs), lambda a, kw: q(a, kw).shape[d],
+                  modules=mods or None)
         entries.append(e)
         return e
 

@@ -1,0 +1,44 @@
+"""The plain attributes of each nn.Module argument, as a guard.
+
+A program bakes in what the spec read from a module (`module.scaling`, `module.num_key_value_groups`,
+`module.training`). Module arguments are keyed by identity, so setting such an attribute in place
+(`attn.scaling = 0.5`) would leave the old program serving. The snapshot holds every attribute of a
+plain value (numbers, strings, flags, None, tuples of them) and a call matches only while they are
+unchanged (well under a microsecond for a transformers attention module). Tensors a module holds are
+data the kernel reads each call, not part of this.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir.guards import reader
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _plain(x: Any) -> bool:
+    return isinstance(x, _PLAIN) or isinstance(x, tuple) and all(_plain(y) for y in x)
+
+
+class ModuleState:
+    def __init__(self, bound: dict[str, Any], signature: tuple[str, ...], nargs: int) -> None:
+        self._mods = []
+        for path, v in bound.items():
+            if isinstance(v, torch.nn.Module):
+                keys = tuple(k for k, x in vars(v).items() if _plain(x))
+                self._mods.append((reader(signature, nargs, path), keys, tuple(vars(v)[k] for k in keys)))
+
+    def __bool__(self) -> bool:
+        return bool(self._mods)
+
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        for get, keys, snap in self._mods:
+            try:
+                d = get(args, kwargs).__dict__
+            except Exception:  # the argument is missing or not a module here: not this entry
+                return False
+            if tuple(d.get(k) for k in keys) != snap:
+                return False
+        return True
