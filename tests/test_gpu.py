@@ -94,11 +94,17 @@ import sys, torch, json
 sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
 import torch_cubridge as tc
 from zoo import softcap_causal
+import time
 f = tc.compile(softcap_causal, fallback="raise")
 q, k, v = (torch.randn(1, 4, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+torch.cuda.synchronize()
+t0 = time.perf_counter()
 f(q, k, v)
+torch.cuda.synchronize()
+first = time.perf_counter() - t0
 r = f.kernels()[0]
-print(json.dumps({{"built": r.info["built"], "seconds": r.info["seconds"]}}))
+print(json.dumps({{"built": r.info["built"], "seconds": r.info["seconds"], "first_call_s": first,
+                  "transfer": f.entries()[0].result.report.reason, "gpu": r.info["verification"].reason}}))
 """
     env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
     first_run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -107,6 +113,10 @@ print(json.dumps({{"built": r.info["built"], "seconds": r.info["seconds"]}}))
     a, b = json.loads(first_run.stdout.strip().splitlines()[-1]), json.loads(second.stdout.strip().splitlines()[-1])
     assert a["built"] is True and b["built"] is False
     assert b["seconds"] < 0.05  # warm load from disk
+    # the second process recalls both verdicts: no capture, no transfer, no verification
+    assert "no capture" in b["transfer"] and "earlier process" in b["gpu"], b
+    print("first call: cold", a["first_call_s"], "warm", b["first_call_s"])
+    assert b["first_call_s"] < 0.5
 
 
 def test_custom_op_opcheck_and_torch_compile_fullgraph():
