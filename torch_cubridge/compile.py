@@ -23,7 +23,7 @@ from .capture.modulestate import ModuleState
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
 from .ops.errors import NeedsAutograd, SpecServes
-from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_transfer, warn_once
+from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_key, warm_transfer, warn_once
 
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
 
@@ -148,9 +148,10 @@ class CompiledAttention:
             self._warn(e.reason)
             return e
         try:
-            res = warm_transfer(self.fn, key, bound, self.options.backend)
+            where = warm_key(self.fn, key)  # once: hashing the code is not free
+            res = warm_transfer(where, bound, self.options.backend)
             if res is None:
-                res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm, call_key=key)
+                res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm, where=where)
             # the entry must not keep the call's module and tensors alive; _runner binds each call's own
             res = replace(res, captured=None)
         except Exception as err:

@@ -39,27 +39,8 @@ class Transferred:
     backend: str           # "symbolic" or "llm"
 
 
-def warm_transfer(fn: Callable, call_key: tuple, bound: dict[str, Any], backend: str = "symbolic"
-                  ) -> Transferred | None:
-    """The program an earlier process verified for this code key and call signature, without
-    capture, where its guards hold for this call; else None (then transfer_stage runs)."""
-    where = _warm_key(fn, call_key)
-    rec = verdicts.recall(verdicts.WARM, *where) if where else None
-    if rec is None or not _allowed(rec, backend):
-        return None
-    try:
-        prog = Program.from_json(rec["program"])
-        from .ir.guards import bound_failing
-        if bound_failing(prog.guards, bound) is not None:
-            return None
-    except Exception:  # a record this version cannot use is a miss
-        return None
-    report = VerifyReport(ok=True, reason="(verified by an earlier process; no capture: same code key)")
-    return Transferred(prog, None, bool(rec["generic"]), report, str(rec["spec_key"]), str(rec["backend"]))
-
-
-def _warm_key(fn: Callable, call_key: tuple) -> tuple[str, str] | None:
-    """(code key, call signature) as text, where both are stable across processes."""
+def warm_key(fn: Callable, call_key: tuple) -> tuple[str, str] | None:
+    """(code key, call signature) as text, where both are stable across processes; else None."""
     from .capture.codekey import code_key
     text = repr(call_key)
     if " at 0x" in text:  # an object keyed by identity: nothing another process could match
@@ -68,15 +49,30 @@ def _warm_key(fn: Callable, call_key: tuple) -> tuple[str, str] | None:
     return (ck, text) if ck is not None else None
 
 
+def warm_transfer(where: tuple[str, str] | None, bound: dict[str, Any], backend: str = "symbolic"
+                  ) -> Transferred | None:
+    """The program an earlier process verified for this code key and call signature (`where`,
+    from warm_key), without capture, where its guards hold for this call; else None."""
+    spec_key = verdicts.recall_warm(*where) if where else None
+    res = _remembered(None, spec_key, backend, "no capture: same code key") if spec_key else None
+    if res is None:
+        return None
+    from .ir.guards import bound_failing
+    try:
+        return res if bound_failing(res.program.guards, bound) is None else None
+    except Exception:  # guards this version cannot check are a miss
+        return None
+
+
 def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic",
-                   llm_options: dict | None = None, call_key: tuple | None = None) -> Transferred:
+                   llm_options: dict | None = None, where: tuple[str, str] | None = None) -> Transferred:
     """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal.
-    With call_key (the dispatch signature), the verified program is also recorded for warm_transfer."""
+    With `where` (warm_key of the call), the verified program is also recorded for warm_transfer."""
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
     try:
         cap = capture(fn, bound)
         key = spec_hash(cap)
-        warm = _remembered(cap, key, backend)
+        warm = _remembered(cap, key, backend, "record in the disk cache")
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
         prog, generic, used = _transfer(fn, bound, backend, llm_options, cap)
@@ -90,10 +86,8 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
                               op="verify")
     verdicts.remember_program(key, prog.to_json(), generic, used)
-    where = _warm_key(fn, call_key) if call_key is not None else None
     if where:
-        verdicts.remember(verdicts.WARM, {"program": prog.to_json(), "generic": generic, "backend": used,
-                                          "spec_key": key}, *where)
+        verdicts.remember_warm(*where, spec_key=key)
     return Transferred(prog, cap, generic, report, key, used)
 
 
@@ -102,7 +96,8 @@ def _allowed(rec: dict, backend: str) -> bool:
     return backend == "auto" or rec.get("backend") == backend
 
 
-def _remembered(cap: Captured, key: str, backend: str) -> Transferred | None:
+def _remembered(cap: Captured | None, key: str, backend: str, how: str) -> Transferred | None:
+    """The program recorded under spec hash `key`, where `backend` may use it; else None."""
     rec = verdicts.recall_program(key)
     if rec is None or not _allowed(rec, backend):
         return None
@@ -110,7 +105,7 @@ def _remembered(cap: Captured, key: str, backend: str) -> Transferred | None:
         prog = Program.from_json(rec["program"])
     except Exception:  # a record this version cannot read is a miss
         return None
-    report = VerifyReport(ok=True, reason="(verified by an earlier process; record in the disk cache)")
+    report = VerifyReport(ok=True, reason=f"(verified by an earlier process; {how})")
     return Transferred(prog, cap, bool(rec["generic"]), report, key, str(rec["backend"]))
 
 

@@ -16,8 +16,7 @@ from typing import Any
 from .. import config
 from . import default_cache
 
-_PROGRAM, _GPU = "prog-", "gpuok-"
-WARM = "warm-"  # (code key, call signature) -> the program, without capture
+_PROGRAM, _GPU, _WARM = "prog-", "gpuok-", "warm-"
 
 
 def _digest(*parts: str) -> str:
@@ -34,7 +33,7 @@ def _code_version() -> str:
     return package_digest()
 
 
-def recall(kind: str, *parts: str) -> dict[str, Any] | None:
+def _recall(kind: str, *parts: str) -> dict[str, Any] | None:
     """The record stored under (kind, parts), or None."""
     try:
         art = default_cache().get(kind + _digest(*parts))
@@ -43,7 +42,7 @@ def recall(kind: str, *parts: str) -> dict[str, Any] | None:
         return None
 
 
-def remember(kind: str, record: dict[str, Any], *parts: str) -> None:
+def _remember(kind: str, record: dict[str, Any], *parts: str) -> None:
     """Store a record; read-only caches and write failures are silent (the call already succeeded)."""
     if config.is_readonly():
         return
@@ -55,17 +54,27 @@ def remember(kind: str, record: dict[str, Any], *parts: str) -> None:
 
 
 def recall_program(spec_key: str) -> dict[str, Any] | None:
-    return recall(_PROGRAM, spec_key)
+    return _recall(_PROGRAM, spec_key)
 
 
 def remember_program(spec_key: str, program_json: str, generic: bool, backend: str) -> None:
-    remember(_PROGRAM, {"program": program_json, "generic": generic, "backend": backend}, spec_key)
+    _remember(_PROGRAM, {"program": program_json, "generic": generic, "backend": backend}, spec_key)
+
+
+def recall_warm(code_key: str, signature: str) -> str | None:
+    """The spec hash whose program an earlier process verified for this code key and signature."""
+    rec = _recall(_WARM, code_key, signature)
+    return str(rec["spec_key"]) if rec and "spec_key" in rec else None
+
+
+def remember_warm(code_key: str, signature: str, spec_key: str) -> None:
+    _remember(_WARM, {"spec_key": spec_key}, code_key, signature)
 
 
 def gpu_verified(kernel_key: str, spec_key: str, device: str) -> bool:
-    rec = recall(_GPU, kernel_key, spec_key, device)
+    rec = _recall(_GPU, kernel_key, spec_key, device)
     return bool(rec and rec.get("ok"))
 
 
 def remember_gpu_verified(kernel_key: str, spec_key: str, device: str, worst: float) -> None:
-    remember(_GPU, {"ok": True, "worst_rel_err": worst}, kernel_key, spec_key, device)
+    _remember(_GPU, {"ok": True, "worst_rel_err": worst}, kernel_key, spec_key, device)
