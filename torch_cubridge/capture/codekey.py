@@ -18,7 +18,7 @@ from typing import Any, Callable
 # library packages whose behaviour is fixed by their version (a user's own module is not: its
 # attributes can be reassigned between calls without any code changing)
 _LIBRARIES = {"torch", "numpy", "einops", "math", "operator", "functools", "typing", "builtins"}
-_PLAIN = (int, float, bool, str, bytes, type(None))
+PLAIN = (int, float, bool, str, bytes, type(None))  # values compared (and hashed) by value
 
 
 class _NoKey(Exception):
@@ -43,7 +43,7 @@ def _library_version(name: str) -> str | None:
 
 
 def _value(v: Any, h: "hashlib._Hash", seen: set[int]) -> None:
-    if isinstance(v, _PLAIN):
+    if isinstance(v, PLAIN):
         h.update(f"{type(v).__name__}:{v!r}\n".encode())
     elif isinstance(v, tuple):
         h.update(b"(")
@@ -52,7 +52,7 @@ def _value(v: Any, h: "hashlib._Hash", seen: set[int]) -> None:
         h.update(b")")
     elif isinstance(v, types.ModuleType):
         h.update(f"module:{v.__name__}:{_library(v.__name__)}\n".encode())
-    elif isinstance(v, types.FunctionType) and _library_version(v.__module__ or "") is None:
+    elif _is_user_function(v):
         _function(v, h, seen)  # the user's own helper: its code and what it reads
     elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType, type)) \
             or type(v).__module__ == "torch._ops":
@@ -63,6 +63,11 @@ def _value(v: Any, h: "hashlib._Hash", seen: set[int]) -> None:
         h.update(f"{type(v).__name__}:{v}\n".encode())
     else:  # tensors, containers, instances (nn.Module too): their contents change under one key
         raise _NoKey(type(v).__name__)
+
+
+def _is_user_function(v: Any) -> bool:
+    """A Python function outside the libraries: its code and what it reads belong to the spec."""
+    return isinstance(v, types.FunctionType) and _library_version(v.__module__ or "") is None
 
 
 def _library(name: str) -> str:
@@ -101,14 +106,16 @@ def _function(fn: Any, h: "hashlib._Hash", seen: set[int]) -> None:
         # else: an attribute name (q.shape, torch.softmax): its object is hashed where it is looked up
 
 
-def _code(c: types.CodeType, h: "hashlib._Hash", names: set[str]) -> None:
-    h.update(c.co_code)
-    h.update(repr(c.co_names).encode())
+def _code(c: types.CodeType, h: "hashlib._Hash | None", names: set[str]) -> None:
+    """Collect every name c (and the code nested in it) reads; hash the code too unless h is None."""
     names.update(c.co_names)
+    if h is not None:
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
     for k in c.co_consts:
         if isinstance(k, types.CodeType):  # nested functions and comprehensions
             _code(k, h, names)
-        else:
+        elif h is not None:
             h.update(f"{type(k).__name__}:{k!r}\n".encode())
 
 
@@ -131,7 +138,7 @@ class GlobalsWatch:
             return
         seen.add(id(fn))
         names: set[str] = set()
-        _code(fn.__code__, hashlib.sha256(), names)
+        _code(fn.__code__, None, names)
         for cell in fn.__closure__ or ():
             try:
                 v = cell.cell_contents
@@ -144,7 +151,7 @@ class GlobalsWatch:
             if v is _MISSING:
                 continue  # a builtin or an attribute name
             self._globals.append((fn.__globals__, name, v))
-            if isinstance(v, types.FunctionType) and _library_version(v.__module__ or "") is None:
+            if _is_user_function(v):
                 self._collect(v, seen)
 
     def unchanged(self) -> bool:

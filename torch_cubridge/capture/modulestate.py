@@ -3,7 +3,7 @@
 A program bakes in what the spec read from a module (`module.scaling`, `module.num_key_value_groups`,
 `module.training`). Module arguments are keyed by identity, so setting such an attribute in place
 (`attn.scaling = 0.5`) would leave the old program serving. The snapshot holds every attribute of a
-plain value (numbers, strings, flags, None, tuples of them) and a call matches only while they are
+plain value (numbers, strings, bytes, flags, None, tuples of them) and a call matches only while they are
 unchanged (well under a microsecond for a transformers attention module). Tensors a module holds are
 data the kernel reads each call, not part of this.
 """
@@ -14,12 +14,11 @@ from typing import Any
 import torch
 
 from ..ir.guards import reader
-
-_PLAIN = (int, float, bool, str, type(None))
+from .codekey import PLAIN
 
 
 def _plain(x: Any) -> bool:
-    return isinstance(x, _PLAIN) or isinstance(x, tuple) and all(_plain(y) for y in x)
+    return isinstance(x, PLAIN) or isinstance(x, tuple) and all(_plain(y) for y in x)
 
 
 class ModuleState:
