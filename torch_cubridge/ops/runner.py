@@ -24,7 +24,7 @@ from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .pack import pack_fwd_raw, pack_params, params_format
-from .tma import tensor_map, tma_compatible
+from .tma import no_broadcast, tensor_map
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
 
@@ -128,9 +128,9 @@ class KernelRunner:
         if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
         tma = self.low.tile.kernel == "sm90"
-        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (
-                tma_compatible(q.data_ptr(), (B, H, Sq, D), qs) and tma_compatible(k.data_ptr(), (B, Hkv, Skv, D), ks)
-                and tma_compatible(v.data_ptr(), (B, Hkv, Skv, D), vs)):  # cp.async/TMA need 16-byte rows
+        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
+                no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
+                and no_broadcast((B, Hkv, Skv, D), vs)):
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
