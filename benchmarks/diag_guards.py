@@ -17,8 +17,10 @@ name = sys.argv[1] if len(sys.argv) > 1 else "causal"
 B, S = (int(x) for x in (sys.argv[2:4] if len(sys.argv) > 3 else (8, 4096)))
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 bound = {n: torch.empty(B, 16, S, 128, device=dev, dtype=torch.bfloat16) for n in "qkv"}
-for meta in (False, True):
-    tr = G._symbolic_trace(SPECS[name], bound, list(bound), on_meta=meta)
+for meta in (False, True):  # the call's device, then meta fakes: does the device change the facts?
+    b = {n: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for n, t in bound.items()} \
+        if meta else bound
+    tr = G.symbolic_trace(SPECS[name], b, list(b))
     if tr is None:
         print("meta" if meta else dev, "trace failed")
         continue

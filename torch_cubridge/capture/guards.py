@@ -93,19 +93,15 @@ def _value_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
     return out
 
 
-def _symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str], on_meta: bool):
+def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
+    """fn traced over fakes whose every size is a symbol: (graph, shape env, symbol -> (path, dim)),
+    or None when the trace fails."""
     env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    src = bound
-    if on_meta:
-        src = dict(bound)
-        for p in paths:
-            t = bound[p]
-            src[p] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    fakes, owner = _fakes(src, paths, env, mode)
+    fakes, owner = _fakes(bound, paths, env, mode)
     try:
         with mode:
-            gm = make_fx(spec_over(fn, src, paths), tracing_mode="real")(*fakes)
+            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
     except Exception:
         return None
     return gm, env, owner
@@ -118,12 +114,7 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
     """
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
-    traced = _symbolic_trace(fn, bound, paths, on_meta=False)
-    if traced is None:
-        # CUDA fakes can fail where meta ones do not (seen on an H100 at 2^31 score elements,
-        # which pinned every size and sent verification to the full call): sizes decide the
-        # same branches on either device unless the spec branches on the device itself
-        traced = _symbolic_trace(fn, bound, paths, on_meta=True)
+    traced = symbolic_trace(fn, bound, paths)
     if traced is None:  # code only a static trace survives: the caller pins every size
         return None
     gm, env, owner = traced
