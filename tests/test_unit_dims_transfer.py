@@ -13,17 +13,9 @@ import torch_cubridge as tc
 from torch_cubridge.capture.trace import bind_example
 from torch_cubridge.verify import cpu as vcpu
 from helpers import rel_err, to64
+from test_decode_transfer import einsum_style, matmul_style
 
 D = 16
-
-
-def matmul_style(q, k, v):
-    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
-
-
-def einsum_style(q, k, v):
-    s = torch.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] ** 0.5
-    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)
 
 
 def bmm_style(q, k, v):
