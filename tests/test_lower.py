@@ -103,3 +103,13 @@ def test_sm90a_cubin_uses_wgmma_and_tma(name, D, tmp_path):
     assert "HGMMA" in sass and "UTMALDG" in sass and "USETMAXREG" in sass
     assert "HMMA" not in sass.replace("HGMMA", "")  # no mma.sync left on this path
     assert "LDL" not in sass and "STL" not in sass  # no local-memory spills
+
+
+def test_sm90_shared_memory_agrees_with_the_kernel_header():
+    """lower/tiles.py sizes the launch; Sm90Tile::kSmemBytes is what the kernel lays out. Same formula."""
+    text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
+    rhs = re.search(r"struct Sm90Tile.*?kSmemBytes\s*=\s*([^;]+);", text, re.S).group(1)
+    for D, t in TILES_SM90.items():
+        expr = re.sub(r"\bStages\b", str(t.stages), re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bD\b", str(D), rhs)))
+        assert re.fullmatch(r"[\d\s+*()]+", expr), expr  # only numbers left: safe to evaluate
+        assert eval(expr) == t.smem_bytes, (D, expr)  # noqa: S307
