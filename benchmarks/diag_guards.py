@@ -27,6 +27,13 @@ for meta in (False, True):  # the call's device, then meta fakes: does the devic
     gm, env, owner = tr
     where = {s: G.dim(p, d) for s, (p, d) in owner.items()}
     print("meta" if meta else dev, "value symbols", sorted(map(str, G._value_symbols(gm))))
+    print("  owner:", {str(k): v for k, v in owner.items()})
+    print("  replacements:", {str(k): str(v) for k, v in env.replacements.items()})
+    print("  var_to_range (narrowed):", {str(k): str(v) for k, v in env.var_to_range.items()
+                                         if str(v) not in ("VR[2, int_oo]", "VR[0, int_oo]")})
+    for g in env.guards:
+        print("  guard:", str(g.expr)[:300])
+    print("  size_guards ->", [str(x)[:120] for x in (G.size_guards(SPECS[name], b, (("q", 2), ("k", 2))) or ["None"])])
     for g in env.guards:
         try:
             G._to_expr(g.expr, where)

@@ -14,6 +14,8 @@ MODE=${1:-}
 K=${2:-}
 python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/test_llm_backend.py ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+# CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
+python3 -m pytest tests/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
 if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi

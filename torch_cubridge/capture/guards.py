@@ -101,7 +101,7 @@ def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
     fakes, owner = _fakes(bound, paths, env, mode)
     try:
         with mode:
-            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
+            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="symbolic")(*fakes)
     except Exception:
         return None
     return gm, env, owner
