@@ -173,6 +173,30 @@ def test_transformers_model_served_by_kernel(family, padded):
     assert len(errs) == 6 and max(errs) <= 2e-2, errs
 
 
+def test_transformers_model_under_torch_compile_calls_the_kernel():
+    """The traced key of a call with a module argument must equal the eager one, or a compiled model
+    traces the spec instead of the verified kernel (torch 2.11's dynamo cannot even hash the other)."""
+    import warnings
+    import torch_cubridge.integrations.transformers as tcx
+    from tiny_models import inputs, pair
+    tcx.register()
+    ref, ours = pair("llama", torch.bfloat16, "cuda", head_dim=64, hidden_size=256, intermediate_size=256)
+    ids, mask = inputs(B=2, S=150, pad=0, device="cuda")
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(ids, attention_mask=mask).logits
+        ours(ids, attention_mask=mask)  # eager: builds and verifies the kernels the trace looks up
+        got = torch.compile(ours, fullgraph=True, backend=keep)(ids, attention_mask=mask).logits
+    calls = [n for g in graphs for n in g.graph.nodes if "cubridge" in str(n.target)]
+    assert calls, "the compiled model traced the spec, not the kernel"
+    assert float((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+
+
 def test_inputs_requiring_grad_go_through_the_spec():
     case = next(c for c in CASES if c.name == "causal_sdpa")
     f = tc.compile(case.fn, fallback="raise")

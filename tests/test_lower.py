@@ -31,7 +31,7 @@ def test_tiles_agree_with_kernel_config():
     assert "kBlockM = 128" in text and "kThreads = 384" in text  # Sm90Tile: the table is TILES_SM90
     for D, t in TILES_SM90.items():
         assert (t.block_m, t.threads) == (128, 384), D
-        assert f"Sm90Tile<{D}, {t.block_n}, {t.stages}>" in lower(_prog("causal_sdpa", D), arch="sm_90a",
+        assert f"Sm90Tile<{D}, {t.block_n}, {t.stages}, {int(t.own_o)}>" in lower(_prog("causal_sdpa", D), arch="sm_90a",
                                                                  head_dim=D).source
 
 
@@ -110,6 +110,7 @@ def test_sm90_shared_memory_agrees_with_the_kernel_header():
     text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
     rhs = re.search(r"struct Sm90Tile.*?kSmemBytes\s*=\s*([^;]+);", text, re.S).group(1)
     for D, t in TILES_SM90.items():
-        expr = re.sub(r"\bStages\b", str(t.stages), re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bD\b", str(D), rhs)))
+        expr = re.sub(r"\bOwnO\b", str(int(t.own_o)), re.sub(r"\bStages\b", str(t.stages),
+                      re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bD\b", str(D), rhs))))
         assert re.fullmatch(r"[\d\s+*()]+", expr), expr  # only numbers left: safe to evaluate
         assert eval(expr) == t.smem_bytes, (D, expr)  # noqa: S307

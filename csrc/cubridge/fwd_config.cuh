@@ -40,19 +40,25 @@ template <class T> struct FwdConfig<96, T> : FwdTile<96, 128, 64, 4, 2, false> {
 template <class T> struct FwdConfig<128, T> : FwdTile<128, 128, 64, 4, 2, false> {};
 template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false, false> {};
 
-// Hopper kernel (fwd_kernel_sm90.cuh): 128 query rows per CTA in two consumer
+// Hopper kernel (fwd_kernel_sm90.cuh): 128 query rows per tile in two consumer
 // warpgroups of 64 rows plus one producer warpgroup; K/V tiles of BN keys in a
 // Stages-deep TMA ring. Shared memory: 1024 alignment slack, Q, the K and V
-// rings, the mbarriers and one int per row (empty-row flags).
-template <int D, int BN, int Stages, bool LazyRescale = true>
+// rings, the O staging buffer where OwnO (else O is staged in Q's rows and the
+// next tile's Q loads after the epilogue), the mbarriers and one int per row
+// (empty-row flags).
+template <int D, int BN, int Stages, int OwnO, bool LazyRescale = true>
 struct Sm90Tile {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = BN;
   static constexpr int kStages = Stages;
+  static constexpr bool kOwnO = OwnO != 0;
+  // One CTA per SM walking the tiles (lower/tiles.py: Tile.persistent). Only with an O buffer:
+  // without one the next Q waits for the epilogue anyway, and D 256 would spill in the tile loop.
+  static constexpr bool kPersistent = kOwnO;
   static constexpr bool kLazyRescale = LazyRescale;
   static constexpr int kThreads = 384;
-  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN) * D * 2 + 8 * (1 + 4 * Stages) + 4 * 128;
+  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN + OwnO * 128) * D * 2 + 8 * (2 + 4 * Stages) + 4 * 128;
 
   static_assert(D % 64 == 0 && D <= 256, "TMA boxes are 64-column chunks");
   static_assert(BN % 16 == 0 && BN <= 256, "wgmma n is a multiple of 16, at most 256");

@@ -3,11 +3,13 @@
 //
 //   O[b, h, q, :] = sum_kv softmax_kv(score(q.k)) V[b, kv_head(h), kv, :]
 //
-// Launch (one CTA per 128-row query tile of one head):
-//   grid  = (ceil(Sq / 128), Hq, B), block = 384 threads (3 warpgroups),
-//   dynamic shared memory = Sm90Cfg::kSmemBytes; parameters (FwdArgs,
-//   Params, tensor maps of Q, K, V). blockIdx.x is reversed: the heaviest
-//   (last) query tiles of a causal mask start first.
+// Launch: grid = (min(tiles, SMs), 1, 1) where Cfg::kPersistent, else (tiles, 1, 1);
+//   block = 384 threads
+//   (3 warpgroups), dynamic shared memory = Sm90Tile::kSmemBytes; parameters
+//   (FwdArgs, Params, tensor maps of Q, K, V). A tile is 128 query rows of one
+//   (batch, head); tiles are numbered heaviest first (the last query rows of a
+//   causal mask) and CTA c takes tiles c, c + grid, ... The producer loads the
+//   next tile's Q and K/V while the consumers finish the current one.
 //
 // Warpgroup 0 is the producer: one thread walks the non-empty key blocks and
 // issues TMA copies of K and V into a kStages-deep shared-memory ring, each
@@ -16,8 +18,10 @@
 // S = Q K^T (wgmma, both operands in shared memory), score/mask hooks, online
 // softmax in registers, O += P V (wgmma, P from registers). P V of one block
 // is issued behind the next block's Q K^T, so it overlaps that block's softmax.
-// Consumers release K after its Q K^T and V after its P V. Epilogue: O / l (sink joins l),
-// staged through the consumer's own Q rows, 16-byte coalesced stores.
+// Consumers release K after its Q K^T and V after its P V, and Q after the
+// tile's last Q K^T (kOwnO) or after the epilogue. Epilogue: O / l (sink joins
+// l), staged in shared memory (an O buffer where it fits, else the consumer's
+// own Q rows), 16-byte coalesced stores.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,6 +51,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   constexpr int NT = BN / 8, DT = D / 8, KC = D / 16, PK = BN / 16, CH = D / 64;
   constexpr unsigned kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  constexpr bool kOwnO = Cfg::kOwnO;  // a separate O staging buffer: Q of the next tile loads early
+  constexpr unsigned kOBytes = kOwnO ? kQBytes : 0;
   constexpr bool kRaw = score_is_default<Variant>(0);
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -57,23 +63,30 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
   unsigned char* base = smem_raw + pad;
   const unsigned sQ = raw + pad, sK = sQ + kQBytes, sV = sK + ST * kKVBytes;
-  // mbarriers: q_full, then per stage k_full, v_full, k_empty, v_empty
-  const unsigned bars = sV + ST * kKVBytes;
-  const unsigned q_full = bars;
-  auto k_full = [&](int s) { return bars + 8u * (1 + s); };
-  auto v_full = [&](int s) { return bars + 8u * (1 + ST + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (1 + 2 * ST + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * ST + s); };
-  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + 8 * (1 + 4 * ST));
+  unsigned char* o_stage = base + (kOwnO ? kQBytes + 2 * ST * kKVBytes : 0);  // else Q's rows
+  // mbarriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty
+  const unsigned bars = sV + ST * kKVBytes + kOBytes;
+  const unsigned q_full = bars, q_empty = bars + 8u;
+  auto k_full = [&](int s) { return bars + 8u * (2 + s); };
+  auto v_full = [&](int s) { return bars + 8u * (2 + ST + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * ST + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * ST + s); };
+  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + kOBytes + 8 * (2 + 4 * ST));
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
 
-  // @cuir tile axis=q size=kBlockM
-  const int m_blk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) tiles launch first
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int hk = Variant::kv_head(a, h);
-  const int q_lo = m_blk * BM, q_hi = imin(q_lo + BM, sq);
+  // Tile numbering: heaviest (last) query tiles first, every (batch, head) of them together.
+  const int n_m = (sq + BM - 1) / BM, n_hb = static_cast<int>(a.Hq * a.B), n_tiles = n_m * n_hb;
+  int h = 0, b = 0, hk = 0, q_lo = 0, q_hi = 0;
+  auto enter = [&](int tile) {
+    const int m_blk = n_m - 1 - tile / n_hb, hb = tile % n_hb;
+    h = hb % static_cast<int>(a.Hq);
+    b = hb / static_cast<int>(a.Hq);
+    hk = Variant::kv_head(a, h);
+    q_lo = m_blk * BM;
+    q_hi = imin(q_lo + BM, sq);
+  };
   const int n_blk = (skv + BN - 1) / BN;
   auto block_cls = [&](int j) {
     return H::block_class(a, p, b, h, q_lo, q_hi, j * BN, imin(j * BN + BN, skv));
@@ -81,6 +94,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
 
   if (tid == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, 8);  // one arrival per consumer warp
     for (int s = 0; s < ST; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
@@ -96,13 +110,17 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     if (tid == 0) {
       tma_prefetch_desc(tk);
       tma_prefetch_desc(tv);
+      int i = 0, it = 0;  // ring position and tile count, both run on across tiles
+      for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
+      // @cuir tile axis=q size=kBlockM
+      enter(tile);
       // @cuir load tensor=q
+      mbar_wait(q_empty, (it & 1) ^ 1);  // the consumers are done with the last tile's Q
       mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
       for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
       // K and V of a stage are released separately: K once its QK^T is done,
       // V once its PV is, a block later.
-      int i = 0;
       for (int j = 0; j < n_blk; ++j) {
         if (block_cls(j) == kEmpty) continue;
         const int s = i % ST;
@@ -119,6 +137,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
           tma_load_4d(sV + s * kKVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
         ++i;
       }
+      if constexpr (!Cfg::kPersistent) break;
+      }
     }
     return;
   }
@@ -128,12 +148,9 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const int r0 = cw * 64 + warp * 16 + lane / 4;  // this thread's first row in the tile (+8: second)
 
   float o[1][DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  float m[2], l[2];
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   const unsigned q_tile = sQ + cw * 64 * 128;
-  mbar_wait(q_full, 0);
 
   // Software pipeline (intra-warpgroup overlap): P V of block i-1 runs on the
   // tensor cores while block i's scores go through the hooks and the softmax.
@@ -190,26 +207,39 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   auto my_turn = [&]() { named_sync(kTurn + cw, 256); };
   auto pass_turn = [&]() { named_arrive(kTurn + (cw ^ 1), 256); };
 
+  int i = 0, it = 0;  // ring position and tile count, as the producer's
+  for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
+  enter(tile);
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+  m[0] = m[1] = neg_inf();
+  l[0] = l[1] = 0.f;
+  prev = -1;
+  mbar_wait(q_full, it & 1);
+
   // The first non-empty block has no P V to overlap with; the loop below
   // runs the rest with the pipeline full (no branches around the wgmmas).
   int j = 0, cls = kEmpty;
   while (j < n_blk && (cls = block_cls(j)) == kEmpty) ++j;
   if (j < n_blk) {
     float sc[1][NT][4], alpha[2];
+    const int s = i % ST;
+    const unsigned ph = (i / ST) & 1;
     if (cw == 1) named_arrive(kTurn, 256);
-    mbar_wait(k_full(0), 0);
+    mbar_wait(k_full(s), ph);
     my_turn();
-    qk(sc, 0);
+    qk(sc, s);
     pass_turn();
     wgmma_wait<0>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
-    release(k_empty(0));
+    release(k_empty(s));
     score_softmax(sc, j, cls, alpha);
     keep_p(sc);  // O is still zero: nothing to rescale
-    prev = 0;
+    prev = s;
+    prev_ph = ph;
     ++j;
+    ++i;
   }
-  int i = 1;
   // @cuir loop axis=kv size=kBlockN
   for (; prev >= 0 && j < n_blk; ++j) {
     // @cuir hook name=block_class
@@ -248,6 +278,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     ++i;
   }
   // @cuir endloop axis=kv
+  if constexpr (kOwnO) release(q_empty);  // the tile's last Q K^T is complete: the next Q may load
   if (prev >= 0) {
     mbar_wait(v_full(prev), prev_ph);
     my_turn();
@@ -264,13 +295,15 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   float o_scale[2], lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
-  // Stage O in this warpgroup's own Q rows (every QK^T that read them has completed).
+  // Stage O in this warpgroup's own rows of the O buffer or of Q (every Q K^T that read
+  // them has completed); the barrier orders this after the last tile's reads of them.
+  named_sync(1 + cw, 128);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = r0 + hf * 8;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
-      *reinterpret_cast<unsigned*>(base + sw128_offset<BM>(r, dt * 8 + (lane % 4) * 2)) =
+      *reinterpret_cast<unsigned*>(o_stage + sw128_offset<BM>(r, dt * 8 + (lane % 4) * 2)) =
           pack2<T>(o[0][dt][2 * hf] * o_scale[hf], o[0][dt][2 * hf + 1] * o_scale[hf]);
     if constexpr (Variant::kEmptyRowMeanV)
       if (lane % 4 == 0) row_info[r] = m[hf] == neg_inf();
@@ -281,11 +314,11 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
   const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
 #pragma unroll
-  for (int it = 0; it < 64 * DT / 128; ++it) {
-    const int idx = t + 128 * it;
+  for (int rep = 0; rep < 64 * DT / 128; ++rep) {
+    const int idx = t + 128 * rep;
     const int r = cw * 64 + idx / DT, c = (idx % DT) * 8;
     if (q_lo + r >= sq) continue;
-    uint4 val = *reinterpret_cast<const uint4*>(base + sw128_offset<BM>(r, c));
+    uint4 val = *reinterpret_cast<const uint4*>(o_stage + sw128_offset<BM>(r, c));
     if (Variant::kEmptyRowMeanV && row_info[r]) val = mean_v_chunk(gV, a.v_ss, skv, c / 8);
     *reinterpret_cast<uint4*>(gO + (long long)(q_lo + r) * a.o_ss + c) = val;
   }
@@ -295,6 +328,12 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       if (q_lo + r0 + hf * 8 < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + r0 + hf * 8] = lse[hf];
+  }
+  if constexpr (!kOwnO) {  // Q's rows held O: the copy engine may overwrite them once read
+    fence_proxy_async();
+    release(q_empty);
+  }
+  if constexpr (!Cfg::kPersistent) break;
   }
 }
 

@@ -76,6 +76,10 @@ def _meta_traceable(v: Any) -> Any:
         return (v.dtype, v.get_device(), tuple(n == 1 for n in v.shape))
     if isinstance(v, (tuple, list)):
         return tuple(_meta_traceable(x) for x in v)
+    if isinstance(v, torch.nn.Module) and not any("__eq__" in c.__dict__ for c in type(v).__mro__[:-1]):
+        # dynamo does not see `type(v).__eq__ is object.__eq__`; without this the key would hold a
+        # _Pinned, which equals no eager key (and torch 2.11's dynamo cannot hash it)
+        return (type(v).__name__, _Ref(v))
     return _meta(v)
 
 

@@ -14,7 +14,13 @@ class Tile:
     block_n: int
     warps: int
     stages: int
-    kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Config)
+    kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Tile)
+    own_o: bool = False  # sm90: O staged in its own buffer, so the next tile's Q loads during the epilogue
+
+    @property
+    def persistent(self) -> bool:
+        """sm90: one CTA per SM walks the tiles (Sm90Tile::kPersistent, which follows the O buffer)."""
+        return self.kernel == "sm90" and self.own_o
 
     @property
     def threads(self) -> int:
@@ -22,17 +28,17 @@ class Tile:
 
     @property
     def smem_bytes(self) -> int:
-        if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), barriers, row flags
-            return 1024 + (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2 \
-                + 8 * (1 + 4 * self.stages) + 4 * self.block_m
+        if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), O, barriers, row flags
+            return 1024 + (self.block_m + 2 * self.stages * self.block_n + self.own_o * self.block_m) \
+                * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m
         return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
 
 
 TILES = {64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2), 128: Tile(128, 128, 64, 4, 2),
          256: Tile(256, 128, 64, 8, 2)}
-# Hopper (sm_90a): one producer + two consumer warpgroups
-TILES_SM90 = {64: Tile(64, 128, 128, 12, 2, "sm90"), 128: Tile(128, 128, 128, 12, 2, "sm90"),
-              256: Tile(256, 128, 80, 12, 2, "sm90")}
+# Hopper (sm_90a): one producer + two consumer warpgroups; D 256 has no room for an O buffer
+TILES_SM90 = {64: Tile(64, 128, 128, 12, 2, "sm90", True), 128: Tile(128, 128, 128, 12, 2, "sm90", True),
+              256: Tile(256, 128, 80, 12, 2, "sm90", False)}
 
 
 def tile_for(head_dim: int, arch: str = "sm_90") -> Tile:

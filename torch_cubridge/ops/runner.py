@@ -6,6 +6,7 @@ layout, pack arguments, launch on the current stream. No host sync.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
 
@@ -169,7 +170,10 @@ class KernelRunner:
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, D), vs, dt, tile.block_n))
-            self.kernel.launch((-(-Sq // self.low.tile.block_m), H, B), blocks, stream)
+            tiles = (-(-Sq // self.low.tile.block_m), H, B)
+            if self.low.tile.persistent:  # one CTA per SM walks the tiles, heaviest first
+                tiles = (min(tiles[0] * H * B, _sm_count(di)), 1, 1)
+            self.kernel.launch(tiles, blocks, stream)
         else:
             out.zero_()
         if raw:
@@ -232,6 +236,11 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _ok(t: torch.Tensor, st: tuple) -> bool:
