@@ -47,6 +47,22 @@ def test_variant_through_kernel(case, D):
     assert rel_err(out2.float().cpu(), ref2) < 1e-2
 
 
+@pytest.mark.parametrize("name", ["full_matmul", "causal_sdpa", "sliding_window", "document_causal",
+                                  "causal_bottom_right", "empty_rows_finite_fill"])
+def test_more_tiles_than_multiprocessors(name):
+    """The Hopper kernel's persistent grid: each CTA walks several tiles, so every ring stage, barrier
+    phase and the Q/O buffers are reused across tiles (the small shapes above fit in one wave)."""
+    case = next(c for c in CASES if c.name == name)
+    f = tc.compile(case.fn, fallback="raise")
+    args = _cuda(case.make(4, 16, 16, 700, 128, torch.bfloat16))
+    tiles = 4 * 16 * -(-700 // 128)
+    assert tiles > 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    out = first(f(*args))
+    _served_by_kernel(f, args)
+    ref = first(case.fn(*to64(tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))))
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+
+
 @pytest.mark.parametrize("D", [96, 256])
 def test_other_head_dims(D):
     case = next(c for c in CASES if c.name == "softcap_causal")

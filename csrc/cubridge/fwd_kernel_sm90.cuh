@@ -286,6 +286,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     if (cw == 0) pass_turn();
     wgmma_wait<0>();
     wgmma_hold<4 * DT>(&o[0][0][0]);
+    release(v_empty(prev));  // the producer reuses this stage in a later tile
   }
 
   // @cuir hook name=sink

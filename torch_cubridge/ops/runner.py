@@ -170,10 +170,11 @@ class KernelRunner:
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, D), vs, dt, tile.block_n))
-            tiles = (-(-Sq // self.low.tile.block_m), H, B)
-            if self.low.tile.persistent:  # one CTA per SM walks the tiles, heaviest first
-                tiles = (min(tiles[0] * H * B, _sm_count(di)), 1, 1)
-            self.kernel.launch(tiles, blocks, stream)
+            nq = -(-Sq // self.low.tile.block_m)
+            grid = (nq, H, B)
+            if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
+                grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
+            self.kernel.launch(grid, blocks, stream)
         else:
             out.zero_()
         if raw:
