@@ -76,11 +76,17 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const int tid = threadIdx.x, wg = tid / 128;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
 
-  // Tile numbering: heaviest (last) query tiles first, every (batch, head) of them together.
+  // Tile numbering: (batch, head) pairs in groups whose K and V fit in L2 together (the CTAs
+  // running at one time share them), and within a group the heaviest (last) query tiles first.
   const int n_m = (sq + BM - 1) / BM, n_hb = static_cast<int>(a.Hq * a.B), n_tiles = n_m * n_hb;
+  constexpr long long kL2Budget = 24ll << 20;  // bytes of K and V one group may keep in L2
+  const long long fit = kL2Budget / (4ll * D * (skv > 0 ? skv : 1));
+  const int group = fit < 1 ? 1 : fit > n_hb ? n_hb : static_cast<int>(fit);
   int h = 0, b = 0, hk = 0, q_lo = 0, q_hi = 0;
   auto enter = [&](int tile) {
-    const int m_blk = n_m - 1 - tile / n_hb, hb = tile % n_hb;
+    const int first = tile / (group * n_m) * group, size = imin(group, n_hb - first);
+    const int in = tile - first * n_m;
+    const int m_blk = n_m - 1 - in / size, hb = first + in % size;
     h = hb % static_cast<int>(a.Hq);
     b = hb / static_cast<int>(a.Hq);
     hk = Variant::kv_head(a, h);
