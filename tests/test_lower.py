@@ -63,6 +63,9 @@ def test_document_mask_loads_through_strides():
     # data-dependent mask: a runtime pre-pass classifies tiles, block_class reads its table
     assert low.prepass and low.prepass in low.source and "p.blk[" in low.source
     assert not lower(_prog("causal_sdpa")).prepass
+    # its table answers per tile only: the kernel must not ask it about a span of key blocks
+    assert "kClassSpans = false" in low.source
+    assert "kClassSpans" not in lower(_prog("sliding_window")).source  # an interval rule spans
 
 
 def test_tiled_head_map_overrides_the_kv_head_hook():

@@ -97,6 +97,18 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   auto block_cls = [&](int j) {
     return H::block_class(a, p, b, h, q_lo, q_hi, j * BN, imin(j * BN + BN, skv));
   };
+  // The first non-empty key block at or after j (n_blk: none). Where the rule holds for spans,
+  // the empty rest of a row (past a causal diagonal) and runs of 8 empty blocks (before a
+  // window) cost one call each, so a tile's cost follows its live blocks, not the key length.
+  auto next_live = [&](int j) {
+    if constexpr (Variant::kClassSpans && Variant::kHasMask) {
+      auto span = [&](int j0, int j1) { return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv)); };
+      if (j < n_blk && span(j, n_blk) == kEmpty) return n_blk;
+      while (j + 8 < n_blk && span(j, j + 8) == kEmpty) j += 8;
+    }
+    while (j < n_blk && block_cls(j) == kEmpty) ++j;
+    return j;
+  };
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -127,8 +139,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
       // K and V of a stage are released separately: K once its QK^T is done,
       // V once its PV is, a block later.
-      for (int j = 0; j < n_blk; ++j) {
-        if (block_cls(j) == kEmpty) continue;
+      for (int j = next_live(0); j < n_blk; j = next_live(j + 1)) {
         const int s = i % ST;
         const unsigned free_ph = ((i / ST) & 1) ^ 1;  // a fresh barrier passes parity 1
         mbar_wait(k_empty(s), free_ph);
@@ -225,9 +236,9 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
 
   // The first non-empty block has no P V to overlap with; the loop below
   // runs the rest with the pipeline full (no branches around the wgmmas).
-  int j = 0, cls = kEmpty;
-  while (j < n_blk && (cls = block_cls(j)) == kEmpty) ++j;
+  int j = next_live(0), cls = kEmpty;
   if (j < n_blk) {
+    cls = block_cls(j);
     float sc[1][NT][4], alpha[2];
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
@@ -243,11 +254,11 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     keep_p(sc);  // O is still zero: nothing to rescale
     prev = s;
     prev_ph = ph;
-    ++j;
+    j = next_live(j + 1);
     ++i;
   }
   // @cuir loop axis=kv size=kBlockN
-  for (; prev >= 0 && j < n_blk; ++j) {
+  for (; prev >= 0 && j < n_blk; j = next_live(j + 1)) {
     // @cuir hook name=block_class
     cls = block_cls(j);
     // @cuir skip when=empty

@@ -93,6 +93,8 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
                   f"  __device__ __forceinline__ static int block_class({sig}, int b, int h, int q_lo, int q_hi,"
                   " int kv_lo, int kv_hi) {",
                   f"    return {_block_class_body(cg, p, block_m, block_n)};", "  }"]
+        if p.block_rule == "prepass":  # one entry per tile: no answer for a span of blocks
+            lines.append("  static constexpr bool kClassSpans = false;")
     if p.sink is not None:
         lines += ["  static constexpr bool kHasSink = true;",
                   f"  __device__ __forceinline__ static float sink({sig}, int b, int h) {{",
