@@ -97,17 +97,29 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   auto block_cls = [&](int j) {
     return H::block_class(a, p, b, h, q_lo, q_hi, j * BN, imin(j * BN + BN, skv));
   };
-  // The first non-empty key block at or after j (n_blk: none). Where the rule holds for spans,
-  // the empty rest of a row (past a causal diagonal) and runs of 8 empty blocks (before a
-  // window) cost one call each, so a tile's cost follows its live blocks, not the key length.
-  auto next_live = [&](int j) {
+  // Where the rule holds for spans of key blocks, a tile's live blocks end at j_end: found once
+  // per tile, 8 blocks per call from the end (the empty rest of a causal row costs a few calls),
+  // and runs of 8 empty blocks before a window are skipped the same way. A tile's cost then
+  // follows its live blocks, not the key length.
+  int j_end = n_blk;
+  auto span = [&](int j0, int j1) {
+    return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv));
+  };
+  auto find_end = [&]() {
+    j_end = n_blk;
     if constexpr (Variant::kClassSpans && Variant::kHasMask) {
-      auto span = [&](int j0, int j1) { return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv)); };
-      if (j < n_blk && span(j, n_blk) == kEmpty) return n_blk;
-      while (j + 8 < n_blk && span(j, j + 8) == kEmpty) j += 8;
+      while (j_end > 8 && span(j_end - 8, j_end) == kEmpty) j_end -= 8;
+      while (j_end > 0 && block_cls(j_end - 1) == kEmpty) --j_end;
     }
-    while (j < n_blk && block_cls(j) == kEmpty) ++j;
-    return j;
+  };
+  // The first non-empty key block at or after j (n_blk: none).
+  auto next_live = [&](int j) {
+    while (j < j_end) {
+      if (block_cls(j) != kEmpty) return j;
+      constexpr bool kSpans = Variant::kClassSpans && Variant::kHasMask;
+      j += kSpans && j + 8 < j_end && span(j, j + 8) == kEmpty ? 8 : 1;
+    }
+    return n_blk;
   };
 
   if (tid == 0) {
@@ -132,6 +144,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
       // @cuir tile axis=q size=kBlockM
       enter(tile);
+      find_end();
       // @cuir load tensor=q
       mbar_wait(q_empty, (it & 1) ^ 1);  // the consumers are done with the last tile's Q
       mbar_expect_tx(q_full, kQBytes);
@@ -227,6 +240,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   int i = 0, it = 0;  // ring position and tile count, as the producer's
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
   enter(tile);
+  find_end();
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
   m[0] = m[1] = neg_inf();
