@@ -31,7 +31,7 @@ def test_tiles_agree_with_kernel_config():
     assert "kBlockM = 128" in text and "kThreads = 384" in text  # Sm90Tile: the table is TILES_SM90
     for D, t in TILES_SM90.items():
         assert (t.block_m, t.threads) == (128, 384), D
-        assert f"Sm90Tile<{D}, {t.block_n}, {t.stages}, {int(t.own_o)}>" in lower(_prog("causal_sdpa", D), arch="sm_90a",
+        assert f"Sm90Tile<{D}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>" in lower(_prog("causal_sdpa", D), arch="sm_90a",
                                                                  head_dim=D).source
 
 

@@ -45,17 +45,16 @@ template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false,
 // Stages-deep TMA ring. Shared memory: 1024 alignment slack, Q, the K and V
 // rings, the O staging buffer where OwnO (else O is staged in Q's rows and the
 // next tile's Q loads after the epilogue), the mbarriers and one int per row
-// (empty-row flags).
-template <int D, int BN, int Stages, int OwnO, bool LazyRescale = true>
+// (empty-row flags). Persistent: one CTA per SM walks the tiles (lower/tiles.py
+// chooses it with the launch grid).
+template <int D, int BN, int Stages, int OwnO, int Persistent, bool LazyRescale = true>
 struct Sm90Tile {
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = BN;
   static constexpr int kStages = Stages;
   static constexpr bool kOwnO = OwnO != 0;
-  // One CTA per SM walking the tiles (lower/tiles.py: Tile.persistent). Only with an O buffer:
-  // without one the next Q waits for the epilogue anyway, and D 256 would spill in the tile loop.
-  static constexpr bool kPersistent = kOwnO;
+  static constexpr bool kPersistent = Persistent != 0;
   static constexpr bool kLazyRescale = LazyRescale;
   static constexpr int kThreads = 384;
   static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN + OwnO * 128) * D * 2 + 8 * (2 + 4 * Stages) + 4 * 128;

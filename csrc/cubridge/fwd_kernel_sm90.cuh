@@ -3,8 +3,8 @@
 //
 //   O[b, h, q, :] = sum_kv softmax_kv(score(q.k)) V[b, kv_head(h), kv, :]
 //
-// Launch: grid = (min(tiles, SMs), 1, 1) where Cfg::kPersistent, else (tiles, 1, 1);
-//   block = 384 threads
+// Launch: grid = (min(tiles, SMs), 1, 1) where Cfg::kPersistent, else (tiles, 1, 1)
+//   (lower/tiles.py decides, Tile.persistent); block = 384 threads
 //   (3 warpgroups), dynamic shared memory = Sm90Tile::kSmemBytes; parameters
 //   (FwdArgs, Params, tensor maps of Q, K, V). A tile is 128 query rows of one
 //   (batch, head); tiles are numbered heaviest first (the last query rows of a
@@ -94,29 +94,29 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     q_hi = imin(q_lo + BM, sq);
   };
   const int n_blk = (skv + BN - 1) / BN;
-  auto block_cls = [&](int j) {
-    return H::block_class(a, p, b, h, q_lo, q_hi, j * BN, imin(j * BN + BN, skv));
+  // The class of key blocks [j0, j1) against this tile's query rows.
+  auto span = [&](int j0, int j1) {
+    return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv));
   };
   // Where the rule holds for spans of key blocks, a tile's live blocks end at j_end: found once
   // per tile, 8 blocks per call from the end (the empty rest of a causal row costs a few calls),
   // and runs of 8 empty blocks before a window are skipped the same way. A tile's cost then
   // follows its live blocks, not the key length.
+  constexpr bool kSpans = Variant::kClassSpans && Variant::kHasMask;
   int j_end = n_blk;
-  auto span = [&](int j0, int j1) {
-    return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv));
-  };
   auto find_end = [&]() {
     j_end = n_blk;
-    if constexpr (Variant::kClassSpans && Variant::kHasMask) {
+    if constexpr (kSpans) {
       while (j_end > 8 && span(j_end - 8, j_end) == kEmpty) j_end -= 8;
-      while (j_end > 0 && block_cls(j_end - 1) == kEmpty) --j_end;
+      while (j_end > 0 && span(j_end - 1, j_end) == kEmpty) --j_end;
     }
   };
-  // The first non-empty key block at or after j (n_blk: none).
+  // The first non-empty key block at or after j (n_blk: none); its class goes to live_cls.
+  int live_cls = kEmpty;
   auto next_live = [&](int j) {
     while (j < j_end) {
-      if (block_cls(j) != kEmpty) return j;
-      constexpr bool kSpans = Variant::kClassSpans && Variant::kHasMask;
+      live_cls = span(j, j + 1);
+      if (live_cls != kEmpty) return j;
       j += kSpans && j + 8 < j_end && span(j, j + 8) == kEmpty ? 8 : 1;
     }
     return n_blk;
@@ -252,7 +252,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // runs the rest with the pipeline full (no branches around the wgmmas).
   int j = next_live(0), cls = kEmpty;
   if (j < n_blk) {
-    cls = block_cls(j);
+    cls = live_cls;
     float sc[1][NT][4], alpha[2];
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
@@ -274,9 +274,9 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // @cuir loop axis=kv size=kBlockN
   for (; prev >= 0 && j < n_blk; j = next_live(j + 1)) {
     // @cuir hook name=block_class
-    cls = block_cls(j);
+    cls = live_cls;  // next_live classified block j
     // @cuir skip when=empty
-    if (cls == kEmpty) continue;
+    // (next_live returns non-empty blocks only)
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
     // @cuir load tensor=k

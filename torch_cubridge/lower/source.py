@@ -30,7 +30,7 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
-        return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}>;",
+        return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, {int(tile.persistent)}>;",
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]

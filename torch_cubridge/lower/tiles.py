@@ -19,7 +19,8 @@ class Tile:
 
     @property
     def persistent(self) -> bool:
-        """sm90: one CTA per SM walks the tiles (Sm90Tile::kPersistent, which follows the O buffer)."""
+        """sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent). Only with an O buffer: without one
+        the next tile's Q waits for the epilogue anyway, and D 256 spilled in the tile loop."""
         return self.kernel == "sm90" and self.own_o
 
     @property
