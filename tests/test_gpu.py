@@ -63,6 +63,41 @@ def test_more_tiles_than_multiprocessors(name):
     assert rel_err(out.float().cpu(), ref) < 1e-2
 
 
+def _doc_ids(kind: str, S: int) -> torch.Tensor:
+    i = torch.arange(S)
+    if kind == "tile_aligned":  # whole tiles of one document: the data bounds alone prove full and empty
+        return i // 256
+    if kind == "ragged":  # boundaries inside tiles, one-token documents, a long one
+        cuts = torch.tensor([1, 2, 3, 130, 131, 400, 999])
+        return torch.bucketize(i, cuts, right=True) * 7 - 20  # negative ids too
+    if kind == "beyond_float":  # ids that float32 cannot tell apart: 2^24 and 2^24 + 1
+        return 2 ** 24 + (i // 128) % 2
+    if kind == "interleaved":  # every tile holds both documents: min/max bounds overlap everywhere
+        return i % 2
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["tile_aligned", "ragged", "beyond_float", "interleaved"])
+def test_data_mask_block_map(kind):
+    """The pre-pass classifies tiles of a data mask by the index rule, then by bounds on the ids it
+    reads, then element by element; the forward kernel skips runs of empty blocks through its counts."""
+    S, D = 1100, 128
+    f = tc.compile(document_causal_global, fallback="raise")
+    doc = _doc_ids(kind, S)[None].expand(2, S).contiguous()
+    q, k, v = (torch.randn(2, 4, S, D, dtype=torch.bfloat16) for _ in range(3))
+    out = f(q.cuda(), k.cuda(), v.cuda(), doc.cuda())
+    _served_by_kernel(f, (q, k, v, doc))
+    ref = document_causal_global(*to64((q, k, v)), doc)
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+
+
+def document_causal_global(q, k, v, doc):
+    same = doc[:, None, :, None] == doc[:, None, None, :]
+    S = q.shape[-2]
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=same & causal)
+
+
 @pytest.mark.parametrize("D", [96, 256])
 def test_other_head_dims(D):
     case = next(c for c in CASES if c.name == "softcap_causal")

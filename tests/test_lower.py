@@ -61,11 +61,13 @@ def test_document_mask_loads_through_strides():
     low = lower(_prog("document_causal"))
     assert "p.doc_s1" in low.source
     # data-dependent mask: a runtime pre-pass classifies tiles, block_class reads its table
-    assert low.prepass and low.prepass in low.source and "p.blk[" in low.source
+    assert low.prepass and low.prepass in low.source and "p.blk + " in low.source
     assert not lower(_prog("causal_sdpa")).prepass
-    # its table answers per tile only: the kernel must not ask it about a span of key blocks
-    assert "kClassSpans = false" in low.source
-    assert "kClassSpans" not in lower(_prog("sliding_window")).source  # an interval rule spans
+    # the table holds live counts, so it answers for a span of key blocks too
+    assert "cubridge::table_class(" in low.source and "cubridge_block_scan" in low.source
+    # the pre-pass's cheaper tests: the index rule (loads unknown), then the ids' bounds per tile axis
+    assert "kBoundSites = 2" in low.source and "iv_eq(lb[0], lb[1])" in low.source
+    assert "iv_eq(cubridge::iv_unknown(), cubridge::iv_unknown())" in low.source
 
 
 def test_tiled_head_map_overrides_the_kv_head_hook():

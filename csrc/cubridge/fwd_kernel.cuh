@@ -134,10 +134,12 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     // @cuir hook name=mask when=partial
     const bool call_mask = Variant::kHasMask && cls == kPartial;
     const int kv0 = j * BN + (lane % 4) * 2;
+    unsigned long long keep[MT][2];
+    mask_bits<Variant, MT, NT>(keep, a, p, b, h, q_row0, kv0, sq, skv, call_mask);
     if (call_mask || j * BN + BN > skv)
-      apply_score<Variant, kRaw, true>(s, a, p, b, h, q_row0, kv0, sq, skv, call_mask);
+      apply_score<Variant, kRaw, true>(s, keep, a, p, b, h, q_row0, kv0, sq, skv);
     else
-      apply_score<Variant, kRaw, false>(s, a, p, b, h, q_row0, kv0, sq, skv, false);
+      apply_score<Variant, kRaw, false>(s, keep, a, p, b, h, q_row0, kv0, sq, skv);
 
     // @cuir softmax kind=online
     softmax_update<MT, NT, DT, Cfg::kLazyRescale>(s, o, m, l, factor);

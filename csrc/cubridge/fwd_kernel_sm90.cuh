@@ -98,29 +98,50 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   auto span = [&](int j0, int j1) {
     return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv));
   };
-  // Where the rule holds for spans of key blocks, a tile's live blocks end at j_end: found once
-  // per tile, 8 blocks per call from the end (the empty rest of a causal row costs a few calls),
-  // and runs of 8 empty blocks before a window are skipped the same way. A tile's cost then
-  // follows its live blocks, not the key length.
-  constexpr bool kSpans = Variant::kClassSpans && Variant::kHasMask;
+  // A tile's live blocks: the end j_end and the first one are found once per tile by binary search
+  // over spans (block_class answers for a range of key blocks), so a tile's cost follows its live
+  // blocks, not the key length, and a block-map rule costs a few reads, not one per block.
+  constexpr bool kSpans = Variant::kHasMask;
   int j_end = n_blk;
   auto find_end = [&]() {
     j_end = n_blk;
     if constexpr (kSpans) {
-      while (j_end > 8 && span(j_end - 8, j_end) == kEmpty) j_end -= 8;
-      while (j_end > 0 && span(j_end - 1, j_end) == kEmpty) --j_end;
+      if (span(0, n_blk) == kEmpty) {
+        j_end = 0;
+        return;
+      }
+      int lo = 0;  // invariant: [j_end, n_blk) is proven empty
+      while (j_end - lo > 1) {
+        const int mid = (lo + j_end) / 2;
+        if (span(mid, j_end) == kEmpty) j_end = mid;
+        else lo = mid;
+      }
     }
   };
-  // The first non-empty key block at or after j (n_blk: none); its class goes to live_cls.
+  // The first block at or after j not proven empty (n_blk: none); its class goes to live_cls.
   int live_cls = kEmpty;
   auto next_live = [&](int j) {
     while (j < j_end) {
       live_cls = span(j, j + 1);
-      if (live_cls != kEmpty) return j;
-      j += kSpans && j + 8 < j_end && span(j, j + 8) == kEmpty ? 8 : 1;
+      if (live_cls != kEmpty || !kSpans) {
+        if (live_cls != kEmpty) return j;
+        ++j;
+        continue;
+      }
+      int lo = j + 1, hi = j_end;  // blocks before lo are proven empty
+      if (lo >= hi || span(lo, hi) == kEmpty) return n_blk;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (span(lo, mid) == kEmpty) lo = mid;
+        else hi = mid;
+      }
+      j = lo;  // (a conservative span rule may still call it empty: the loop checks)
     }
     return n_blk;
   };
+  // The producer walks each tile's blocks first and hands the first live block, its class and
+  // j_end to the consumers with Q (written before q_full's arrival, read after its wait).
+  int* tile_info = row_info + BM;
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -145,14 +166,18 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       // @cuir tile axis=q size=kBlockM
       enter(tile);
       find_end();
+      const int j_first = next_live(0);
       // @cuir load tensor=q
       mbar_wait(q_empty, (it & 1) ^ 1);  // the consumers are done with the last tile's Q
+      tile_info[0] = j_first;
+      tile_info[1] = live_cls;
+      tile_info[2] = j_end;
       mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
       for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
       // K and V of a stage are released separately: K once its QK^T is done,
       // V once its PV is, a block later.
-      for (int j = next_live(0); j < n_blk; j = next_live(j + 1)) {
+      for (int j = j_first; j < n_blk; j = next_live(j + 1)) {
         const int s = i % ST;
         const unsigned free_ph = ((i / ST) & 1) ^ 1;  // a fresh barrier passes parity 1
         mbar_wait(k_empty(s), free_ph);
@@ -209,13 +234,18 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     }
     wgmma_commit();
   };
-  auto score_softmax = [&](float (&sc)[1][NT][4], int j, int cls, float (&alpha)[2]) {
-    const bool call_mask = Variant::kHasMask && cls == kPartial;
+  // The mask of block j (before the wait for its scores: the mask reads no score).
+  auto block_mask = [&](unsigned long long (&keep)[1][2], int j, int cls) {
+    mask_bits<Variant, 1, NT>(keep, a, p, b, h, q_lo + r0, j * BN + (lane % 4) * 2, sq, skv,
+                              Variant::kHasMask && cls == kPartial);
+  };
+  auto score_softmax = [&](float (&sc)[1][NT][4], const unsigned long long (&keep)[1][2], int j, int cls,
+                           float (&alpha)[2]) {
     const int kv0 = j * BN + (lane % 4) * 2;
-    if (call_mask || j * BN + BN > skv)
-      apply_score<Variant, kRaw, true>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, call_mask);
+    if ((Variant::kHasMask && cls == kPartial) || j * BN + BN > skv)
+      apply_score<Variant, kRaw, true>(sc, keep, a, p, b, h, q_lo + r0, kv0, sq, skv);
     else
-      apply_score<Variant, kRaw, false>(sc, a, p, b, h, q_lo + r0, kv0, sq, skv, false);
+      apply_score<Variant, kRaw, false>(sc, keep, a, p, b, h, q_lo + r0, kv0, sq, skv);
     softmax_rows<1, NT>(sc, m, l, factor, alpha);
   };
   auto keep_p = [&](const float (&sc)[1][NT][4]) {
@@ -240,17 +270,18 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   int i = 0, it = 0;  // ring position and tile count, as the producer's
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
   enter(tile);
-  find_end();
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
   m[0] = m[1] = neg_inf();
   l[0] = l[1] = 0.f;
   prev = -1;
   mbar_wait(q_full, it & 1);
+  int j = tile_info[0], cls = kEmpty;
+  live_cls = tile_info[1];
+  j_end = tile_info[2];
 
   // The first non-empty block has no P V to overlap with; the loop below
   // runs the rest with the pipeline full (no branches around the wgmmas).
-  int j = next_live(0), cls = kEmpty;
   if (j < n_blk) {
     cls = live_cls;
     float sc[1][NT][4], alpha[2];
@@ -261,10 +292,12 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     my_turn();
     qk(sc, s);
     pass_turn();
+    unsigned long long keep[1][2];
+    block_mask(keep, j, cls);
     wgmma_wait<0>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(s));
-    score_softmax(sc, j, cls, alpha);
+    score_softmax(sc, keep, j, cls, alpha);
     keep_p(sc);  // O is still zero: nothing to rescale
     prev = s;
     prev_ph = ph;
@@ -272,9 +305,11 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     ++i;
   }
   // @cuir loop axis=kv size=kBlockN
-  for (; prev >= 0 && j < n_blk; j = next_live(j + 1)) {
+  int j_next = n_blk;
+  for (; prev >= 0 && j < n_blk; j = j_next) {
     // @cuir hook name=block_class
     cls = live_cls;  // next_live classified block j
+    j_next = next_live(j + 1);  // early: a block-map read's latency hides behind the waits and GEMMs
     // @cuir skip when=empty
     // (next_live returns non-empty blocks only)
     const int s = i % ST;
@@ -288,6 +323,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     qk(sc, s);
     issue_pv();  // the previous block's P V, behind this Q K^T
     pass_turn();
+    unsigned long long keep[1][2];
+    block_mask(keep, j, cls);  // applied below, after the score hook
     wgmma_wait<1>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(s));
@@ -295,7 +332,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     // @cuir hook name=mask when=partial
     // @cuir softmax kind=online
     float alpha[2];
-    score_softmax(sc, j, cls, alpha);
+    score_softmax(sc, keep, j, cls, alpha);
     wgmma_wait<0>();  // O is the previous P V's accumulator: complete before rescaling
     wgmma_hold<4 * DT>(&o[0][0][0]);
     release(v_empty(prev));

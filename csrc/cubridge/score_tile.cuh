@@ -9,14 +9,48 @@ namespace cubridge {
 
 __device__ __forceinline__ int imin(int x, int y) { return x < y ? x : y; }
 
-// Apply the score hook (unless kRaw: the default s * scale is folded into the
-// exp2 factor) and, when kMask, the key bound and the mask hook, in place.
-// q0/kv0 are this lane's first query row / key; hooks see indices clamped to
-// the valid range (out-of-range rows are never stored).
+// Which of this lane's (row, key) pairs the mask hook keeps, one bit per key of a row pair:
+// all ones unless call_mask (a partial tile). The mask does not read the scores, so the kernel
+// computes it before waiting for Q K^T and its loads' latency hides behind the GEMM.
+// q0/kv0 are this lane's first query row / key; hooks see indices clamped to the valid range.
+template <class Variant, int MT, int NT>
+__device__ __forceinline__ void mask_bits(unsigned long long (&keep)[MT][2], const FwdArgs& a,
+                                          const typename Variant::Params& p, int b, int h,
+                                          int q0, int kv0, int sq, int skv, bool call_mask) {
+  static_assert(2 * NT <= 64, "one bit per key of a row");
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) keep[mt][0] = keep[mt][1] = ~0ull;
+  if constexpr (Variant::kHasMask) {
+    if (call_mask) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) keep[mt][0] = keep[mt][1] = 0;
+      auto bit = [&](int mt, int hf, int c) {
+        const int q = imin(q0 + mt * 16 + hf * 8, sq - 1), kv = imin(kv0 + (c / 2) * 8 + c % 2, skv - 1);
+        keep[mt][hf] |= static_cast<unsigned long long>(Hook<Variant>::mask(a, p, b, h, q, kv)) << c;
+      };
+      // One row pair per lane (a wgmma slice): keys outer, so each key's loads serve both rows.
+      // Several (mma.sync): rows outer, which keeps fewer loaded values live (no spills).
+      if constexpr (MT == 1) {
+#pragma unroll
+        for (int c = 0; c < 2 * NT; ++c) bit(0, 0, c), bit(0, 1, c);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int c = 0; c < 2 * NT; ++c) bit(mt, hf, c);
+      }
+    }
+  }
+}
+
+// Apply the score hook (unless kRaw: the default s * scale is folded into the exp2 factor) and,
+// when kMask, the key bound and the mask bits, in place. Out-of-range rows are never stored.
 template <class Variant, bool kRaw, bool kMask, int MT, int NT>
-__device__ __forceinline__ void apply_score(float (&s)[MT][NT][4], const FwdArgs& a,
-                                            const typename Variant::Params& p, int b, int h,
-                                            int q0, int kv0, int sq, int skv, bool call_mask) {
+__device__ __forceinline__ void apply_score(float (&s)[MT][NT][4], const unsigned long long (&keep)[MT][2],
+                                            const FwdArgs& a, const typename Variant::Params& p,
+                                            int b, int h, int q0, int kv0, int sq, int skv) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -28,9 +62,7 @@ __device__ __forceinline__ void apply_score(float (&s)[MT][NT][4], const FwdArgs
         float x = s[mt][nt][e];
         if constexpr (!kRaw) x = Hook<Variant>::score(a, p, x, b, h, q, imin(kv, skv - 1));
         if constexpr (kMask) {
-          bool keep = kv < skv;
-          if constexpr (Variant::kHasMask) keep = keep && (!call_mask || Hook<Variant>::mask(a, p, b, h, q, kv));
-          if (!keep) x = neg_inf();
+          if (!(kv < skv && (keep[mt][e / 2] >> (nt * 2 + e % 2) & 1ull))) x = neg_inf();
         }
         s[mt][nt][e] = x;
       }

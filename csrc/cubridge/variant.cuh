@@ -52,10 +52,9 @@ struct DefaultVariant {
     return true;
   }
   // Classify the tile [q_lo, q_hi) x [kv_lo, kv_hi). Out-of-range keys are
-  // handled by the kernel, not here. kClassSpans: the rule is also sound for a
-  // key range of several blocks (an interval rule; a per-tile block map is not),
-  // so the kernel may skip a run of empty blocks with one call.
-  static constexpr bool kClassSpans = true;
+  // handled by the kernel, not here. The range may span several key blocks
+  // (the kernel skips a run of empty blocks with one call); such a call need
+  // only tell empty from non-empty.
   __device__ __forceinline__ static int block_class(const FwdArgs&, const Params&, int b,
                                                     int h, int q_lo, int q_hi, int kv_lo,
                                                     int kv_hi) {

@@ -175,8 +175,12 @@ class CExpr:
         return all(self.uniform(x) for x in e.args)
 
     # -- intervals over a tile -------------------------------------------------------
-    def interval(self, e: Expr) -> str:
+    def interval(self, e: Expr, loads: dict[Expr, str] | None = None) -> str:
+        """Interval code over the tile. `loads` names runtime bounds (an Iv) for some load sites."""
         op, a = e.op, e.args
+        if loads and op == "load" and e in loads:
+            return loads[e]
+        iv = lambda x: self.interval(x, loads)  # noqa: E731
         if op == "const":
             v = float(e.attr)
             return "cubridge::iv_unknown()" if math.isinf(v) else f"cubridge::iv({v!r}f)"
@@ -188,13 +192,13 @@ class CExpr:
         if op in ("load", "s"):
             return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"
         if op in ("floordiv", "mod") and a[1].op == "const" and isinstance(a[1].attr, int) and a[1].attr > 0:
-            return f"cubridge::iv_{op}({self.interval(a[0])}, {float(a[1].attr)!r}f)"
+            return f"cubridge::iv_{op}({iv(a[0])}, {float(a[1].attr)!r}f)"
         if op in ("add", "sub", "mul", "max", "min", "and", "or", "lt", "le", "gt", "ge", "eq", "ne"):
-            return f"cubridge::iv_{op}({self.interval(a[0])}, {self.interval(a[1])})"
+            return f"cubridge::iv_{op}({iv(a[0])}, {iv(a[1])})"
         if op in ("neg", "not", "abs"):
-            return f"cubridge::iv_{op}({self.interval(a[0])})"
+            return f"cubridge::iv_{op}({iv(a[0])})"
         if op in ("to_float", "to_int"):
-            return self.interval(a[0])
+            return iv(a[0])
         if op == "where":
-            return f"cubridge::iv_where({', '.join(self.interval(x) for x in a)})"
+            return f"cubridge::iv_where({', '.join(iv(x) for x in a)})"
         return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"

@@ -10,6 +10,7 @@ from .variant import ParamField, variant_source
 
 KERNEL_NAME = "cubridge_fwd"
 PREPASS_NAME = "cubridge_block_prepass"
+SCAN_NAME = "cubridge_block_scan"
 PREPASS_THREADS = 128
 _DTYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}
 
@@ -54,6 +55,10 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
             f'extern "C" __global__ void __launch_bounds__({PREPASS_THREADS})',
             f"{PREPASS_NAME}(cubridge::FwdArgs a, Variant::Params p, long long hb) {{",
             f"  cubridge::block_prepass<Variant, {tile.block_m}, {tile.block_n}, {PREPASS_THREADS}>(a, p, p.blk, (int)hb);",
+            "}",
+            f'extern "C" __global__ void __launch_bounds__({PREPASS_THREADS})',
+            f"{SCAN_NAME}(int* table, long long rows, long long nk) {{",
+            f"  cubridge::block_scan<{PREPASS_THREADS}>(table, rows, (int)nk);",
             "}",
             "",
         ]

@@ -73,7 +73,7 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
             x = next(e for e in p.extras if e.name == f.source)
             lines.append(f"    const {ctype(x.dtype)}* {f.name};")
         elif f.kind == "rt_ptr":
-            lines.append(f"    signed char* {f.name};")
+            lines.append(f"    int* {f.name};")
         elif f.kind in ("stride", "i64", "rt_i64"):
             lines.append(f"    long long {f.name};")
         else:
@@ -90,11 +90,13 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
         lines += ["  static constexpr bool kHasMask = true;",
                   f"  __device__ __forceinline__ static bool mask({sig}, int b, int h, int q, int kv) {{",
                   f"    return {cg.as_kind(p.mask, 'bool')};", "  }",
-                  f"  __device__ __forceinline__ static int block_class({sig}, int b, int h, int q_lo, int q_hi,"
-                  " int kv_lo, int kv_hi) {",
-                  f"    return {_block_class_body(cg, p, block_m, block_n)};", "  }"]
-        if p.block_rule == "prepass":  # one entry per tile: no answer for a span of blocks
-            lines.append("  static constexpr bool kClassSpans = false;")
+                  f"  __device__ __forceinline__ static int block_class({sig}, {_TILE}) {{"]
+        if p.block_rule == "prepass":  # the pre-pass wrote every tile's class and the row's live counts
+            lines += [f"    return cubridge::table_class(p.blk + b * p.blk_sb + h * p.blk_sh"
+                      f" + (long long)(q_lo / {block_m}) * p.blk_nk, kv_lo / {block_n}, (kv_hi + {block_n - 1}) / {block_n});",
+                      "  }"] + _prepass_hooks(cg, p, sig)
+        else:
+            lines += [f"    return cubridge::iv_class({cg.interval(p.mask)});", "  }"]
     if p.sink is not None:
         lines += ["  static constexpr bool kHasSink = true;",
                   f"  __device__ __forceinline__ static float sink({sig}, int b, int h) {{",
@@ -108,8 +110,39 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
     return "\n".join(lines), fields, scale
 
 
-def _block_class_body(cg: CExpr, p: Program, block_m: int, block_n: int) -> str:
-    if p.block_rule == "prepass":  # the pre-pass wrote every tile's class
-        return (f"p.blk[b * p.blk_sb + h * p.blk_sh + (long long)(q_lo / {block_m}) * p.blk_nk"
-                f" + kv_lo / {block_n}]")
-    return f"cubridge::iv_class({cg.interval(p.mask)})"
+_TILE = "int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi"
+
+
+def bound_sites(mask: Expr) -> list[tuple[Expr, str]]:
+    """Loads whose indices vary along one tile axis only (doc[b, q], doc[b, kv]): the pre-pass bounds
+    each by the values it reads over the tile's rows or columns. Loads indexed by both stay unknown."""
+    out: list[tuple[Expr, str]] = []
+    for e in _walk(mask):
+        if e.op != "load" or any(e == x for x, _ in out):
+            continue
+        axes = {n.attr for i in e.args for n in _walk(i) if n.op == "var"} & {"q", "kv"}
+        if len(axes) == 1 and not any(n.op == "load" for i in e.args for n in _walk(i)):
+            out.append((e, axes.pop()))
+    return out
+
+
+def _prepass_hooks(cg: CExpr, p: Program, sig: str) -> list[str]:
+    """The pre-pass's cheaper tests (block_prepass.cuh): the interval rule with loads unknown, then
+    with each bound site's [min, max] over the tile."""
+    sites = bound_sites(p.mask)
+    lines = [f"  static constexpr int kBoundSites = {len(sites)};",
+             f"  __device__ __forceinline__ static int index_class({sig}, {_TILE}) {{",
+             f"    return cubridge::iv_class({cg.interval(p.mask)});", "  }"]
+    if not sites:
+        return lines
+    lines += ["  __device__ __forceinline__ static int bound_axis(int s) {",
+              "    return " + " : ".join(f"s == {i} ? {int(ax == 'kv')}" for i, (_, ax) in enumerate(sites[:-1]))
+              + (" : " if len(sites) > 1 else "") + f"{int(sites[-1][1] == 'kv')};", "  }",
+              f"  __device__ __forceinline__ static double bound_value({sig}, int s, int b, int h, int x) {{"]
+    for i, (e, ax) in enumerate(sites):
+        lines.append(f"    if (s == {i}) {{ const int {ax} = x; return (double)({cg.value(e)}); }}")
+    lines += ["    return 0.0;", "  }",
+              f"  __device__ __forceinline__ static int data_class({sig}, {_TILE}, const cubridge::Iv* lb) {{",
+              f"    return cubridge::iv_class({cg.interval(p.mask, {e: f'lb[{i}]' for i, (e, _) in enumerate(sites)})});",
+              "  }"]
+    return lines

@@ -53,6 +53,7 @@ def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, CubinKernel
     kern = CubinKernel(art.cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
     pre = None
     if low.prepass is not None:
-        from ..lower.source import PREPASS_THREADS
-        pre = CubinKernel(art.cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
+        from ..lower.source import PREPASS_THREADS, SCAN_NAME
+        pre = (CubinKernel(art.cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0),
+               CubinKernel(art.cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0))
     return kern, info, pre

@@ -32,7 +32,7 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kern
 
 class KernelRunner:
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
-                 prepass: CubinKernel | None = None) -> None:
+                 prepass: tuple[CubinKernel, CubinKernel] | None = None) -> None:
         self.p = p
         self.low = low
         self.kernel = kernel
@@ -205,11 +205,15 @@ class KernelRunner:
         nq, nk = -(-Sq // tile.block_m), -(-Skv // tile.block_n)
         bb = B if "b" in self._mask_vars else 1
         hb = H if "h" in self._mask_vars else 1
-        table = torch.empty(bb * hb * nq * nk, dtype=torch.int8, device=dev)
-        rt = {"blk": table.data_ptr(), "blk_sb": hb * nq * nk if bb > 1 else 0,
-              "blk_sh": nq * nk if hb > 1 else 0, "blk_nk": nk}
+        rows = bb * hb * nq
+        table = torch.empty(rows * (nk + 1), dtype=torch.int32, device=dev)  # block_prepass.cuh's layout
+        rt = {"blk": table.data_ptr(), "blk_sb": hb * nq * (nk + 1) if bb > 1 else 0,
+              "blk_sh": nq * (nk + 1) if hb > 1 else 0, "blk_nk": nk + 1}
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
-        self.prepass.launch((nk, nq, bb * hb), (fwd, params, struct.pack("<q", hb)), stream)
+        classify, scan = self.prepass
+        classify.launch((nk, nq, bb * hb), (fwd, params, struct.pack("<q", hb)), stream)
+        warps = classify.threads // 32
+        scan.launch((-(-rows // warps), 1, 1), (struct.pack("<Q", table.data_ptr()), struct.pack("<q", rows), struct.pack("<q", nk)), stream)
         self._table = table  # keep the buffer alive until the launch is enqueued on the stream
         return rt
 

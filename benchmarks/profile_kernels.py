@@ -1,0 +1,75 @@
+"""Where one call's GPU time goes: per-kernel device time (torch.profiler) of a compiled variant,
+e.g. the document mask's block-class pre-pass against its forward kernel.
+
+Usage: python benchmarks/profile_kernels.py [--plan 4096:128,16384:128] [--variants document,causal]
+Writes profile_kernels.json to $OUT (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_cubridge as tc  # noqa: E402
+from variants import SPECS  # noqa: E402
+
+
+def inputs(name: str, S: int, D: int, H: int = 16, total: int = 32768):
+    B = max(1, total // S)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    extra = ()
+    if name == "document":  # the benchmark's documents (bench_attention.run_case)
+        lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))
+        ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
+        extra = (ids[None].expand(B, S).contiguous().cuda(),)
+    return (q, k, v) + extra
+
+
+def profile_case(name: str, S: int, D: int, reps: int = 20) -> dict:
+    args = inputs(name, S, D)
+    f = tc.compile(SPECS[name], fallback="raise")
+    f(*args)
+    for _ in range(5):
+        f(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            f(*args)
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] += e.device_time_total / reps
+    return {"variant": name, "S": S, "D": D, "served": dict(f.served),
+            "us_per_call": {k: round(v, 2) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", default="4096:128,16384:128")
+    ap.add_argument("--variants", default="document,causal")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    for S, D in (tuple(map(int, x.split(":"))) for x in a.plan.split(",")):
+        for name in a.variants.split(","):
+            rows.append(profile_case(name, S, D))
+            print(json.dumps(rows[-1]), flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "profile_kernels.json").write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        print(f"{r['variant']:12s} S={r['S']:5d} D={r['D']:3d} " +
+              "  ".join(f"{k[:28]} {v:8.1f}us" for k, v in r["us_per_call"].items()))
+
+
+if __name__ == "__main__":
+    main()
