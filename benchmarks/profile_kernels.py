@@ -2,6 +2,7 @@
 e.g. the document mask's block-class pre-pass against its forward kernel.
 
 Usage: python benchmarks/profile_kernels.py [--plan 4096:128,16384:128] [--variants document,causal]
+       ncu --profile-from-start off ... python benchmarks/profile_kernels.py --ncu ...
 Writes profile_kernels.json to $OUT (or --out).
 """
 from __future__ import annotations
@@ -33,13 +34,19 @@ def inputs(name: str, S: int, D: int, H: int = 16, total: int = 32768):
     return (q, k, v) + extra
 
 
-def profile_case(name: str, S: int, D: int, reps: int = 20) -> dict:
+def profile_case(name: str, S: int, D: int, reps: int = 20, ncu: bool = False) -> dict:
     args = inputs(name, S, D)
     f = tc.compile(SPECS[name], fallback="raise")
     f(*args)
     for _ in range(5):
         f(*args)
     torch.cuda.synchronize()
+    if ncu:  # one served call between profiler start and stop (ncu --profile-from-start off)
+        torch.cuda.cudart().cudaProfilerStart()
+        f(*args)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        return {"variant": name, "S": S, "D": D, "served": dict(f.served), "us_per_call": {}}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             f(*args)
@@ -57,12 +64,13 @@ def main() -> None:
     ap.add_argument("--plan", default="4096:128,16384:128")
     ap.add_argument("--variants", default="document,causal")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--ncu", action="store_true", help="only mark one served call for ncu")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
     for S, D in (tuple(map(int, x.split(":"))) for x in a.plan.split(",")):
         for name in a.variants.split(","):
-            rows.append(profile_case(name, S, D))
+            rows.append(profile_case(name, S, D, ncu=a.ncu))
             print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "profile_kernels.json").write_text(json.dumps(rows, indent=1))

@@ -57,7 +57,7 @@ struct Sm90Tile {
   static constexpr bool kPersistent = Persistent != 0;
   static constexpr bool kLazyRescale = LazyRescale;
   static constexpr int kThreads = 384;
-  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN + OwnO * 128) * D * 2 + 8 * (2 + 4 * Stages) + 4 * 128 + 16;
+  static constexpr int kSmemBytes = 1024 + (128 + 2 * Stages * BN + OwnO * 128) * D * 2 + 8 * (2 + 4 * Stages) + 4 * 128 + 64;
 
   static_assert(D % 64 == 0 && D <= 256, "TMA boxes are 64-column chunks");
   static_assert(BN % 16 == 0 && BN <= 256, "wgmma n is a multiple of 16, at most 256");

@@ -139,9 +139,13 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     }
     return n_blk;
   };
-  // The producer walks each tile's blocks first and hands the first live block, its class and
-  // j_end to the consumers with Q (written before q_full's arrival, read after its wait).
+  // Only the producer walks the blocks. It hands the consumers whether a tile has a live block
+  // with Q, and each block's index, class and whether it is the tile's last with its K stage
+  // (written before the full barrier's arrival, read after its wait, rewritten only after the
+  // stage's or Q's empty barrier), so no consumer waits on a block-map read.
   int* tile_info = row_info + BM;
+  int* stage_info = tile_info + 4;
+  static_assert(ST <= 6, "tile and stage info fit in 64 bytes");
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -170,17 +174,19 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       // @cuir load tensor=q
       mbar_wait(q_empty, (it & 1) ^ 1);  // the consumers are done with the last tile's Q
       tile_info[0] = j_first;
-      tile_info[1] = live_cls;
-      tile_info[2] = j_end;
       mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
       for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
       // K and V of a stage are released separately: K once its QK^T is done,
       // V once its PV is, a block later.
-      for (int j = j_first; j < n_blk; j = next_live(j + 1)) {
+      for (int j = j_first; j < n_blk;) {
+        const int cls = live_cls;
+        const int j_next = next_live(j + 1);  // one ahead: the consumers learn which block is last
         const int s = i % ST;
         const unsigned free_ph = ((i / ST) & 1) ^ 1;  // a fresh barrier passes parity 1
         mbar_wait(k_empty(s), free_ph);
+        stage_info[2 * s] = j;
+        stage_info[2 * s + 1] = cls | (j_next >= n_blk ? 4 : 0);
         mbar_expect_tx(k_full(s), kKVBytes);
 #pragma unroll
         for (int c = 0; c < CH; ++c)
@@ -191,6 +197,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
         for (int c = 0; c < CH; ++c)
           tma_load_4d(sV + s * kKVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
         ++i;
+        j = j_next;
       }
       if constexpr (!Cfg::kPersistent) break;
       }
@@ -276,24 +283,28 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   l[0] = l[1] = 0.f;
   prev = -1;
   mbar_wait(q_full, it & 1);
-  int j = tile_info[0], cls = kEmpty;
-  live_cls = tile_info[1];
-  j_end = tile_info[2];
+  bool last = tile_info[0] >= n_blk;  // no live block: straight to the epilogue
+  int j = 0, cls = kEmpty;
+  auto take = [&](int s) {  // the block in stage s, after its K's full barrier
+    j = stage_info[2 * s];
+    cls = stage_info[2 * s + 1] & 3;
+    last = stage_info[2 * s + 1] >> 2;
+  };
 
   // The first non-empty block has no P V to overlap with; the loop below
   // runs the rest with the pipeline full (no branches around the wgmmas).
-  if (j < n_blk) {
-    cls = live_cls;
+  if (!last) {
     float sc[1][NT][4], alpha[2];
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
     if (cw == 1) named_arrive(kTurn, 256);
     mbar_wait(k_full(s), ph);
+    take(s);
+    unsigned long long keep[1][2];
+    block_mask(keep, j, cls);  // before the turn: the mask's loads overlap the wait
     my_turn();
     qk(sc, s);
     pass_turn();
-    unsigned long long keep[1][2];
-    block_mask(keep, j, cls);
     wgmma_wait<0>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(s));
@@ -301,21 +312,20 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     keep_p(sc);  // O is still zero: nothing to rescale
     prev = s;
     prev_ph = ph;
-    j = next_live(j + 1);
     ++i;
   }
   // @cuir loop axis=kv size=kBlockN
-  int j_next = n_blk;
-  for (; prev >= 0 && j < n_blk; j = j_next) {
+  while (prev >= 0 && !last) {
     // @cuir hook name=block_class
-    cls = live_cls;  // next_live classified block j
-    j_next = next_live(j + 1);  // early: a block-map read's latency hides behind the waits and GEMMs
     // @cuir skip when=empty
-    // (next_live returns non-empty blocks only)
+    // (the producer hands over live blocks only, with their class: take below)
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
     // @cuir load tensor=k
     mbar_wait(k_full(s), ph);
+    take(s);
+    unsigned long long keep[1][2];
+    block_mask(keep, j, cls);  // applied after the score hook; its loads overlap the waits below
     // @cuir mma name=qk
     float sc[1][NT][4];
     mbar_wait(v_full(prev), prev_ph);
@@ -323,8 +333,6 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     qk(sc, s);
     issue_pv();  // the previous block's P V, behind this Q K^T
     pass_turn();
-    unsigned long long keep[1][2];
-    block_mask(keep, j, cls);  // applied below, after the score hook
     wgmma_wait<1>();
     wgmma_hold<4 * NT>(&sc[0][0][0]);
     release(k_empty(s));

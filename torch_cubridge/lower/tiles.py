@@ -31,7 +31,7 @@ class Tile:
     def smem_bytes(self) -> int:
         if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), O, barriers, row flags, tile info
             return 1024 + (self.block_m + 2 * self.stages * self.block_n + self.own_o * self.block_m) \
-                * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 16
+                * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
         return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
 
 
