@@ -72,3 +72,14 @@ def test_hopper_kernel_lifts_to_the_same_reference():
     hopper = lift_reference(kernel=KERNELS["sm90"])
     assert hopper.hooks() == fa2.hooks()
     assert hopper.steps == fa2.steps
+
+
+def test_decode_kernel_lifts_to_the_same_hooks_and_block_loop():
+    """The split-KV decode kernel fills the same hook sites in the same per-block order; only its
+    tile (packed rows) differs, and its splits merge by LSE after the loop."""
+    fa2 = lift_reference(kernel=KERNELS["sm80"])
+    dec = lift_reference(kernel=KERNELS["decode"])
+    assert dec.hooks() == fa2.hooks()
+    loop = [s for s in dec.steps if s.step == "loop"]
+    assert loop == [s for s in fa2.steps if s.step == "loop"]
+    assert [s.step for s in dec.steps] == [s.step for s in fa2.steps]

@@ -9,7 +9,8 @@ import torch
 import torch_cubridge as tc
 from torch_cubridge.config import csrc_dir
 from torch_cubridge.lower import lower
-from torch_cubridge.lower.tiles import TILES, TILES_SM90, tile_for
+from torch_cubridge.errors import UnsupportedSpec
+from torch_cubridge.lower.tiles import TILES, TILES_SM90, decode_tile, tile_for
 from zoo import CASES
 
 LOWERED = CASES
@@ -119,3 +120,33 @@ def test_sm90_shared_memory_agrees_with_the_kernel_header():
                       re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bD\b", str(D), rhs))))
         assert re.fullmatch(r"[\d\s+*()]+", expr), expr  # only numbers left: safe to evaluate
         assert eval(expr) == t.smem_bytes, (D, expr)  # noqa: S307
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_decode_kernel_builds_without_spills(arch, D, tmp_path):
+    """Few-query calls: the split-KV decode kernel (mma.sync on every arch) and its combine kernel."""
+    low = lower(_prog("softcap_causal", D), arch=arch, head_dim=D, decode=True)
+    assert low.kernel == "cubridge_decode" and "cubridge_decode_combine" in low.source
+    assert low.tile.kernel == "decode" and low.tile.threads == 128
+    sass = _sass(tc_cubin(low.source, arch), tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+def tc_cubin(source: str, arch: str) -> bytes:
+    from torch_cubridge.build import compile_cubin
+    return compile_cubin(source, arch, include_dirs=[csrc_dir()])
+
+
+def test_decode_kernel_refuses_data_masks_and_its_smem_matches_the_header():
+    with pytest.raises(UnsupportedSpec, match="pre-pass"):
+        lower(_prog("document_causal"), decode=True)
+    text = (csrc_dir() / "cubridge" / "decode_kernel.cuh").read_text()
+    ring = re.search(r"kRingBytes\s*=\s*([^;]+);", text).group(1)
+    merge = re.search(r"kMergeBytes\s*=\s*([^;]+);", text).group(1)
+    for D in (64, 128, 256):
+        t = decode_tile(D)
+        env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": D + 8, "kWarps": t.warps, "D": D}
+        val = [eval(re.sub(r"\b(\w+)\b", lambda m: str(env.get(m.group(1), m.group(1))), e)) for e in (ring, merge)]  # noqa: S307
+        assert max(val) == t.smem_bytes, (D, val)

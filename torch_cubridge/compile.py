@@ -22,6 +22,7 @@ from .capture.codekey import GlobalsWatch
 from .capture.modulestate import ModuleState
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
+from .lower.tiles import decode_call
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_key, warm_transfer, warn_once
 
@@ -47,9 +48,11 @@ class Entry:
     reason: str                                   # why the kernel or the spec serves
     result: Transferred | None = None             # None: the spec serves every call of the signature
     guards: GuardSet | None = None
-    head_dim: Callable[[tuple, dict], int] | None = None
-    runners: dict[int, Any] = field(default_factory=dict)   # head dim -> GPU-verified kernel, or None
-    reasons: dict[int, str] = field(default_factory=dict)
+    # a call's (head dim, few queries): each pair gets its own kernel (prefill or decode), built and
+    # verified on the first call of that kind
+    kernel_for: Callable[[tuple, dict], tuple[int, bool]] | None = None
+    runners: dict[tuple[int, bool], Any] = field(default_factory=dict)   # -> GPU-verified kernel, or None
+    reasons: dict[tuple[int, bool], str] = field(default_factory=dict)
     bad_input: Exception | None = None            # re-raised if the spec also refuses the call
     modules: ModuleState | None = None            # plain attributes of module arguments at capture
 
@@ -91,7 +94,7 @@ class CompiledAttention:
             except SpecServes as why:
                 self._warn(f"the spec computes this call: {why}")
             except Exception as err:  # never an internal exception out of a call: retire this kernel
-                d = e.head_dim(args, kwargs)
+                d = e.kernel_for(args, kwargs)
                 e.runners[d] = None
                 e.reasons[d] = f"the kernel failed ({type(err).__name__}: {err}); the spec serves"
                 self._warn(e.reasons[d])
@@ -115,7 +118,7 @@ class CompiledAttention:
         return None
 
     def _runner(self, e: Entry, args: tuple, kwargs: dict) -> Any:
-        d = e.head_dim(args, kwargs)
+        d = e.kernel_for(args, kwargs)
         if d not in e.runners:  # a head dim this program has no kernel for yet: build and verify one
             bound = bind_example(self.fn, args, kwargs)
             e.runners[d], e.reasons[d] = kernel_stage(self.fn, e.result, bound)
@@ -165,10 +168,13 @@ class CompiledAttention:
         p = res.program
         nargs = len(args)
         q = reader(p.signature, nargs, p.q.arg)
-        d = p.q.dims.index("d")
+        d, s = p.q.dims.index("d"), p.q.dims.index("s")
+
+        def kernel_for(a: tuple, kw: dict) -> tuple[int, bool]:
+            shape = q(a, kw).shape
+            return shape[d], decode_call(shape[s])
         mods = ModuleState(bound, p.signature, nargs)
-        e = Entry("", res, GuardSet(p.guards, p.signature, nargs), lambda a, kw: q(a, kw).shape[d],
-                  modules=mods or None)
+        e = Entry("", res, GuardSet(p.guards, p.signature, nargs), kernel_for, modules=mods or None)
         entries.append(e)
         return e
 
@@ -181,7 +187,7 @@ class CompiledAttention:
     def _traced(self, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
         e = self._find(traced_signature(args, kwargs), args, kwargs)
-        runner = e.runners.get(e.head_dim(args, kwargs)) if e is not None and e.result is not None else None
+        runner = e.runners.get(e.kernel_for(args, kwargs)) if e is not None and e.result is not None else None
         if runner is None:
             # no kernel verified for this call: trace the spec itself. No warning here: warnings.warn
             # cannot be traced under fullgraph=True. explain() says which calls a kernel serves.
@@ -196,7 +202,7 @@ class CompiledAttention:
         key = call_signature(args, kwargs)
         e = self._find(key, args, kwargs) or self._prepare(key, args, kwargs)
         runner = self._runner(e, args, kwargs) if e.result is not None else None
-        why = e.reasons.get(e.head_dim(args, kwargs), "") if e.result is not None else e.reason
+        why = e.reasons.get(e.kernel_for(args, kwargs), "") if e.result is not None else e.reason
         return ("served by: the fused kernel" if runner is not None else "served by: the spec") + f"\nwhy: {why}"
 
     def entries(self) -> list[Entry]:

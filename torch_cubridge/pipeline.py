@@ -182,6 +182,7 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .ir.bind import lookup
     from .ir.bounds import data_dependent_index
     from .lower import lower
+    from .lower.tiles import decode_call
     from .ops.custom_op import register
     from .ops.kernel import load_kernel
     from .ops.runner import DTYPES, KernelRunner, arch_for
@@ -193,12 +194,14 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim, arch = q.shape[p.q.dims.index("d")], arch_for(q.device)
+    # calls with few queries get the split-KV decode kernel where the program allows it
+    decode = decode_call(q.shape[p.q.dims.index("s")]) and p.block_rule != "prepass" and head_dim % 16 == 0
     last = None
     for fast in (True, False):
-        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast)
-        kern, info, pre = load_kernel(low, arch)
+        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
+        kern, info, aux = load_kernel(low, arch)
         info["program"] = res.key
-        runner = KernelRunner(p, low, kern, head_dim, info, pre)
+        runner = KernelRunner(p, low, kern, head_dim, info, aux)
         device = _device_id(q.device)
         if verdicts.gpu_verified(info["key"], res.key, device):
             rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")

@@ -63,5 +63,10 @@ __device__ __forceinline__ float to_f32(T x) {
   if constexpr (IsSame<T, __nv_bfloat16>::value) return __bfloat162float(x);
   else return __half2float(x);
 }
+template <class T>
+__device__ __forceinline__ T from_f32(float x) {
+  if constexpr (IsSame<T, __nv_bfloat16>::value) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
 
 }  // namespace cubridge

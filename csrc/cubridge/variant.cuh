@@ -65,6 +65,10 @@ struct DefaultVariant {
   __device__ __forceinline__ static int kv_head(const FwdArgs& a, int h) {
     return h / static_cast<int>(a.Hq / a.Hkv);
   }
+  // The inverse for the decode kernel's packing: the g-th query head that reads key head hk.
+  __device__ __forceinline__ static int q_head(const FwdArgs& a, int hk, int g) {
+    return hk * static_cast<int>(a.Hq / a.Hkv) + g;
+  }
   // Sink logit for (b, h), natural-log units; only read when kHasSink.
   __device__ __forceinline__ static float sink(const FwdArgs&, const Params&, int b, int h) {
     return -__int_as_float(0x7f800000);

@@ -15,7 +15,7 @@ from .annotations import Annotation, AnnotationError, parse_annotations
 
 KERNEL = "cubridge/fwd_kernel.cuh"
 # every expert kernel by the tile kind that selects it (lower/tiles.py); each is lifted on its own
-KERNELS = {"sm80": KERNEL, "sm90": "cubridge/fwd_kernel_sm90.cuh"}
+KERNELS = {"sm80": KERNEL, "sm90": "cubridge/fwd_kernel_sm90.cuh", "decode": "cubridge/decode_kernel.cuh"}
 # every hook the lowering fills; a kernel without one of these cannot host all programs
 REQUIRED_HOOKS = ("block_class", "score", "mask", "sink")
 

@@ -29,6 +29,9 @@ class Tile:
 
     @property
     def smem_bytes(self) -> int:
+        if self.kernel == "decode":  # Q and the K/V ring; the warps' merge reuses it (DecodeTile)
+            ring = (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+            return max(ring, self.warps * self.block_m * (self.head_dim + 2) * 4)
         if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), O, barriers, row flags, tile info
             return 1024 + (self.block_m + 2 * self.stages * self.block_n + self.own_o * self.block_m) \
                 * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
@@ -49,3 +52,20 @@ def tile_for(head_dim: int, arch: str = "sm_90") -> Tile:
     if head_dim not in TILES:
         raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration (64, 96, 128, 256)", op="lower")
     return TILES[head_dim]
+
+
+# Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
+# 4 warps, 2 stages, split-KV. Chosen for calls with at most this many queries:
+DECODE_MAX_QUERIES = 16
+
+
+def decode_call(sq: int) -> bool:
+    """Whether a call with `sq` queries goes to the decode kernel (where the program allows it)."""
+    return sq <= DECODE_MAX_QUERIES
+
+
+def decode_tile(head_dim: int) -> Tile:
+    if head_dim % 16 or head_dim > 256:
+        raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}",
+                              op="lower")
+    return Tile(head_dim, 16, 64, 4, 2, "decode")

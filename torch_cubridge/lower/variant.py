@@ -103,7 +103,9 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
                   f"    return {cg.as_kind(p.sink, 'float')};", "  }"]
     if p.head_map == "tile":  # k.repeat(...): query head h reads key head h % Hkv
         lines += ["  __device__ __forceinline__ static int kv_head(const cubridge::FwdArgs& a, int h) {",
-                  "    return h % static_cast<int>(a.Hkv);", "  }"]
+                  "    return h % static_cast<int>(a.Hkv);", "  }",
+                  "  __device__ __forceinline__ static int q_head(const cubridge::FwdArgs& a, int hk, int g) {",
+                  "    return g * static_cast<int>(a.Hkv) + hk;", "  }"]
     if p.empty_rows == "mean_v":
         lines.append("  static constexpr bool kEmptyRowMeanV = true;")
     lines.append("};")

@@ -32,11 +32,11 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kern
 
 class KernelRunner:
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
-                 prepass: tuple[CubinKernel, CubinKernel] | None = None) -> None:
+                 aux: dict[str, CubinKernel] | None = None) -> None:
         self.p = p
         self.low = low
         self.kernel = kernel
-        self.prepass = prepass
+        self.aux = aux or {}  # helper kernels by role (kernel.load_kernel)
         self.head_dim = head_dim
         self.info = info
         self.fmt = params_format(low.params)
@@ -162,7 +162,7 @@ class KernelRunner:
             if self._params_const is not None:
                 params = self._params_const
             else:
-                runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, q.device, stream) if self.prepass else None
+                runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, q.device, stream) if "prepass" in self.aux else None
                 params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
             blocks: tuple = (fwd, params)
             if tma:
@@ -170,6 +170,9 @@ class KernelRunner:
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, D), vs, dt, tile.block_n))
+            if self.low.tile.kernel == "decode":
+                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream)
+                return self._result(out, raw)
             nq = -(-Sq // self.low.tile.block_m)
             grid = (nq, H, B)
             if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
@@ -177,6 +180,10 @@ class KernelRunner:
             self.kernel.launch(grid, blocks, stream)
         else:
             out.zero_()
+        return self._result(out, raw)
+
+    def _result(self, out: torch.Tensor, raw: bool) -> Any:
+        p = self.p
         if raw:
             return out
         res = out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype))
@@ -185,6 +192,30 @@ class KernelRunner:
             full[p.out.index] = res
             return tuple(full)
         return res
+
+    def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, di: int,
+                       dev: torch.device, stream: int) -> None:
+        """Split-KV: enough (chunk of keys, KV head, row tile, batch) CTAs for about two waves; the
+        combine kernel merges the chunks' partial O and LSE (decode_kernel.cuh)."""
+        tile = self.low.tile
+        row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
+        n_blk = -(-Skv // tile.block_n)
+        ctas = Hkv * row_tiles * B
+        n_split = max(1, min(n_blk, -(-2 * _sm_count(di) // ctas)))
+        per = -(-n_blk // n_split)
+        n_split = -(-n_blk // per)
+        part = (0, 0)
+        if n_split > 1:
+            po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
+            pl = torch.empty(B * H * Sq * n_split, dtype=torch.float32, device=dev)
+            self._parts = (po, pl)  # alive until both launches are enqueued
+            part = (po.data_ptr(), pl.data_ptr())
+        bufs = (struct.pack("<Q", part[0]), struct.pack("<Q", part[1]))
+        self.kernel.launch((n_split, Hkv * row_tiles, B), blocks + bufs + (struct.pack("<q", per * tile.block_n),),
+                           stream)
+        if n_split > 1:
+            self.aux["combine"].launch((-(-B * H * Sq // 4), 1, 1), blocks + bufs + (struct.pack("<q", n_split),),
+                                       stream)
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
                       tensors: dict) -> None:
@@ -210,7 +241,7 @@ class KernelRunner:
         rt = {"blk": table.data_ptr(), "blk_sb": hb * nq * (nk + 1) if bb > 1 else 0,
               "blk_sh": nq * (nk + 1) if hb > 1 else 0, "blk_nk": nk + 1}
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
-        classify, scan = self.prepass
+        classify, scan = self.aux["prepass"], self.aux["scan"]
         classify.launch((nk, nq, bb * hb), (fwd, params, struct.pack("<q", hb)), stream)
         warps = classify.threads // 32
         scan.launch((-(-rows // warps), 1, 1), (struct.pack("<Q", table.data_ptr()), struct.pack("<q", rows), struct.pack("<q", nk)), stream)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..ir.program import Program
+from ..lower.tiles import DECODE_MAX_QUERIES, decode_call
 from .cpu import Trial, VerifyReport, judge, trials
 from .inputs import example_sizes, make_inputs, within_guards
 from .reference import attention_output, run_reference
@@ -28,8 +29,13 @@ def gpu_shapes(p: Program, example: dict[str, Any]) -> list[dict[str, int]]:
     fixed = dict(p.requires)
     square = ex["Sq"] == ex["Skv"]
     out = []
-    for sq, skv in ((300, 333), (77, 129), (130, 64)):
-        sq, skv = min(sq, ex["Sq"]), min(skv, ex["Skv"])
+    pairs = ((300, 333), (77, 129), (130, 64))
+    decode = decode_call(ex["Sq"]) and not square
+    if decode:  # the decode kernel: one and several packed row tiles, one and many KV splits
+        pairs = ((ex["Sq"], 333), (1, 129), (DECODE_MAX_QUERIES, 1000), (5, 77), (3, 4099))
+    for sq, skv in pairs:
+        skv = min(skv, ex["Skv"])
+        sq = min(sq, skv) if decode else min(sq, ex["Sq"])  # any few queries the guards allow, never more than keys
         if square:
             skv = sq
         s = dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2))

@@ -1,0 +1,301 @@
+// Expert decode kernel: few queries (Sq <= 16) against a long KV cache, at memory speed.
+//
+// GQA packing: the G = Hq / Hkv query heads that read one KV head, times Sq queries, are the
+// rows of one 16-row tile (row r: g = r / Sq, q = r % Sq), so each K/V byte is read once for all
+// of them. Split-KV: the key range is cut into chunks of whole 64-key blocks, one CTA each, so a
+// small batch still fills the GPU; the splits' partial results merge in decode_combine.
+//
+// Launch: grid = (n_split, Hkv * row_tiles, B), block = 128 threads (4 warps), dynamic shared
+// memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split]
+// fp32 when n_split > 1 (null otherwise: the CTA writes O itself).
+//
+// Per CTA: Q rows -> shared -> registers; for every non-empty 64-key block of its chunk, all
+// warps load K and V (cp.async, two stages) and warp w takes keys [16w, 16w + 16) with its own
+// online softmax (m, l, O in registers); the four warps merge through shared memory at the end.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "copy.cuh"
+#include "epilogue.cuh"
+#include "gemm.cuh"
+#include "hooks.cuh"
+#include "mma.cuh"
+#include "score_tile.cuh"
+#include "softmax.cuh"
+#include "variant.cuh"
+
+namespace cubridge {
+
+template <int D>
+struct DecodeTile {
+  static constexpr int kHeadDim = D;
+  static constexpr int kRows = 16;    // packed (head, query) rows per CTA
+  static constexpr int kBlockN = 64;  // keys per block: 16 per warp
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kSmemLd = D + 8;
+  // Q, the K/V ring; the merge (4 warps x 16 rows x D fp32, then m and l) reuses the ring
+  static constexpr int kRingBytes = (kRows + 2 * kStages * kBlockN) * kSmemLd * 2;
+  static constexpr int kMergeBytes = kWarps * kRows * (D + 2) * 4;
+  static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  static_assert(D % 16 == 0 && D <= 256, "head dim: k16 steps, at most 256");
+};
+
+// Log2-unit row statistics -> output factor and natural-log LSE, with the sink in the normaliser.
+__device__ __forceinline__ void finish_merged(float m2, float l, float sink2, float& o_scale, float& lse) {
+  const float mf = fmaxf(m2, sink2);
+  float c = 1.f, lt = l;
+  if (sink2 != neg_inf() && mf != neg_inf()) {
+    c = fast_exp2(m2 - mf);
+    lt = fmaf(l, c, fast_exp2(sink2 - mf));
+  }
+  o_scale = lt > 0.f ? c / lt : 0.f;
+  lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
+}
+
+template <class Cfg, class Variant, class T>
+__device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
+                                                 float* part_o, float* part_lse, int chunk) {
+  constexpr int D = Cfg::kHeadDim, R = Cfg::kRows, BN = Cfg::kBlockN, LDS = Cfg::kSmemLd;
+  constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
+  constexpr int KC = D / 16, DT = D / 8;
+  constexpr bool kRaw = score_is_default<Variant>(0);
+  using H = Hook<Variant>;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + R * LDS;
+  T* sV = sK + ST * BN * LDS;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+  const int G = static_cast<int>(a.Hq / a.Hkv), rows = G * sq;
+  const int row_tiles = (rows + R - 1) / R;
+  const int split = blockIdx.x, n_split = gridDim.x;
+  const int hk = blockIdx.y / row_tiles, r_lo = (blockIdx.y % row_tiles) * R;
+  const int b = blockIdx.z;
+  // packed row -> (query head, query); rows past the group repeat the last valid one
+  auto head_of = [&](int r) { return Variant::q_head(a, hk, imin(r_lo + r, rows - 1) / sq); };
+  auto query_of = [&](int r) { return imin(r_lo + r, rows - 1) % sq; };
+  const int g_first = r_lo / sq, g_last = (imin(r_lo + R, rows) - 1) / sq;  // the tile's heads of the group
+
+  // @cuir tile axis=q size=kRows
+  const int kv_begin = split * chunk, kv_end = imin(kv_begin + chunk, skv);
+  const T* gK = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
+  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+  const int j0 = kv_begin / BN, j1 = (kv_end + BN - 1) / BN;
+
+  // The tile's class for keys [kv_lo, kv_hi): every query head of the tile over all Sq queries
+  // (a superset of its rows: empty and full stay sound).
+  auto tile_cls = [&](int j) {
+    bool any = false, all = true;
+    for (int g = g_first; g <= g_last; ++g) {
+      const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j * BN, imin(j * BN + BN, skv));
+      any |= c != kEmpty;
+      all &= c == kFull;
+    }
+    return any ? (all ? kFull : kPartial) : kEmpty;
+  };
+
+  // @cuir load tensor=q
+  for (int idx = tid; idx < R * (D / 8); idx += NTH) {
+    const int r = idx / (D / 8), c = idx % (D / 8);
+    const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
+    *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
+  }
+  int pf = j0;
+  auto prefetch = [&](int stage) {
+    while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
+    const bool ok = pf < j1;
+    if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
+    if (ok) load_tile<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pf * BN, kv_end, tid);
+    cp_async_commit();
+    ++pf;
+  };
+  prefetch(0);
+  __syncthreads();
+  unsigned qa[1][KC][4];
+  load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
+
+  float o[1][DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+  int hr[2], qr[2];  // this lane's two rows
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) hr[hf] = head_of(lane / 4 + hf * 8), qr[hf] = query_of(lane / 4 + hf * 8);
+  const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * 16 * LDS) * 2;
+  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDS>(lane) + warp * 16 * LDS) * 2;
+
+  int stage = 0;
+  // @cuir loop axis=kv size=kBlockN
+  for (int j = j0; j < j1; ++j) {
+    // @cuir hook name=block_class
+    const int cls = tile_cls(j);
+    // @cuir skip when=empty
+    if (cls == kEmpty) continue;
+    // @cuir load tensor=k
+    prefetch(stage ^ 1);
+    cp_async_wait<1>();
+    __syncthreads();
+    // @cuir mma name=qk
+    float s[1][2][4];
+    gemm_qk<T, 1, 2, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
+    // @cuir hook name=score
+    // @cuir hook name=mask when=partial
+    const int kv0 = j * BN + warp * 16 + (lane % 4) * 2;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e / 2, kv = kv0 + nt * 8 + e % 2, kc = imin(kv, skv - 1);
+        float x = s[0][nt][e];
+        if constexpr (!kRaw) x = H::score(a, p, x, b, hr[hf], qr[hf], kc);
+        bool keep = kv < kv_end;
+        if constexpr (Variant::kHasMask)
+          if (cls == kPartial) keep = keep && H::mask(a, p, b, hr[hf], qr[hf], kc);
+        s[0][nt][e] = keep ? x : neg_inf();
+      }
+    // @cuir softmax kind=online
+    softmax_update<1, 2, DT, true>(s, o, m, l, factor);
+    // @cuir load tensor=v
+    // @cuir mma name=pv
+    gemm_pv<T, 1, 2, DT, LDS>(o, s, v_lane + stage * BN * LDS * 2);
+    __syncthreads();  // every warp is done with this stage before the next prefetch refills it
+    stage ^= 1;
+  }
+  // @cuir endloop axis=kv
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the four warps: O and m, l per row through shared memory (the ring is free now).
+  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][D]
+  float* mm = mo + Cfg::kWarps * R * D;            // [warp][row]
+  float* ml = mm + Cfg::kWarps * R;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = lane / 4 + hf * 8;
+    const float lw = quad_sum(l[hf]);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      float* dst = mo + (warp * R + r) * D + dt * 8 + (lane % 4) * 2;
+      dst[0] = o[0][dt][2 * hf];
+      dst[1] = o[0][dt][2 * hf + 1];
+    }
+    if (lane % 4 == 0) {
+      mm[warp * R + r] = m[hf] * factor;  // log2 units; -inf stays -inf
+      ml[warp * R + r] = lw;
+    }
+  }
+  __syncthreads();
+
+  // @cuir hook name=sink
+  // @cuir epilogue kind=normalise
+  // Thread t: row t / 8, columns [(t % 8) * D / 8, +D / 8).
+  constexpr int CW = D / 8;
+  const int r = tid / 8, c0 = (tid % 8) * CW;
+  if (r_lo + r >= rows) return;
+  const int h = head_of(r), q = query_of(r);
+  float m2 = neg_inf();
+#pragma unroll
+  for (int w = 0; w < Cfg::kWarps; ++w) m2 = fmaxf(m2, mm[w * R + r]);
+  float wgt[Cfg::kWarps], lsum = 0.f;
+#pragma unroll
+  for (int w = 0; w < Cfg::kWarps; ++w) {
+    wgt[w] = m2 == neg_inf() ? 0.f : fast_exp2(mm[w * R + r] - m2);
+    lsum = fmaf(ml[w * R + r], wgt[w], lsum);
+  }
+  float acc[CW];
+#pragma unroll
+  for (int c = 0; c < CW; ++c) {
+    acc[c] = 0.f;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) acc[c] = fmaf(mo[(w * R + r) * D + c0 + c], wgt[w], acc[c]);
+  }
+  const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
+  if (n_split > 1) {  // partial: normalised over this chunk, with its log2 LSE; the sink joins later
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    float* dst = part_o + (row * n_split + split) * D + c0;
+#pragma unroll
+    for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
+    if (tid % 8 == 0) part_lse[row * n_split + split] = lsum > 0.f ? m2 + fast_log2(lsum) : neg_inf();
+    return;
+  }
+  // @cuir store tensor=o
+  const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
+  float o_scale, lse;
+  finish_merged(m2, lsum, sink2, o_scale, lse);
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss + c0;
+  const T* gVh = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
+#pragma unroll
+  for (int c = 0; c < CW; c += 8) {
+    uint4 val;
+    val.x = pack2<T>(acc[c] * o_scale, acc[c + 1] * o_scale);
+    val.y = pack2<T>(acc[c + 2] * o_scale, acc[c + 3] * o_scale);
+    val.z = pack2<T>(acc[c + 4] * o_scale, acc[c + 5] * o_scale);
+    val.w = pack2<T>(acc[c + 6] * o_scale, acc[c + 7] * o_scale);
+    if (Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
+    *reinterpret_cast<uint4*>(gO + c) = val;
+  }
+  // @cuir store tensor=lse when=requested
+  if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;
+}
+
+// Merge the splits of one (b, h, q) row per warp: O = sum_i 2^(lse_i) o_i / (sum_i 2^(lse_i) + sink).
+template <class Variant, class T, int D>
+__device__ __forceinline__ void decode_combine(const FwdArgs& a, const typename Variant::Params& p,
+                                               const float* part_o, const float* part_lse, int n_split) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int CW = (D + 31) / 32;
+  const long long row = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= a.B * a.Hq * a.Sq) return;
+  const int q = static_cast<int>(row % a.Sq), h = static_cast<int>(row / a.Sq % a.Hq);
+  const int b = static_cast<int>(row / (a.Sq * a.Hq));
+  float m2 = neg_inf();
+  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, part_lse[row * n_split + i]);
+  for (int o = 16; o > 0; o /= 2) m2 = fmaxf(m2, __shfl_xor_sync(~0u, m2, o));
+  float l = 0.f;
+  for (int i = lane; i < n_split; i += 32) {
+    const float x = part_lse[row * n_split + i];
+    l += m2 == neg_inf() ? 0.f : fast_exp2(x - m2);
+  }
+  for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(~0u, l, o);
+  const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
+  float o_scale, lse;
+  finish_merged(m2, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink) in units of 2^m2
+  float acc[CW];
+#pragma unroll
+  for (int c = 0; c < CW; ++c) acc[c] = 0.f;
+  for (int i = 0; i < n_split; ++i) {
+    const float x = part_lse[row * n_split + i];
+    if (x == neg_inf()) continue;
+    const float w = fast_exp2(x - m2);
+    const float* src = part_o + (row * n_split + i) * D;
+#pragma unroll
+    for (int c = 0; c < CW; ++c)
+      if (lane + 32 * c < D) acc[c] = fmaf(src[lane + 32 * c], w, acc[c]);
+  }
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
+  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
+  const bool empty = m2 == neg_inf();
+#pragma unroll
+  for (int c = 0; c < CW; ++c) {
+    const int d = lane + 32 * c;
+    if (d >= D) continue;
+    float val = acc[c] * o_scale;
+    if (Variant::kEmptyRowMeanV && empty) {
+      val = 0.f;
+      for (int k = 0; k < a.Skv; ++k) val += to_f32(gV[k * a.v_ss + d]);
+      val /= a.Skv > 0 ? static_cast<float>(a.Skv) : 1.f;
+    }
+    gO[d] = from_f32<T>(val);
+  }
+  if (a.lse != nullptr && lane == 0) a.lse[row] = lse;
+}
+
+}  // namespace cubridge
