@@ -150,3 +150,18 @@ def test_decode_kernel_refuses_data_masks_and_its_smem_matches_the_header():
         env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": D + 8, "kWarps": t.warps, "D": D}
         val = [eval(re.sub(r"\b(\w+)\b", lambda m: str(env.get(m.group(1), m.group(1))), e)) for e in (ring, merge)]  # noqa: S307
         assert max(val) == t.smem_bytes, (D, val)
+
+
+def key_padding(q, k, v, pad):
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~pad[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_bool_extra_tensor_compiles(arch):
+    """A boolean mask tensor is read as bytes (__ldg has no bool overload; NVRTC refused it)."""
+    q, k, v = (torch.randn(2, 4, 70, 64) for _ in range(3))
+    p = tc.transfer(key_padding, q, k, v, torch.rand(2, 70) > 0.3)
+    assert p.extras[0].dtype == "bool"
+    assert tc_cubin(lower(p, arch=arch, head_dim=64).source, arch)

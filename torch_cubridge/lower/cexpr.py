@@ -155,7 +155,10 @@ class CExpr:
         x = self.extras[e.attr]
         off = " + ".join(f"(long long)({self.as_kind(i, 'int')}) * p.{x.name}_s{d}"
                          for d, i in enumerate(e.args)) or "0"
-        raw = f"__ldg(&p.{x.name}[{off}])"  # read-only path; lets the compiler hoist per-head loads
+        ptr = f"&p.{x.name}[{off}]"
+        if x.dtype == "bool":  # __ldg has no bool overload: read the byte
+            ptr = f"reinterpret_cast<const unsigned char*>({ptr})"
+        raw = f"__ldg({ptr})"  # read-only path; lets the compiler hoist per-head loads
         if x.dtype == "bfloat16":
             return f"__bfloat162float({raw})"
         if x.dtype == "float16":

@@ -53,6 +53,7 @@ class KernelRunner:
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
+        self._splits: dict[tuple, tuple[int, int]] = {}  # decode: (n_split, blocks per split) per shape
         if self._lit is not None and not p.extras and low.prepass is None:
             self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
         self._scale_const = 1.0 if low.scale is None else None  # 1.0: the score hook applies its own scale
@@ -195,15 +196,17 @@ class KernelRunner:
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, di: int,
                        dev: torch.device, stream: int) -> None:
-        """Split-KV: enough (chunk of keys, KV head, row tile, batch) CTAs for about two waves; the
-        combine kernel merges the chunks' partial O and LSE (decode_kernel.cuh)."""
+        """Split-KV: the (chunk of keys, KV head, row tile, batch) CTAs fill the GPU's resident slots in
+        whole waves; the combine kernel merges the chunks' partial O and LSE (decode_kernel.cuh)."""
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
-        ctas = Hkv * row_tiles * B
-        n_split = max(1, min(n_blk, -(-2 * _sm_count(di) // ctas)))
-        per = -(-n_blk // n_split)
-        n_split = -(-n_blk // per)
+        key = (B, Hkv, row_tiles, n_blk, di)
+        split = self._splits.get(key)
+        if split is None:
+            split = self._splits[key] = decode_split(Hkv * row_tiles * B, n_blk,
+                                                     _sm_count(di) * self.kernel.resident_per_sm(di))
+        n_split, per = split
         part = (0, 0)
         if n_split > 1:
             po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
@@ -291,3 +294,21 @@ def arch_for(device: torch.device) -> str:
     if major == 9:
         return "sm_90a" if minor == 0 and hopper_kernel_enabled() else "sm_90"
     return f"sm_{major}{minor}" if major == 8 else "sm_80"
+
+
+def decode_split(ctas: int, n_blk: int, slots: int) -> tuple[int, int]:
+    """(splits, key blocks per split) for `ctas` CTAs before splitting and `slots` resident CTAs on
+    the GPU: the fewest splits whose waves are at least 90% full (a last, partial wave idles SMs),
+    with at least two blocks per split so the merge stays small against the keys read."""
+    best, best_eff = 1, 0.0
+    for n in range(1, max(1, n_blk // 2) + 1):
+        waves = ctas * n / slots
+        eff = waves / -(-ctas * n // slots)
+        if eff > best_eff + 1e-9:
+            best, best_eff = n, eff
+        if eff >= 0.9 and ctas * n >= slots:
+            best = n
+            break
+    per = -(-n_blk // best)
+    return -(-n_blk // per), per
+
