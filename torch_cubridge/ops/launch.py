@@ -64,7 +64,6 @@ class _Libcuda:
             "cuFuncSetAttribute": [_vp, i, i],
             "cuFuncGetAttribute": [ctypes.POINTER(i), i, _vp],
             "cuLaunchKernel": [_vp, u, u, u, u, u, u, u, _vp, _vp, _vp],
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor": [ctypes.POINTER(i), _vp, i, sz],
         }
         for name, argtypes in sigs.items():
             fn = getattr(lib, name)
@@ -111,13 +110,6 @@ class _Libcuda:
                 return None
             sizes.append(size.value)
 
-    def resident_blocks(self, fn: int, threads: int, smem: int) -> int:
-        """How many CTAs of `fn` one multiprocessor holds at once (registers and shared memory)."""
-        v = ctypes.c_int()
-        self.check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(v), fn, threads, smem),
-                   "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        return v.value
-
     def func_attr(self, fn: int, attr: int) -> int:
         v = ctypes.c_int()
         self.check(self.lib.cuFuncGetAttribute(ctypes.byref(v), attr, fn), "cuFuncGetAttribute")
@@ -163,7 +155,7 @@ def resolve_auto_backend() -> str:
 class _Loaded:
     """One device's module + function handle, and the call that launches it."""
 
-    __slots__ = ("module", "fn", "fn_obj", "launch", "resident")
+    __slots__ = ("module", "fn", "fn_obj", "launch")
 
 
 class CubinKernel:
@@ -218,7 +210,6 @@ class CubinKernel:
             else:
                 self._load_ctypes(cu, ld)
             self._check_function(cu, ld.fn)
-            ld.resident = max(1, cu.resident_blocks(ld.fn, self.threads, self.smem_bytes))
             self._per_device[ordinal] = ld
             if torch.cuda.device_count() == 1:
                 self._only = ld
@@ -271,12 +262,6 @@ class CubinKernel:
         sizes = cu.param_sizes(fn)
         if sizes is not None:
             self._sizes = sizes
-
-
-    def resident_per_sm(self, ordinal: int) -> int:
-        """CTAs of this kernel one multiprocessor of device `ordinal` holds at once (loads it there)."""
-        ld = self._per_device.get(ordinal) or self._load(ordinal)
-        return ld.resident
 
     # ---- params --------------------------------------------------------
     def _setup_params(self, blocks: Sequence[bytes]) -> None:
