@@ -16,8 +16,10 @@ INDEX_VARS = ("b", "h", "q", "kv")
 SIZE_VARS = ("B", "H", "Hkv", "Sq", "Skv", "D")
 VARS = ("s",) + INDEX_VARS + SIZE_VARS
 
-UNARY = {"neg", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "sigmoid", "not", "floor",
-         "to_float", "to_int", "to_bool"}
+# FLOAT_UNARY: float results, in fp32 on the kernel as in the interpreter
+FLOAT_UNARY = {"tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos", "exp2", "log2", "log1p", "expm1",
+               "reciprocal"}
+UNARY = FLOAT_UNARY | {"neg", "abs", "not", "floor", "sign", "to_float", "to_int", "to_bool"}
 BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "max", "min", "pow",
           "eq", "ne", "lt", "le", "gt", "ge", "and", "or"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}

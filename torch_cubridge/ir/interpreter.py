@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .bind import bind_args, extra_tensors, head_index, lookup, scalar_values, sizes_of, to_canonical
-from .expr import Expr
+from .expr import FLOAT_UNARY, Expr
 from .interval import classify_tile
 
 BLOCK_M = 64
@@ -76,13 +76,16 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
     xs = [evaluate(x, env, fdt) for x in a]
     if len(xs) == 1:
         x = torch.as_tensor(xs[0])
-        if op in ("tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid"):
+        if op in FLOAT_UNARY:
             x = x.to(fdt)
         return {
             "neg": lambda: -x, "tanh": lambda: torch.tanh(x), "exp": lambda: torch.exp(x),
             "log": lambda: torch.log(x), "abs": lambda: torch.abs(x), "sqrt": lambda: torch.sqrt(x),
             "rsqrt": lambda: torch.rsqrt(x), "sigmoid": lambda: torch.sigmoid(x),
             "not": lambda: ~x.bool(), "floor": lambda: torch.floor(x),
+            "sin": lambda: torch.sin(x), "cos": lambda: torch.cos(x), "exp2": lambda: torch.exp2(x),
+            "log2": lambda: torch.log2(x), "log1p": lambda: torch.log1p(x), "expm1": lambda: torch.expm1(x),
+            "reciprocal": lambda: torch.reciprocal(x), "sign": lambda: torch.sign(x),
             "to_float": lambda: x.to(fdt), "to_int": lambda: x.long() if x.is_floating_point() else x.long(),
             "to_bool": lambda: x.bool(),
         }[op]()

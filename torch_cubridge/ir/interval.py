@@ -53,10 +53,19 @@ def interval(e: Expr, env: Mapping[str, Interval]) -> Interval:
         return (-xs[0][1], -xs[0][0])
     if op == "not":
         return (1 - xs[0][1], 1 - xs[0][0])
-    if op in ("tanh", "exp", "sigmoid", "floor", "to_float", "to_int", "sqrt", "log"):
+    if op in ("tanh", "exp", "sigmoid", "floor", "to_float", "to_int", "sqrt", "log", "exp2", "log2",
+              "log1p", "expm1", "sign"):  # monotone non-decreasing: the ends map to the ends
         f = {"tanh": math.tanh, "exp": _exp, "sigmoid": _sigmoid, "floor": _floor,
-             "to_float": float, "to_int": _trunc, "sqrt": _sqrt, "log": _log}[op]
+             "to_float": float, "to_int": _trunc, "sqrt": _sqrt, "log": _log, "exp2": _exp2,
+             "log2": lambda v: _log(v) / math.log(2) if v > 0 else -math.inf,
+             "log1p": lambda v: _log(1 + v), "expm1": lambda v: _exp(v) - 1,
+             "sign": lambda v: float((v > 0) - (v < 0))}[op]
         return (f(xs[0][0]), f(xs[0][1]))
+    if op in ("sin", "cos"):
+        return (-1.0, 1.0)
+    if op == "reciprocal":
+        lo, hi = xs[0]
+        return (1 / hi, 1 / lo) if lo > 0 or hi < 0 else UNKNOWN
     if op == "to_bool":
         lo, hi = xs[0]
         if lo > 0 or hi < 0:
@@ -121,6 +130,13 @@ def interval(e: Expr, env: Mapping[str, Interval]) -> Interval:
 def _exp(v: float) -> float:
     try:
         return math.exp(v)
+    except OverflowError:
+        return math.inf
+
+
+def _exp2(v: float) -> float:
+    try:
+        return 2.0 ** v
     except OverflowError:
         return math.inf
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import Expr
+from ..ir.expr import FLOAT_UNARY, Expr
 from ..ir.program import Program
 
 _SIZE = {"B": "a.B", "H": "a.Hq", "Hkv": "a.Hkv", "Sq": "a.Sq", "Skv": "a.Skv"}
@@ -53,7 +53,7 @@ class CExpr:
             return "float" if dt in _FLOAT_DTYPES else ("bool" if dt == "bool" else "int")
         if op in _CMP or op in ("and", "or", "not", "to_bool"):
             return "bool"
-        if op in ("tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "div", "to_float", "pow"):
+        if op in FLOAT_UNARY or op in ("div", "to_float", "pow"):
             return "float"
         if op == "to_int":
             return "int"
@@ -124,12 +124,19 @@ class CExpr:
         if op == "tanh":
             fn = "cubridge::tanh_fast" if self.fast_tanh else "tanhf"
             return f"{fn}({self.as_kind(a[0], 'float')})"
-        unary = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "abs": None, "floor": "floorf"}
+        unary = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "abs": None, "floor": "floorf",
+                 "sin": "sinf", "cos": "cosf", "exp2": "exp2f", "log2": "log2f", "log1p": "log1pf",
+                 "expm1": "expm1f"}
         if op in unary:
             if op == "abs":
                 k = self.kind(a[0])
                 return f"{'fabsf' if k == 'float' else 'llabs'}({self.value(a[0])})"
             return f"{unary[op]}({self.as_kind(a[0], 'float')})"
+        if op == "reciprocal":
+            return f"(1.0f / {self.as_kind(a[0], 'float')})"
+        if op == "sign":
+            x = self.value(a[0])
+            return f"(({x} > 0) - ({x} < 0))" if self.kind(a[0]) != "float" else f"(float)(({x} > 0.0f) - ({x} < 0.0f))"
         if op == "sigmoid":
             return f"(1.0f / (1.0f + expf(-{self.as_kind(a[0], 'float')})))"
         if op == "to_float":

@@ -18,7 +18,9 @@ BINARY = {"add": "add", "sub": "sub", "rsub": "rsub", "mul": "mul", "div": "div"
           "bitwise_and": "and", "logical_and": "and", "bitwise_or": "or", "logical_or": "or",
           "__and__": "and", "__or__": "or"}
 UNARY = {"neg": "neg", "tanh": "tanh", "exp": "exp", "log": "log", "abs": "abs", "sqrt": "sqrt",
-         "rsqrt": "rsqrt", "sigmoid": "sigmoid", "bitwise_not": "not", "logical_not": "not", "floor": "floor"}
+         "rsqrt": "rsqrt", "sigmoid": "sigmoid", "bitwise_not": "not", "logical_not": "not", "floor": "floor",
+         "sin": "sin", "cos": "cos", "exp2": "exp2", "log2": "log2", "log1p": "log1p", "expm1": "expm1",
+         "reciprocal": "reciprocal", "sign": "sign"}
 
 
 def _has_roles(ctx: Ctx, d: tuple[str, ...]) -> bool:
