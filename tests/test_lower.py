@@ -165,3 +165,20 @@ def test_bool_extra_tensor_compiles(arch):
     p = tc.transfer(key_padding, q, k, v, torch.rand(2, 70) > 0.3)
     assert p.extras[0].dtype == "bool"
     assert tc_cubin(lower(p, arch=arch, head_dim=64).source, arch)
+
+
+def doc_mod_buckets(q, k, v, doc):
+    """int64 ids through Python's modulo (bucketed documents)."""
+    same = (doc[:, None, :, None] % 4) == (doc[:, None, None, :] % 4)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~same, float("-inf")).softmax(-1) @ v
+
+
+@needs_nvcc
+def test_int64_tensor_modulo_compiles():
+    """py_mod deduces one integer type: an int64 load against an int constant did not compile."""
+    q, k, v = (torch.randn(2, 4, 70, 64) for _ in range(3))
+    p = tc.transfer(doc_mod_buckets, q, k, v, torch.randint(-50, 50, (2, 70)))
+    src = lower(p, arch="sm_90a", head_dim=64).source
+    assert "py_mod<long long>" in src
+    assert tc_cubin(src, "sm_90a")

@@ -112,7 +112,10 @@ class CExpr:
         if op in ("floordiv", "mod"):
             if self.kind(e) == "int":
                 fn = "cubridge::py_floordiv" if op == "floordiv" else "cubridge::py_mod"
-                return f"{fn}({self.value(a[0])}, {self.value(a[1])})"
+                # one integer type for both operands (the template deduces one): 64-bit only where an
+                # int64 tensor is read, since 64-bit division is emulated on the GPU
+                t = "long long" if any(self._wide(x) for x in a) else "int"
+                return f"{fn}<{t}>(({t})({self.value(a[0])}), ({t})({self.value(a[1])}))"
             x, y = self.as_kind(a[0], "float"), self.as_kind(a[1], "float")
             return f"floorf({x} / {y})" if op == "floordiv" else f"({x} - floorf({x} / {y}) * {y})"
         if op in ("max", "min"):
@@ -175,6 +178,12 @@ class CExpr:
         if x.dtype == "bool":
             return f"({raw} != 0)"
         return raw
+
+    def _wide(self, e: Expr) -> bool:
+        """Reads an int64 tensor somewhere below (its values may not fit 32 bits)."""
+        if e.op == "load" and self.extras[e.attr].dtype == "int64":
+            return True
+        return any(self._wide(x) for x in e.args)
 
     def uniform(self, e: Expr) -> bool:
         """No per-element dependence: only scalars, constants and sizes."""
