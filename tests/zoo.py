@@ -35,6 +35,14 @@ def full_matmul(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
 
 
+def q_divided_causal(q, k, v):
+    """The scale divides q before the matmul (a common style; was refused)."""
+    q = q / math.sqrt(q.shape[-1])
+    S = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)).masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
 def full_einsum(q, k, v):
     s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
     return torch.einsum("bhqk,bhkd->bhqd", s.softmax(dim=-1), v)
@@ -261,6 +269,7 @@ def B_(B, H, Hkv, S, D, dtype):
 CASES: list[Case] = [
     Case("full_matmul", full_matmul, std, {"mask": False}),
     Case("full_einsum", full_einsum, std, {"mask": False}),
+    Case("q_divided_causal", q_divided_causal, std, {"mask": True}),
     Case("full_bmm", full_bmm, std, {"mask": False}),
     Case("full_sdpa", full_sdpa, std, {"mask": False}),
     Case("full_bshd", full_bshd, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd"),

@@ -20,6 +20,9 @@ def _factor(e: Expr, over: str) -> tuple[Expr, Expr]:
         if x.op == "mul":
             flat(x.args[0])
             flat(x.args[1])
+        elif x.op == "div":  # q / sqrt(d): a coefficient 1 / c (a c that reads `over` is refused below)
+            flat(x.args[0])
+            factors.append(call("div", const(1.0), x.args[1]))
         elif x.op in ("to_float",):
             flat(x.args[0])
         else:
