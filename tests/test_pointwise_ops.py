@@ -84,3 +84,4 @@ def test_interval_rules_contain_every_value(op):
                "expm1": torch.expm1, "reciprocal": torch.reciprocal, "sign": torch.sign}[op](x)
         a, b = interval(e, {"q": (lo, hi)})
         assert a <= got.min().item() + 1e-9 and got.max().item() <= b + 1e-9, (op, lo, hi, a, b)
+

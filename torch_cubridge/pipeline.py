@@ -194,6 +194,10 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim, arch = q.shape[p.q.dims.index("d")], arch_for(q.device)
+    dv = lookup(bound, p.v.arg).shape[p.v.dims.index("d")]
+    if dv != head_dim:
+        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
+                              "take one head dim for now, so the spec serves", op="kernel")
     # calls with few queries get the split-KV decode kernel where the program allows it
     decode = decode_call(q.shape[p.q.dims.index("s")]) and p.block_rule != "prepass" and head_dim % 16 == 0
     last = None

@@ -127,14 +127,15 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     box.update({n: (float(x), float(x)) for n, x in scal.items()})
     box.update({"b": (0.0, B - 1.0), "h": (0.0, H - 1.0)})
 
-    out = torch.zeros(B, H, Sq, D, dtype=fdt, device=dev)
+    Dv = v.shape[-1]  # the value head dim may differ from the query's
+    out = torch.zeros(B, H, Sq, Dv, dtype=fdt, device=dev)
     for q0 in range(0, Sq, BLOCK_M):
         _step("tile q")
         _step("load q")
         q1 = min(q0 + BLOCK_M, Sq)
         m = torch.full((B, H, q1 - q0, 1), -math.inf, dtype=fdt, device=dev)
         l = torch.zeros_like(m)
-        acc = torch.zeros(B, H, q1 - q0, D, dtype=fdt, device=dev)
+        acc = torch.zeros(B, H, q1 - q0, Dv, dtype=fdt, device=dev)
         env["q"] = torch.arange(q0, q1, device=dev).view(1, 1, -1, 1)
         for k0 in range(0, Skv, BLOCK_N):
             k1 = min(k0 + BLOCK_N, Skv)

@@ -19,9 +19,11 @@ from ..ir.program import Operand, Program
 _FOLLOW = {"b": "B", "h": "H", "q": "Sq", "kv": "Skv"}
 
 
-def operand_shape(op: Operand, sizes: dict[str, int], is_q: bool) -> tuple[int, ...]:
+def operand_shape(op: Operand, sizes: dict[str, int], role: str) -> tuple[int, ...]:
+    """The shape of operand `role` (q, k or v): q and k share the head dim D, v has Dv."""
+    is_q = role == "q"
     m = {"b": sizes["B"], "h": sizes["H"] if is_q else sizes["Hkv"], "s": sizes["Sq"] if is_q else sizes["Skv"],
-         "d": sizes["D"] if is_q else sizes.get("Dv", sizes["D"])}
+         "d": sizes.get("Dv", sizes["D"]) if role == "v" else sizes["D"]}
     return tuple(m[d] for d in op.dims)
 
 
@@ -112,7 +114,7 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
     out = dict(example)
     for name, op in (("q", p.q), ("k", p.k), ("v", p.v)):
         ex = example[op.arg]
-        shape = operand_shape(op, sizes, name == "q")
+        shape = operand_shape(op, sizes, name)
         if not values:
             out[op.arg] = torch.empty(shape, dtype=dtype or ex.dtype)
             continue
