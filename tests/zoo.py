@@ -43,6 +43,13 @@ def q_divided_causal(q, k, v):
     return s.softmax(-1) @ v
 
 
+def no_self_diag(q, k, v):
+    """No token attends to itself (Reformer-style shared QK), the mask built with torch.diag."""
+    S = q.shape[-2]
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(torch.diag(torch.ones(S, dtype=torch.bool, device=q.device)), -1e4).softmax(-1) @ v
+
+
 def full_einsum(q, k, v):
     s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
     return torch.einsum("bhqk,bhkd->bhqd", s.softmax(dim=-1), v)
@@ -270,6 +277,7 @@ CASES: list[Case] = [
     Case("full_matmul", full_matmul, std, {"mask": False}),
     Case("full_einsum", full_einsum, std, {"mask": False}),
     Case("q_divided_causal", q_divided_causal, std, {"mask": True}),
+    Case("no_self_diag", no_self_diag, std, {"mask": True}),
     Case("full_bmm", full_bmm, std, {"mask": False}),
     Case("full_sdpa", full_sdpa, std, {"mask": False}),
     Case("full_bshd", full_bshd, lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd"),

@@ -164,6 +164,9 @@ class Walker:
             return self.arange(node, dtype, op)
         if name in ("triu", "tril"):
             return self.tri(name, self.sym(a[0]), a[1] if len(a) > 1 else kw.get("diagonal", 0), dtype, op)
+        if name == "diag_embed":  # torch.diag(x) of a vector
+            return self.diag_embed(self.sym(a[0]), *(list(a[1:]) + [kw.get("offset", 0), kw.get("dim1", -2),
+                                                                       kw.get("dim2", -1)])[:3], dtype=dtype, op=op)
         if name in ("bmm", "mm", "matmul"):
             return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
         if name in ("baddbmm", "addmm"):  # beta * input + alpha * (b1 @ b2)
@@ -318,6 +321,19 @@ class Walker:
         keep = call("ge", off, const(diag)) if name == "triu" else call("le", off, const(diag))
         zero = const(False) if dtype == torch.bool else const(0 if not dtype.is_floating_point else 0.0)
         return Sym(x.axes, simplify(call("where", keep, x.expr, zero), self.ctx.ranges()), dtype)
+
+    def diag_embed(self, x: Sym, offset: int, dim1: int, dim2: int, dtype: torch.dtype, op: str) -> Sym:
+        """out[..., i, j] = x[..., i] where j - i == offset, else 0 (the last two dims, square)."""
+        if (dim1, dim2) not in ((-2, -1), (len(x.axes) - 1, len(x.axes))) or not x.axes:
+            raise UnsupportedSpec("diag_embed into other than the last two dims", op=op)
+        row = x.axes[-1]
+        n = self.ctx.dim_size(row)
+        col = self.ctx.atom(n + abs(offset))
+        if offset:  # the output is larger than x: its rows need their own atom too
+            raise UnsupportedSpec("diag_embed with an offset", op=op)
+        on = call("eq", Expr("var", (), col), self.ctx.linear(row))
+        zero = const(False) if dtype == torch.bool else const(0 if not dtype.is_floating_point else 0.0)
+        return Sym(x.axes + ((col,),), simplify(call("where", on, x.expr, zero), self.ctx.ranges()), dtype)
 
     def repeat(self, x: Sym, reps: list[int], op: str) -> Sym:
         axes = [()] * (len(reps) - len(x.axes)) + list(x.axes)
