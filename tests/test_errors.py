@@ -11,9 +11,9 @@ def qkv():
     return tuple(torch.randn(1, 2, 8, 4) for _ in range(3))
 
 
-def cosine_scores(q, k, v):
+def erf_scores(q, k, v):
     s = q @ k.transpose(-1, -2)
-    s = torch.cos(s)  # no rule: refused here
+    s = torch.erf(s)  # no rule: refused here
     return torch.softmax(s, -1) @ v
 
 
@@ -35,7 +35,7 @@ def _line(fn, marker):
 
 
 @pytest.mark.parametrize("fn, marker, op", [
-    (cosine_scores, "torch.cos(s)", "torch.cos"),
+    (erf_scores, "torch.erf(s)", "torch.erf"),
     (value_branch, "if s.max()", None),
     (scaled_value, "(v * 2)", "torch.bmm"),
 ])
