@@ -1,6 +1,8 @@
 """cubridge: explain a spec, and manage the kernel cache for deployment.
 
   cubridge explain path/to/file.py:function   graph, CuIR program, verification
+  cubridge build path/to/file.py:function --arch sm_90a --shape B,H,S,D [--kv-heads N] [--queries Q]
+                                              verify and build its kernels ahead of time (no GPU needed)
   cubridge cache list | verify | clear --yes | export DIR | import DIR
   cubridge --version                          (also: python -m torch_cubridge ...)
 
@@ -61,6 +63,31 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- build ahead of time -------------------------------------------------------------
+
+
+def _build(args: argparse.Namespace) -> int:
+    import torch
+    from .capture.trace import bind_example
+    from .errors import UnsupportedSpec
+    from .pipeline import build_ahead
+    _refuse_if_readonly("build", command="build")
+    mod, fn, name = _load(args.target)
+    B, H, S, D = (int(x) for x in args.shape.split(","))
+    dtype = getattr(torch, args.dtype)
+    q = torch.randn(B, H, args.queries or S, D, dtype=dtype)
+    k, v = (torch.randn(B, args.kv_heads or H, S, D, dtype=dtype) for _ in range(2))
+    try:
+        built = build_ahead(fn, bind_example(fn, (q, k, v), {}), args.arch, status)
+    except UnsupportedSpec as e:
+        print(f"cubridge: refused: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    for b in built:
+        how = f"built in {b['seconds']:.2f} s" if b["built"] else "already in the cache"
+        print(f"{b['key']}  {b['kernel']}  {args.arch}  {how}  (program {b['program']})")
+    return 0
+
+
 # ---- cache ---------------------------------------------------------------------
 
 
@@ -74,12 +101,12 @@ def _cache():
     return default_cache()
 
 
-def _refuse_if_readonly(what: str) -> None:
+def _refuse_if_readonly(what: str, command: str = "") -> None:
     from . import config
     from .cache import CacheReadOnlyError
     if config.is_readonly():
-        raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: `cubridge cache {what}` writes the cache; "
-                                 "unset CUBRIDGE_READONLY to run it")
+        raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: `cubridge {command or 'cache ' + what}` writes the "
+                                 "cache; unset CUBRIDGE_READONLY to run it")
 
 
 def _when(meta: dict) -> str:
@@ -189,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--shape", default="2,4,128,64", help="B,H,S,D for q/k/v when no example is defined")
     ex.add_argument("--json", action="store_true", help="print the program as JSON instead")
     ex.set_defaults(run=_explain)
+    bd = sub.add_parser("build", help="verify a spec and build its kernels into the cache ahead of time")
+    bd.add_argument("target", help="path/to/file.py:function taking (q, k, v)")
+    bd.add_argument("--arch", required=True, help="the serving GPU's arch: sm_90a (H100/H200), sm_80, ...")
+    bd.add_argument("--shape", required=True, help="B,H,S,D of the example call (S: the key length)")
+    bd.add_argument("--kv-heads", type=int, default=0, help="KV heads (GQA/MQA); default H")
+    bd.add_argument("--queries", type=int, default=0, help="query length (<= 16: the decode kernel); default S")
+    bd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    bd.set_defaults(run=_build)
     _cache_parser(sub)
     return ap
 

@@ -182,7 +182,6 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .ir.bind import lookup
     from .ir.bounds import data_dependent_index
     from .lower import lower
-    from .lower.tiles import decode_call
     from .ops.custom_op import register
     from .ops.kernel import load_kernel
     from .ops.runner import DTYPES, KernelRunner, arch_for
@@ -193,13 +192,8 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     q = lookup(bound, p.q.arg)
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim, arch = q.shape[p.q.dims.index("d")], arch_for(q.device)
-    dv = lookup(bound, p.v.arg).shape[p.v.dims.index("d")]
-    if dv != head_dim:
-        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
-                              "take one head dim for now, so the spec serves", op="kernel")
-    # calls with few queries get the split-KV decode kernel where the program allows it
-    decode = decode_call(q.shape[p.q.dims.index("s")]) and p.block_rule != "prepass" and head_dim % 16 == 0
+    head_dim, decode = kernel_choice(p, bound)
+    arch = arch_for(q.device)
     last = None
     for fast in (True, False):
         low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
@@ -225,6 +219,50 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         if not low.fast_tanh:
             break
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
+
+
+def kernel_choice(p: Any, bound: dict[str, Any]) -> tuple[int, bool]:
+    """(head dim, whether the decode kernel serves) for a call; refuses what no kernel takes."""
+    from .ir.bind import lookup
+    from .lower.tiles import decode_call
+    q = lookup(bound, p.q.arg)
+    head_dim = q.shape[p.q.dims.index("d")]
+    dv = lookup(bound, p.v.arg).shape[p.v.dims.index("d")]
+    if dv != head_dim:
+        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
+                              "take one head dim for now, so the spec serves", op="kernel")
+    # calls with few queries get the split-KV decode kernel where the program allows it
+    return head_dim, decode_call(q.shape[p.q.dims.index("s")]) and p.block_rule != "prepass" and head_dim % 16 == 0
+
+
+def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:
+    """capture -> transfer -> verify (CPU, fp64) -> lower -> build, with no GPU. The verified program (under
+    its spec hash) and the kernels (under the keys a serving process computes for `arch` and the inputs'
+    dtype) land in the disk cache, so a server's first call builds nothing; it still verifies on its GPU."""
+    from .ir.bind import lookup
+    from .ir.bounds import data_dependent_index
+    from .lower import lower
+    from .ops.kernel import load_kernel
+    from .ops.runner import DTYPES
+    progress("capture, transfer and CPU verification")
+    res = transfer_stage(fn, bound)
+    p = res.program
+    if data_dependent_index(p):  # as at serving time: such a program is served by the spec
+        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
+    q = lookup(bound, p.q.arg)
+    if q.dtype not in DTYPES:
+        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
+    head_dim, decode = kernel_choice(p, bound)
+    out = []
+    for fast in (True, False):  # the variants a serving process may try, in its order
+        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
+        progress(f"building {low.kernel} for {arch} (head dim {head_dim}{', decode' if decode else ''})")
+        _, info, _ = load_kernel(low, arch)  # builds into the cache; nothing is loaded on a GPU
+        out.append({"key": info["key"], "built": info["built"], "seconds": info["seconds"],
+                    "kernel": low.kernel, "program": res.key})
+        if not low.fast_tanh:
+            break
+    return out
 
 
 def _device_id(device: torch.device) -> str:
