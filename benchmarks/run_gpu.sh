@@ -18,4 +18,5 @@ python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tes
 python3 -m pytest tests/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
 if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+  python3 benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -6
 fi
