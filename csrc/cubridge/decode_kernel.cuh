@@ -43,18 +43,6 @@ struct DecodeTile {
   static_assert(D % 16 == 0 && D <= 256, "head dim: k16 steps, at most 256");
 };
 
-// Log2-unit row statistics -> output factor and natural-log LSE, with the sink in the normaliser.
-__device__ __forceinline__ void finish_merged(float m2, float l, float sink2, float& o_scale, float& lse) {
-  const float mf = fmaxf(m2, sink2);
-  float c = 1.f, lt = l;
-  if (sink2 != neg_inf() && mf != neg_inf()) {
-    c = fast_exp2(m2 - mf);
-    lt = fmaf(l, c, fast_exp2(sink2 - mf));
-  }
-  o_scale = lt > 0.f ? c / lt : 0.f;
-  lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
-}
-
 template <class Cfg, class Variant, class T>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
                                                  float* part_o, float* part_lse, int chunk) {
@@ -228,7 +216,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir store tensor=o
   const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
-  finish_merged(m2, lsum, sink2, o_scale, lse);
+  finish_stats(m2, lsum, sink2, o_scale, lse);
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss + c0;
   const T* gVh = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
 #pragma unroll
@@ -267,7 +255,7 @@ __device__ __forceinline__ void decode_combine(const FwdArgs& a, const typename 
   for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(~0u, l, o);
   const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
-  finish_merged(m2, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink) in units of 2^m2
+  finish_stats(m2, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink) in units of 2^m2
   float acc[CW];
 #pragma unroll
   for (int c = 0; c < CW; ++c) acc[c] = 0.f;

@@ -9,10 +9,8 @@ namespace cubridge {
 // Finish one row: m (x units), l_part (this lane's partial sum), sink2 (sink in
 // log2 units or -inf). Returns the factor that turns the unnormalised O row into
 // the output and the natural-log LSE. Empty rows give 0 and -inf.
-__device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
-                                           float& o_scale, float& lse) {
-  const float l = quad_sum(l_part);
-  const float m2 = m * factor;  // -inf stays -inf (factor > 0)
+// The same from a row's whole sum l and its max m2 in log2 units (the decode kernel's merge).
+__device__ __forceinline__ void finish_stats(float m2, float l, float sink2, float& o_scale, float& lse) {
   const float mf = fmaxf(m2, sink2);
   float c = 1.f, lt = l;
   if (sink2 != neg_inf() && mf != neg_inf()) {
@@ -22,6 +20,10 @@ __device__ __forceinline__ void finish_row(float m, float l_part, float factor, 
   }
   o_scale = lt > 0.f ? c / lt : 0.f;
   lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
+}
+__device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
+                                           float& o_scale, float& lse) {
+  finish_stats(m * factor, quad_sum(l_part), sink2, o_scale, lse);  // -inf stays -inf (factor > 0)
 }
 
 // Write this warp's normalised O fragments (rows row0 .. row0 + 16*MT of the

@@ -123,8 +123,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   auto next_live = [&](int j) {
     while (j < j_end) {
       live_cls = span(j, j + 1);
-      if (live_cls != kEmpty || !kSpans) {
-        if (live_cls != kEmpty) return j;
+      if (live_cls != kEmpty) return j;
+      if (!kSpans) {
         ++j;
         continue;
       }
