@@ -71,7 +71,7 @@ def _build(args: argparse.Namespace) -> int:
     from .capture.trace import bind_example
     from .errors import UnsupportedSpec
     from .pipeline import build_ahead
-    _refuse_if_readonly("build", command="build")
+    _refuse_if_readonly("build")
     mod, fn, name = _load(args.target)
     B, H, S, D = (int(x) for x in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
@@ -101,12 +101,12 @@ def _cache():
     return default_cache()
 
 
-def _refuse_if_readonly(what: str, command: str = "") -> None:
+def _refuse_if_readonly(command: str) -> None:
     from . import config
     from .cache import CacheReadOnlyError
     if config.is_readonly():
-        raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: `cubridge {command or 'cache ' + what}` writes the "
-                                 "cache; unset CUBRIDGE_READONLY to run it")
+        raise CacheReadOnlyError(f"CUBRIDGE_READONLY=1: `cubridge {command}` writes the cache; "
+                                 "unset CUBRIDGE_READONLY to run it")
 
 
 def _when(meta: dict) -> str:
@@ -154,7 +154,7 @@ def _cache_verify(args: argparse.Namespace) -> int:
 
 
 def _cache_clear(args: argparse.Namespace) -> int:
-    _refuse_if_readonly("clear")
+    _refuse_if_readonly("cache clear")
     cache = _cache()
     keys = cache.keys()
     if not args.yes:
@@ -175,7 +175,7 @@ def _cache_export(args: argparse.Namespace) -> int:
 
 
 def _cache_import(args: argparse.Namespace) -> int:
-    _refuse_if_readonly("import")
+    _refuse_if_readonly("cache import")
     from .cache.bundle import import_bundle
     cache = _cache()
     written, present = import_bundle(cache, Path(args.dir), args.manifest_sha256, progress=status)

@@ -221,9 +221,10 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Any, bound: dict[str, Any]) -> tuple[int, bool]:
+def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[int, bool]:
     """(head dim, whether the decode kernel serves) for a call; refuses what no kernel takes."""
     from .ir.bind import lookup
+    from .lower.source import decode_refusal
     from .lower.tiles import decode_call
     q = lookup(bound, p.q.arg)
     head_dim = q.shape[p.q.dims.index("d")]
@@ -231,8 +232,8 @@ def kernel_choice(p: Any, bound: dict[str, Any]) -> tuple[int, bool]:
     if dv != head_dim:
         raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
                               "take one head dim for now, so the spec serves", op="kernel")
-    # calls with few queries get the split-KV decode kernel where the program allows it
-    return head_dim, decode_call(q.shape[p.q.dims.index("s")]) and p.block_rule != "prepass" and head_dim % 16 == 0
+    # calls with few queries get the split-KV decode kernel where it takes the program
+    return head_dim, decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim) is None
 
 
 def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..ir.expr import Expr
 from ..ir.program import Program
-from .tiles import Tile, decode_tile, tile_for
+from .tiles import Tile, decode_head_dim, decode_tile, tile_for
 from .variant import ParamField, variant_source
 
 KERNEL_NAME = "cubridge_fwd"
@@ -52,14 +52,24 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
             f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]
 
 
+def decode_refusal(p: Program, head_dim: int) -> str | None:
+    """Why the decode kernel cannot serve this program at this head dim; None when it can."""
+    if p.block_rule == "prepass":
+        return "the decode kernel has no block-map pre-pass for masks that read data"
+    if not decode_head_dim(head_dim):
+        return f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}"
+    return None
+
+
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
           fast_tanh: bool = True, decode: bool = False) -> Lowered:
     """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
-    if decode and p.block_rule == "prepass":
-        raise UnsupportedSpec("the decode kernel has no block-map pre-pass for masks that read data", op="lower")
+    why = decode_refusal(p, head_dim) if decode else None
+    if why:
+        raise UnsupportedSpec(why, op="lower")
     tile = decode_tile(head_dim) if decode else tile_for(head_dim, arch)
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)

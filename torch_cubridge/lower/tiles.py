@@ -64,8 +64,13 @@ def decode_call(sq: int) -> bool:
     return sq <= DECODE_MAX_QUERIES
 
 
+def decode_head_dim(head_dim: int) -> bool:
+    """DecodeTile's head dims: k16 steps, at most 256."""
+    return head_dim % 16 == 0 and head_dim <= 256
+
+
 def decode_tile(head_dim: int) -> Tile:
-    if head_dim % 16 or head_dim > 256:
+    if not decode_head_dim(head_dim):
         raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}",
                               op="lower")
     return Tile(head_dim, 16, 64, 4, 2, "decode")

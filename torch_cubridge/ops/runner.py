@@ -53,7 +53,6 @@ class KernelRunner:
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
-        self._splits: dict[tuple, tuple[int, int]] = {}  # decode: (n_split, blocks per split) per shape
         if self._lit is not None and not p.extras and low.prepass is None:
             self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
         self._scale_const = 1.0 if low.scale is None else None  # 1.0: the score hook applies its own scale
@@ -201,11 +200,7 @@ class KernelRunner:
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
-        key = (B, Hkv, row_tiles, n_blk, di)
-        split = self._splits.get(key)
-        if split is None:
-            split = self._splits[key] = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
-        n_split, per = split
+        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
         part = (0, 0)
         if n_split > 1:
             po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
