@@ -393,3 +393,105 @@ MORE_STYLES: list[Case] = [
     Case("sdpa_float_mask", sdpa_float_mask, lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(B, 1, S, S),)),
     Case("logsigmoid_in_score", sigmoid_attn_guard, _std),
 ]
+
+
+# ---- values off the score path that no rule covers: PyTorch computes them (the prologue) ----------
+def forgetting_attention(q, k, v, log_f):
+    """FoX (Lin et al. 2025): a cumulative sum of log forget gates decays the scores."""
+    c = torch.cumsum(log_f, dim=-1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + c[..., :, None] - c[..., None, :]
+    S = q.shape[-2]
+    return s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf")).softmax(-1) @ v
+
+
+def varlen_cu_seqlens(q, k, v, cu_seqlens):
+    """Packed sequences: document ids looked up from cu_seqlens with searchsorted."""
+    pos = torch.arange(q.shape[-2], device=q.device)
+    doc = torch.searchsorted(cu_seqlens, pos, right=True)
+    keep = (doc[:, None] == doc[None, :]) & (pos[:, None] >= pos[None, :])
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+class DynamicPosBias(torch.nn.Module):
+    """An MLP over relative distances gives each head a bias (CrossFormer, Swin-v2 CPB style)."""
+
+    def __init__(self, heads: int, hidden: int = 16) -> None:
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(1, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, heads))
+
+    def forward(self, S: int) -> torch.Tensor:
+        dev = self.mlp[0].weight.device
+        dist = torch.arange(-S + 1, S, dtype=torch.float32, device=dev)[:, None] / S
+        table = self.mlp(dist)                                    # [2S-1, H]
+        pos = torch.arange(S, device=dev)
+        idx = pos[None, :] - pos[:, None] + S - 1
+        return table[idx].permute(2, 0, 1)                        # [H, S, S]
+
+
+def mlp_position_bias(q, k, v, dpb):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + dpb(q.shape[-2])
+    return s.softmax(-1) @ v
+
+
+def block_causal_shift(q, k, v):
+    """Block-causal over blocks of 16 tokens, the block found with a bit shift."""
+    blk = torch.arange(q.shape[-2], device=q.device) >> 4
+    s = (q @ k.transpose(-1, -2)) * 0.125
+    return s.masked_fill(blk[:, None] < blk[None, :], -1e9).softmax(-1) @ v
+
+
+def cosine_attention(q, k, v):
+    """Cosine similarity with a learned-style temperature (Swin-v2): norms of q and k."""
+    s = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    return (s * 10.0).softmax(-1) @ v
+
+
+def computed_slopes_gather(q, k, v):
+    """ALiBi slopes made with cumprod and gathered per head with index_select."""
+    H, S = q.shape[1], q.shape[-2]
+    slopes = torch.cumprod(torch.full((H,), 2 ** (-8 / H), device=q.device), dim=0)
+    per_head = slopes.index_select(0, torch.arange(H, device=q.device))
+    rel = torch.arange(S, device=q.device)[None, :] - torch.arange(S, device=q.device)[:, None]
+    s = q @ k.transpose(-1, -2) / 8 + per_head[:, None, None] * rel.float()
+    return s.softmax(-1) @ v
+
+
+def t5_bucket(rel, num_buckets=32, max_distance=128):
+    """T5's bidirectional relative-position bucket (log-spaced past max_exact)."""
+    num_buckets //= 2
+    ret = (rel > 0).to(torch.long) * num_buckets
+    n = torch.abs(rel)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return ret + torch.where(n < max_exact, n, large)
+
+
+def t5_relative_bias(q, k, v, rel_emb):
+    """T5 attention: no scaling, a learned bias per bucket and head. The buckets round float32 logs
+    to integers (at distance 16 float32 gives bucket 10 where float64 gives 9)."""
+    pos = torch.arange(q.shape[-2], dtype=torch.long, device=q.device)
+    bias = rel_emb[t5_bucket(pos[None, :] - pos[:, None])].permute(2, 0, 1).unsqueeze(0)
+    return torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+
+
+def _cu(B, H, Hkv, S, D, dt):
+    cuts = torch.randperm(S - 2)[:3].sort().values + 1
+    return qkv(1, H, H, S, S, D, dt) + (torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]),)
+
+
+PROLOGUE: list[Case] = [
+    Case("forgetting_attention", forgetting_attention,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (F.logsigmoid(torch.randn(B, H, S) + 2),),
+         {"steps": ("cumsum",)}),
+    Case("varlen_cu_seqlens", varlen_cu_seqlens, _cu, {"steps": ("searchsorted",), "block_rule": "prepass"}),
+    Case("mlp_position_bias", mlp_position_bias,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (DynamicPosBias(H),), {"steps": ("addmm", "relu")}),
+    Case("block_causal_shift", block_causal_shift, _std, {"steps": ("__rshift__",), "block_rule": "prepass"}),
+    Case("cosine_attention", cosine_attention, _std, {"steps": ("linalg_vector_norm",)}),
+    Case("computed_slopes_gather", computed_slopes_gather, _std, {"steps": ("cumprod",)}),
+    Case("t5_relative_bias", t5_relative_bias,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(32, H),), {"steps": ("log", "index")}),
+]

@@ -86,10 +86,17 @@ def scalar_values(p: Program, bound: dict[str, Any], sizes: dict[str, int]) -> d
     return vals
 
 
-def extra_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+def extra_tensors(p: Program, bound: dict[str, Any], device: torch.device,
+                  made: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Extra tensors by name; `made`: the prologue's (ir.prologue.prologue_tensors)."""
     out = {}
     for x in p.extras:
-        t = lookup(bound, x.arg) if x.arg is not None else torch.tensor(x.value, dtype=getattr(torch, x.dtype))
+        if x.step is not None:
+            t = made[x.name]
+        elif x.arg is not None:
+            t = lookup(bound, x.arg)
+        else:
+            t = torch.tensor(x.value, dtype=getattr(torch, x.dtype))
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{x.arg} must be a tensor")
         if t.dim() != x.rank:

@@ -20,6 +20,7 @@ import torch
 from .bind import bind_args, extra_tensors, head_index, lookup, scalar_values, sizes_of, to_canonical
 from .expr import FLOAT_UNARY, Expr
 from .interval import classify_tile
+from .prologue import prologue_tensors
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -119,7 +120,8 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     env: dict[str, Any] = dict(sizes)
     scal = scalar_values(p, bound, sizes)
     env.update({"$" + n: x for n, x in scal.items()})
-    env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device).items()})
+    made = prologue_tensors(p, bound, q.device)
+    env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device, made).items()})
     dev = q.device
     env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
     env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)

@@ -14,8 +14,10 @@ def format_program(p: Program) -> str:
         op = getattr(p, name)
         lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]")
     lines.append("  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
+    for st in p.prologue:
+        lines.append(f"  torch  {st.name} = {st.op}{_args(st)}")
     for e in p.extras:
-        src = e.arg if e.arg is not None else "captured constant"
+        src = e.arg if e.arg is not None else (f"prologue {e.step}" if e.step else "captured constant")
         lines.append(f"  tensor {e.name}: {e.dtype} rank {e.rank} <- {src}")
     for s in p.scalars:
         if s.expr is not None:
@@ -40,3 +42,15 @@ def format_program(p: Program) -> str:
     for n in p.notes:
         lines.append(f"  note   : {n}")
     return "\n".join(lines)
+
+
+def _args(st) -> str:
+    def show(x) -> str:
+        if isinstance(x, tuple) and x and isinstance(x[0], str) and x[0].startswith("@"):
+            return {"@arg": lambda: x[1], "@step": lambda: x[1], "@const": lambda: "<constant>",
+                    "@device": lambda: "<device>"}.get(x[0], lambda: str(x[-1]))()
+        if isinstance(x, tuple):
+            return "[" + ", ".join(show(i) for i in x) + "]"
+        return repr(x)
+    parts = [show(a) for a in st.args] + [f"{k}={show(v)}" for k, v in st.kwargs]
+    return "(" + ", ".join(parts) + ")"

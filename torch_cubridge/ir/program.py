@@ -32,6 +32,24 @@ class ExtraTensor:
     rank: int
     arg: str | None = None     # call argument (or "module.attr") read at call time
     value: Any = None          # nested list for a captured constant
+    step: str | None = None    # or made by this prologue step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One op of the prologue: PyTorch runs it on the call's tensors before the kernel.
+
+    The prologue is the spec's own ops for values that do not depend on q.k (a bias table, a
+    cumulative sum of gates, ids from cu_seqlens), so it is correct by construction for any op.
+    args are literals and tuples; a tuple whose first item starts with "@" is a tagged value:
+    ("@arg", path) a call argument, ("@step", name) an earlier step's result, ("@const", dtype,
+    nested values) a captured constant, ("@dtype", d), ("@device",) the call's device,
+    ("@layout", l), ("@memory_format", m). kwargs: (name, value) pairs.
+    """
+    name: str
+    op: str                    # "aten.cumsum.default", or "getitem" of a tuple result
+    args: tuple = ()
+    kwargs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,7 @@ class Program:
     requires: tuple[tuple[str, int], ...] = ()   # sizes the program is only valid at (extent-1 broadcasts, specialised shapes)
     guards: tuple[Expr, ...] = ()       # predicates over the call (argument sizes and Python values) it holds under
     notes: tuple[str, ...] = ()
+    prologue: tuple[Step, ...] = ()     # ops PyTorch runs before the kernel; extras read their results
 
     # -- JSON ------------------------------------------------------------
     def to_json(self) -> str:
@@ -135,6 +154,8 @@ def _from_obj(cls: type, o: dict) -> Any:
             val = tuple(_from_obj(ExtraTensor, e) for e in val)
         elif f.name == "scalars":
             val = tuple(_from_obj(Scalar, s) for s in val)
+        elif f.name == "prologue":
+            val = tuple(Step(s["name"], s["op"], _tuple(s["args"]), _tuple(s["kwargs"])) for s in val)
         elif f.name == "guards":
             val = tuple(Expr.from_obj(g) for g in val)
         elif "Expr" in t:

@@ -57,8 +57,19 @@ def validate(p: Program) -> None:
     names = [x.name for x in p.extras] + [s.name for s in p.scalars]
     if len(set(names)) != len(names):
         raise InvalidProgram("duplicate tensor or scalar names")
+    made: set[str] = set()
+    for st in p.prologue:
+        if st.name in made:
+            raise InvalidProgram(f"prologue step {st.name} is made twice")
+        for ref in _step_refs((st.args, st.kwargs)):
+            if ref not in made:
+                raise InvalidProgram(f"prologue step {st.name} reads {ref} before it is made")
+        made.add(st.name)
     for x in p.extras:
-        if x.arg is None and x.value is None and not _structure_only(p):
+        if x.step is not None:
+            if x.step not in made or x.arg is not None or x.value is not None:
+                raise InvalidProgram(f"tensor {x.name}: prologue step {x.step!r} is missing or not its only source")
+        elif x.arg is None and x.value is None and not _structure_only(p):
             raise InvalidProgram(f"tensor {x.name} has no source")
     from .expr import loads
     if p.mask is None:
@@ -77,3 +88,13 @@ def validate(p: Program) -> None:
 
 def _structure_only(p: Program) -> bool:
     return all(x.value is None for x in p.extras)
+
+
+def _step_refs(x: object):
+    """Names of the prologue steps a step's arguments read."""
+    if isinstance(x, tuple):
+        if len(x) == 2 and x[0] == "@step":
+            yield x[1]
+        else:
+            for i in x:
+                yield from _step_refs(i)

@@ -19,6 +19,7 @@ from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
 from ..ir.program import Program
+from ..ir.prologue import prologue_tensors
 from ..lower import Lowered
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
@@ -46,7 +47,7 @@ class KernelRunner:
         self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
         self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
         # what a call must work out, decided once: most programs need none of it per call
-        self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars)
+        self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars) and not p.prologue
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
@@ -76,8 +77,13 @@ class KernelRunner:
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
         p = self.p
         q, k, v = (lookup(bound, op.arg) for op in (p.q, p.k, p.v))
-        extras = {x.name: lookup(bound, x.arg) if x.arg is not None else None for x in p.extras}
-        return self._execute(q, k, v, self.plan.perms, extras, bound, poison)
+        return self._execute(q, k, v, self.plan.perms, self._extras(bound, q.device), bound, poison)
+
+    def _extras(self, bound: dict[str, Any], dev: torch.device) -> dict[str, Any]:
+        """Extra tensors by name: call arguments, prologue results; None for captured constants."""
+        made = prologue_tensors(self.p, bound, dev)
+        return {x.name: made[x.name] if x.step is not None else lookup(bound, x.arg) if x.arg is not None else None
+                for x in self.p.extras}
 
     # -- the custom op (torch.compile) ------------------------------------------------
     @property
@@ -89,7 +95,8 @@ class KernelRunner:
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
         q, k, v = (lookup(bound, op.arg) for op in (self.p.q, self.p.k, self.p.v))
-        extras = [lookup(bound, x.arg) if x.arg is not None else self._const(x, q.device) for x in self.p.extras]
+        ex = self._extras(bound, q.device)
+        extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
         out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))

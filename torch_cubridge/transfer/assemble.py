@@ -44,6 +44,8 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     A size-1 dim is named by position, never by its atom's role: a size-1 batch, head and query axis
     look alike to the analysis (decoding with B = 1), and any naming of them reads the same values.
     """
+    if ld.attr in ctx.facts.get("prologue", {}):  # computed q, k or v: not served yet; the first refusal says why
+        raise ctx.facts["prologue_why"][ld.attr]
     shape = tuple(ctx.facts["inputs"][ld.attr].shape)
     names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["h", "s", "d"]
     dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
@@ -109,8 +111,13 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     sink = canon(probs.payload.get("sink"), "sink")
     used = {n.attr for e in (score, sink) if e is not None for n in walk(e) if n.op == "load"}
     extras = []
+    made = ctx.facts.get("prologue", {})
     for t in sorted(used):
         val = ctx.facts["inputs"][t]
+        if t in made:
+            extras.append(ExtraTensor(name=t, dtype=str(val.dtype).replace("torch.", ""), rank=val.dim(),
+                                      step=made[t]))
+            continue
         path = paths.get(t)
         extras.append(ExtraTensor(name=t, dtype=str(val.dtype).replace("torch.", ""), rank=val.dim(),
                                   arg=path, value=None if path else consts[t].tolist()))

@@ -11,13 +11,39 @@ from ..ir.expr import loads
 from ..ir.program import Program
 from .assemble import assemble
 from .masks import extract_mask
+from .prologue import Prologue
 from .scalars import lift_literals
 from .symbolic.graph import Walker, input_sym, tensor_name
 from .symbolic.simplify import simplify
 from .symbolic.sym import Ctx
 
 
-def symbolic_transfer(cap: Captured) -> Program:
+def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
+    """The program for a captured spec; `prologue=False` refuses values off the score path that
+    no rule covers instead of leaving them to PyTorch.
+
+    A walk takes the first matmul of two call tensors as q.k. Where that fails and the prologue is
+    on, the walk runs again with that matmul left to the prologue (an MLP over positions fed by
+    weight arguments comes before q.k), a few times at most; a refusal reports the first walk's
+    reason.
+    """
+    first: UnsupportedSpec | None = None
+    not_score: set[str] = set()
+    for _ in range(4):
+        walker: list[Walker] = []
+        try:
+            return _transfer_once(cap, prologue, not_score, walker)
+        except UnsupportedSpec as e:
+            first = first or e
+            tried = walker[0].score_node if walker else None
+            if not prologue or tried is None or tried in not_score:
+                break
+            not_score.add(tried)
+    assert first is not None
+    raise first
+
+
+def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_out: list) -> Program:
     ctx = Ctx()
     inputs, paths, consts = {}, {}, {}
     for path in cap.tensor_paths:
@@ -33,7 +59,14 @@ def symbolic_transfer(cap: Captured) -> Program:
         consts[name] = t
         if owner:
             paths[name] = owner
-    result = Walker(ctx, inputs).run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
+    nodes = list(cap.graph.graph.nodes)
+    placeholders = dict(zip([n for n in nodes if n.op == "placeholder"], cap.tensor_paths))
+    sources = {n: (cap.constant_paths.get(n.target), cap.constants[n.target]) for n in nodes if n.op == "get_attr"}
+    pro = Prologue(placeholders, sources) if prologue else None
+    walker = Walker(ctx, inputs, pro)
+    walker.not_score = set(not_score)
+    walker_out.append(walker)
+    result = walker.run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
     parts = assemble(ctx, result, paths, _q_dtype(ctx), cap.signature, consts)
     score, mask, empty = extract_mask(parts.pop("score"))
     mask = None if mask is None else simplify(mask, {})
@@ -44,8 +77,9 @@ def symbolic_transfer(cap: Captured) -> Program:
     rule = "none" if mask is None else ("prepass" if loads(mask) else "interval")
     used = set().union(*(loads(e) for e in (score, mask, sink) if e is not None))
     extras = tuple(x for x in parts.pop("extras") if x.name in used)
+    steps = pro.needed({x.step for x in extras if x.step}) if pro is not None else ()
     prog = Program(score=score, mask=mask, sink=sink, scalars=tuple(scalars), block_rule=rule,
-                   empty_rows=empty, extras=extras, **parts)
+                   empty_rows=empty, extras=extras, prologue=steps, **parts)
     prog.validate()
     return prog
 

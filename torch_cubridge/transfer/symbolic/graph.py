@@ -15,6 +15,7 @@ from torch.fx import Node
 from ...errors import UnsupportedSpec
 from ...ir.expr import Expr, call, const, load, walk
 from . import views
+from ..prologue import Prologue
 from .contract import contract
 from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
 from .simplify import simplify
@@ -38,10 +39,15 @@ def input_sym(ctx: Ctx, name: str, t: torch.Tensor) -> Sym:
 
 
 class Walker:
-    def __init__(self, ctx: Ctx, inputs: dict[str, Sym]) -> None:
+    def __init__(self, ctx: Ctx, inputs: dict[str, Sym], prologue: Prologue | None = None) -> None:
         self.ctx = ctx
         self.env: dict[Node, Any] = {}
         self.inputs = inputs
+        self.prologue = prologue          # where values off the score path may go; None: refuse them
+        self.on_score: set[Node] = set()  # nodes whose value depends on q.k
+        self.from_call: set[Node] = set()  # nodes that read a call argument (placeholders)
+        self.not_score: set[str] = set()   # matmuls an earlier walk took for q.k and failed with
+        self.score_node: str | None = None
 
     def arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -67,17 +73,91 @@ class Walker:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 self.env[node] = self.inputs[next(ph)]
+                self.from_call.add(node)
             elif node.op == "get_attr":
                 self.env[node] = self.inputs[consts[node.target]]
             elif node.op == "call_function":
+                had_score = "score" in self.ctx.facts
                 try:
-                    self.env[node] = self.call(node)
+                    self.env[node] = self.settle(node, self.call(node))
                 except UnsupportedSpec as e:  # say which node, so the refusal can point at the user's line
                     e.node = e.node or node.name
-                    raise
+                    alt = self.recover(node, e)
+                    if alt is None:
+                        raise
+                    self.env[node] = alt
+                ins = node.all_input_nodes
+                if (not had_score and "score" in self.ctx.facts) or any(a in self.on_score for a in ins):
+                    self.on_score.add(node)
+                if any(a in self.from_call for a in ins):
+                    self.from_call.add(node)
             elif node.op == "output":
                 return self.arg(node.args[0])
         raise UnsupportedSpec("graph has no output")
+
+    # -- values off the score path: PyTorch computes them (transfer/prologue.py) ----------
+    def recover(self, node: Node, why: UnsupportedSpec) -> Sym | None:
+        """After a rule refused `node`: retry it with its computed inputs that are off the score
+        path made into prologue tensors; else, if `node` itself is off the score path, make it one.
+        None: neither applies."""
+        if self.prologue is None:
+            return None
+        ins = [a for a in node.all_input_nodes if self._off_score(a) and isinstance(self.env.get(a), Sym)
+               and self.env[a].expr is not None and self.env[a].expr.op != "load"]
+        if ins:
+            saved = {a: self.env[a] for a in ins}
+            try:
+                for a in ins:
+                    self.env[a] = self.materialize(a, why)
+                return self.call(node)
+            except UnsupportedSpec:
+                self.env.update(saved)
+        if self._off_score(node) and all(self._off_score(a) for a in node.all_input_nodes) \
+                and not self._attention_op(node):
+            try:
+                return self.materialize(node, why)
+            except UnsupportedSpec:
+                return None
+        return None
+
+    def settle(self, node: Node, val: Any) -> Any:
+        """Values off the score path whose exact bits only PyTorch's own arithmetic gives: an integer
+        or boolean made from float maths that rounds (T5's log buckets: log(2)/log(16)*8 is 2 in
+        float32 and 1.999.. in float64, so the bucket differs), and a gather through indices read
+        from data (its reads have no static bound; the gathered values have). Both go to the prologue."""
+        if self.prologue is None or not isinstance(val, Sym) or val.kind != "value" or val.expr is None \
+                or not self._off_score(node) or any(a in self.on_score for a in node.all_input_nodes):
+            return val
+        rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
+        gathers = any(n.op == "load" and any(m.op == "load" for a in n.args for m in walk(a)) for n in walk(val.expr))
+        if rounds or gathers:
+            why = UnsupportedSpec("float maths rounded to integers" if rounds else "a gather through data")
+            return self.materialize(node, why)
+        return val
+
+    def _off_score(self, n: Node) -> bool:
+        return n not in self.on_score and isinstance(n.meta.get("val"), torch.Tensor)
+
+    def _attention_op(self, n: Node) -> bool:
+        """q.k, softmax or P.v itself: never the prologue's (a refusal there must stand)."""
+        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        if name in ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "logsumexp"):
+            return True
+        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]
+        return name in ("bmm", "mm", "matmul", "baddbmm", "addmm") and n.name not in self.not_score and all(
+            isinstance(x, Node) and x in self.from_call for x in pair)
+
+    def materialize(self, node: Node, why: UnsupportedSpec) -> Sym:
+        """`node` as a tensor the prologue makes: a load like any input's. `why`, the refusal that
+        sent it there, stands if the tensor ends up where the prologue cannot serve (q, k or v)."""
+        assert self.prologue is not None
+        step = self.prologue.record(node)
+        val = node.meta["val"]
+        name = f"pro_{step}"
+        sym = input_sym(self.ctx, name, torch.empty(val.shape, dtype=val.dtype, device="meta"))
+        self.ctx.facts.setdefault("prologue", {})[name] = step
+        self.ctx.facts.setdefault("prologue_why", {})[name] = why
+        return sym
 
     def call(self, node: Node) -> Any:
         t = node.target
@@ -168,8 +248,10 @@ class Walker:
             return self.diag_embed(self.sym(a[0]), *(list(a[1:]) + [kw.get("offset", 0), kw.get("dim1", -2),
                                                                        kw.get("dim2", -1)])[:3], dtype=dtype, op=op)
         if name in ("bmm", "mm", "matmul"):
+            self.score_candidate(node, a[0], a[1], op)
             return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
         if name in ("baddbmm", "addmm"):  # beta * input + alpha * (b1 @ b2)
+            self.score_candidate(node, a[1], a[2], op)
             prod = contract(ctx, self.sym(a[1]), self.sym(a[2]), op)
             alpha, beta = kw.get("alpha", 1), kw.get("beta", 1)
             if alpha != 1:
@@ -212,6 +294,16 @@ class Walker:
         if name == "embedding":
             return self.index(self.sym(a[0]), [a[1]], op)
         raise UnsupportedSpec("no symbolic rule for this op", op=op)
+
+    def score_candidate(self, node: Node, a: Any, b: Any, op: str) -> None:
+        """Refuse `node` as q.k where it cannot be, so that the prologue takes it: q.k multiplies two
+        values read from the call (a matmul of positions by weights is an MLP), and a matmul an
+        earlier walk tried as the score and failed with is not it (transfer retries without it)."""
+        if "score" in self.ctx.facts:
+            return
+        if node.name in self.not_score or not all(isinstance(x, Node) and x in self.from_call for x in (a, b)):
+            raise UnsupportedSpec("a matmul of values off the score path", op=op)
+        self.score_node = node.name
 
     # -- structure ---------------------------------------------------------
     def softmax(self, x: Sym, dim: int, dtype: torch.dtype, op: str) -> Sym:
@@ -372,6 +464,22 @@ class Walker:
         contiguous = all(s is not None for s in idx_syms[first:first + len(used)])
         out = rest[:first] + list(axes) + rest[first:] if contiguous else list(axes) + rest
         return Sym(tuple(out), y.expr, x.dtype)
+
+
+_INEXACT = {"tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos", "exp2", "log2", "log1p", "expm1",
+            "reciprocal", "div", "pow"}
+
+
+def _rounding_float(e: Expr) -> bool:
+    """e leaves float maths that can round (log, division, ...) through a cast, a floor or a comparison."""
+    def inexact(x: Expr) -> bool:
+        return any(n.op in _INEXACT for n in walk(x))
+    for n in walk(e):
+        if n.op in ("to_int", "to_bool", "floor") and inexact(n.args[0]):
+            return True
+        if n.op in ("eq", "ne", "lt", "le", "gt", "ge") and any(inexact(a) for a in n.args):
+            return True
+    return False
 
 
 def _has_s(x: Sym) -> bool:

@@ -1,0 +1,83 @@
+"""Values off the score path that no rule covers are computed by PyTorch (the prologue): the spec's
+own ops, replayed per call, read by the program as extra tensors."""
+import pytest
+import torch
+
+import torch_cubridge as tc
+from helpers import first, rel_err, to64
+from torch_cubridge.capture.trace import bind_example, capture
+from torch_cubridge.ir.program import Program
+from torch_cubridge.ir.prologue import prologue_tensors
+from torch_cubridge.transfer.symbolic_backend import symbolic_transfer
+from torch_cubridge.verify.cpu import verify_program
+from zoo import PROLOGUE, DynamicPosBias, forgetting_attention, mlp_position_bias, qkv
+
+
+@pytest.mark.parametrize("case", PROLOGUE, ids=[c.name for c in PROLOGUE])
+def test_prologue_case_matches_spec(case):
+    prog = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
+    ops = [s.op.split(".")[1] for s in prog.prologue]
+    for op in case.expect["steps"]:
+        assert op in ops, ops
+    assert any(x.step for x in prog.extras)
+    if "block_rule" in case.expect:
+        assert prog.block_rule == case.expect["block_rule"]
+    # new values at the program's shape: the interpreter, prologue included, against the spec in fp64
+    args = to64(case.make(2, 4, 2, 70, 64, torch.float32))
+    got, ref = first(prog.run(*args)), first(case.fn(*args))
+    assert rel_err(got, ref) < 1e-6
+    # the program's JSON carries the prologue and runs the same
+    again = Program.from_json(prog.to_json())
+    assert again == prog
+    assert torch.equal(first(again.run(*args)), got)
+
+
+@pytest.mark.parametrize("case", PROLOGUE, ids=[c.name for c in PROLOGUE])
+def test_without_prologue_refused(case):
+    """The prologue is what serves these: without it the walk refuses them, or (T5's buckets, from
+    float maths the interpreter does in float64) makes a program that fails verification."""
+    bound = bind_example(case.fn, case.make(2, 4, 2, 70, 64, torch.float32), {})
+    try:
+        prog = symbolic_transfer(capture(case.fn, bound), prologue=False)
+    except tc.UnsupportedSpec:
+        return
+    assert not verify_program(case.fn, prog, bound, generic=False).ok
+
+
+def test_prologue_reads_each_calls_values():
+    """The gates are read per call, not baked: other gates give the spec's other answer."""
+    q, k, v = qkv(1, 2, 2, 40, 40, 32, torch.float64)
+    g1 = torch.nn.functional.logsigmoid(torch.randn(1, 2, 40, dtype=torch.float64))
+    prog = tc.transfer(forgetting_attention, q.float(), k.float(), v.float(), g1.float())
+    assert prog.prologue and prog.prologue[0].args[0] == ("@arg", "log_f")
+    g2 = g1 * 3
+    out1, out2 = prog.run(q, k, v, g1), prog.run(q, k, v, g2)
+    assert rel_err(out2, forgetting_attention(q, k, v, g2)) < 1e-6
+    assert rel_err(out1, out2) > 1e-3
+
+
+def test_prologue_keeps_autograd_visible():
+    """Weights that need gradients make prologue tensors that need them, so the kernel (no backward)
+    steps aside for the spec instead of dropping the gradient."""
+    dpb = DynamicPosBias(2)
+    q, k, v = qkv(1, 2, 2, 24, 24, 32, torch.float32)
+    prog = tc.transfer(mlp_position_bias, q, k, v, dpb)
+    made = prologue_tensors(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
+    assert made and all(t.requires_grad for t in made.values())
+    with torch.no_grad():
+        made = prologue_tensors(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
+    assert not any(t.requires_grad for t in made.values())
+
+
+def test_sizes_baked_into_the_prologue_pin_the_program():
+    """torch.arange(S) inside the prologue holds at one length: the program says so, and a call at
+    another length is refused by its guards (compile re-transfers there)."""
+    case = next(c for c in PROLOGUE if c.name == "block_causal_shift")
+    prog = tc.transfer(case.fn, *case.make(1, 2, 2, 48, 32, torch.float32))
+    assert ("Sq", 48) in prog.requires
+    with pytest.raises(ValueError):
+        prog.run(*case.make(1, 2, 2, 50, 32, torch.float32))
+    f = tc.compile(case.fn)
+    for S in (48, 50):
+        args = case.make(1, 2, 2, S, 32, torch.float32)
+        assert rel_err(first(f(*args)), first(case.fn(*args))) < 1e-5

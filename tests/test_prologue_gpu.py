@@ -1,0 +1,32 @@
+"""On a CUDA device: specs whose off-score values PyTorch computes (the prologue) served by the kernel,
+checked against the spec in float64."""
+import pytest
+import torch
+
+import torch_cubridge as tc
+from helpers import first, rel_err, to64
+from zoo import PROLOGUE
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda(args):
+    return tuple(a.cuda() if isinstance(a, (torch.Tensor, torch.nn.Module)) else a for a in args)
+
+
+def _cpu64(args):
+    return to64(tuple(a.cpu() if isinstance(a, (torch.Tensor, torch.nn.Module)) else a for a in args))
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("case", PROLOGUE, ids=[c.name for c in PROLOGUE])
+def test_prologue_through_kernel(case, D):
+    f = tc.compile(case.fn, fallback="raise")
+    for seed in (0, 1):  # the second call: new values, the same kernel, the prologue run again
+        torch.manual_seed(seed)
+        args = _cuda(case.make(2, 4, 2, 333, D, torch.bfloat16))
+        with torch.no_grad():
+            out = first(f(*args))
+        assert f.served["spec"] == 0 and f.served["kernel"] == seed + 1, [e.reasons or e.reason for e in f.entries()]
+        ref = first(case.fn(*_cpu64(args)))
+        assert rel_err(out.float().cpu(), ref) < 1e-2

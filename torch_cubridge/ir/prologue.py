@@ -1,0 +1,71 @@
+"""Running a program's prologue: the spec's own aten ops, replayed by PyTorch on a call's tensors.
+
+Values of the spec that do not depend on q.k (a bias table, cumulative gates, ids looked up from
+cu_seqlens) are computed here exactly as the spec computes them, in the call's dtypes; the kernel
+reads the results as extra tensors.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .bind import lookup
+
+if TYPE_CHECKING:
+    from .program import Program, Step
+
+
+def resolve_op(name: str) -> Any:
+    """torch.ops.aten.<op>.<overload> from "aten.<op>.<overload>"; "getitem" indexes a tuple."""
+    if name == "getitem":
+        return None
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.device) -> Any:
+    if isinstance(x, tuple):
+        tag = x[0] if x and isinstance(x[0], str) and x[0].startswith("@") else None
+        if tag == "@arg":
+            return lookup(bound, x[1])
+        if tag == "@step":
+            return done[x[1]]
+        if tag == "@const":
+            return torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device)
+        if tag == "@dtype":
+            return getattr(torch, x[1])
+        if tag == "@device":
+            return device
+        if tag == "@layout":
+            return getattr(torch, x[1])
+        if tag == "@memory_format":
+            return getattr(torch, x[1])
+        if tag is not None:
+            raise ValueError(f"unknown prologue value {x!r}")
+        return [_decode(i, bound, done, device) for i in x]
+    return x
+
+
+def _lists(x: Any) -> Any:
+    return [_lists(i) for i in x] if isinstance(x, (tuple, list)) else x
+
+
+def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every step's result by name. Tensors read from the call stay where they are; made ones go
+    on `device` (the query's)."""
+    done: dict[str, Any] = {}
+    for s in steps:  # under the caller's grad mode: a result that needs a backward says so
+        args = [_decode(a, bound, done, device) for a in s.args]
+        kwargs = {k: _decode(v, bound, done, device) for k, v in s.kwargs}
+        fn = resolve_op(s.op)
+        done[s.name] = args[0][args[1]] if fn is None else fn(*args, **kwargs)
+    return done
+
+
+def prologue_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """The extra tensors the prologue makes, by extra name."""
+    if not p.prologue:
+        return {}
+    done = run_steps(p.prologue, bound, device)
+    return {x.name: done[x.step].to(device) for x in p.extras if x.step is not None}

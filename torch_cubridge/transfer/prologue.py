@@ -1,0 +1,108 @@
+"""Pass: values of the spec that do not depend on q.k, left for PyTorch to compute.
+
+When the symbolic walk meets an op it has no rule for (or a gather of a computed table, or a
+matmul that is not q.k), and the value does not depend on the scores, the node and everything
+it reads become prologue steps: the spec's own aten calls, replayed on each call's tensors
+(ir/prologue.py). Its result enters the program as one more extra tensor.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from ..errors import UnsupportedSpec
+from ..ir.program import Step
+
+
+class Prologue:
+    """The steps recorded so far, in graph order, and what each placeholder reads."""
+
+    def __init__(self, placeholder_paths: dict[Node, str], const_values: dict[Node, tuple[str | None, Any]]) -> None:
+        self.paths = placeholder_paths      # placeholder node -> call argument path
+        self.consts = const_values          # get_attr node -> (owner path or None, tensor)
+        self.steps: dict[str, Step] = {}    # by step name, in the order they were made
+
+    def record(self, node: Node) -> str:
+        """Steps computing `node` (and what it reads that is not recorded yet); its step name."""
+        for dep in _cone(node):
+            if dep.name not in self.steps:
+                self.steps[dep.name] = Step(dep.name, _op_name(dep), tuple(self._enc(a) for a in dep.args),
+                                            tuple((k, self._enc(v)) for k, v in dep.kwargs.items()))
+        return node.name
+
+    def needed(self, names: set[str]) -> tuple[Step, ...]:
+        """The steps the named results need, in order."""
+        keep = set()
+        todo = list(names)
+        while todo:
+            n = todo.pop()
+            if n in keep:
+                continue
+            keep.add(n)
+            todo += list(_refs(self.steps[n].args)) + list(_refs(self.steps[n].kwargs))
+        return tuple(s for n, s in self.steps.items() if n in keep)
+
+    def _enc(self, x: Any) -> Any:
+        if isinstance(x, Node):
+            if x.op == "placeholder":
+                return ("@arg", self.paths[x])
+            if x.op == "get_attr":
+                owner, t = self.consts[x]
+                return ("@arg", owner) if owner else ("@const", str(t.dtype).replace("torch.", ""), _tuples(t.tolist()))
+            return ("@step", x.name)
+        if isinstance(x, (list, tuple)):
+            return tuple(self._enc(i) for i in x)
+        if isinstance(x, torch.dtype):
+            return ("@dtype", str(x).replace("torch.", ""))
+        if isinstance(x, torch.device):
+            return ("@device",)
+        if isinstance(x, torch.layout):
+            return ("@layout", str(x).replace("torch.", ""))
+        if isinstance(x, torch.memory_format):
+            return ("@memory_format", str(x).replace("torch.", ""))
+        if x is None or isinstance(x, (bool, int, float, str)):
+            if isinstance(x, str) and x.startswith("@"):
+                raise UnsupportedSpec("a string argument the prologue cannot record", op="prologue")
+            return x
+        raise UnsupportedSpec(f"an argument of type {type(x).__name__} the prologue cannot record", op="prologue")
+
+
+def _cone(node: Node) -> list[Node]:
+    """The call nodes `node` depends on, itself last, in graph order."""
+    seen: set[Node] = set()
+    out: list[Node] = []
+
+    def visit(n: Node) -> None:
+        if n in seen or n.op != "call_function":
+            return
+        seen.add(n)
+        for a in n.all_input_nodes:
+            visit(a)
+        out.append(n)
+    visit(node)
+    return out
+
+
+def _op_name(n: Node) -> str:
+    t = n.target
+    if t is operator.getitem:
+        return "getitem"
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._opname}.{t._overloadname}"
+    raise UnsupportedSpec(f"the prologue cannot replay {t}", op="prologue")
+
+
+def _refs(x: Any):
+    if isinstance(x, tuple):
+        if len(x) == 2 and x[0] == "@step":
+            yield x[1]
+        else:
+            for i in x:
+                yield from _refs(i)
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(i) for i in x) if isinstance(x, list) else x
