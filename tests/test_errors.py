@@ -24,9 +24,9 @@ def value_branch(q, k, v):
     return torch.softmax(s, -1) @ v
 
 
-def scaled_value(q, k, v):
+def probs_times_scores(q, k, v):
     s = q @ k.transpose(-1, -2)
-    return torch.softmax(s, -1) @ (v * 2)  # the second matmul is the one refused
+    return torch.softmax(s, -1) @ s  # the second matmul is the one refused (a scaled v is served now)
 
 
 def _line(fn, marker):
@@ -37,7 +37,7 @@ def _line(fn, marker):
 @pytest.mark.parametrize("fn, marker, op", [
     (erf_scores, "torch.erf(s)", "torch.erf"),
     (value_branch, "if s.max()", None),
-    (scaled_value, "(v * 2)", "torch.bmm"),
+    (probs_times_scores, "@ s  #", "torch.bmm"),
 ])
 def test_refusal_names_the_users_line(fn, marker, op):
     with pytest.raises(tc.UnsupportedSpec) as err:

@@ -19,9 +19,11 @@ def test_prologue_case_matches_spec(case):
     ops = [s.op.split(".")[1] for s in prog.prologue]
     for op in case.expect["steps"]:
         assert op in ops, ops
-    assert any(x.step for x in prog.extras)
+    assert any(x.step for x in prog.extras) or case.expect.get("computed")
     if "block_rule" in case.expect:
         assert prog.block_rule == case.expect["block_rule"]
+    computed = "".join(r for r, op in (("q", prog.q), ("k", prog.k), ("v", prog.v)) if op.step)
+    assert computed == case.expect.get("computed", "")
     # new values at the program's shape: the interpreter, prologue included, against the spec in fp64
     args = to64(case.make(2, 4, 2, 70, 64, torch.float32))
     got, ref = first(prog.run(*args)), first(case.fn(*args))

@@ -477,6 +477,54 @@ def t5_relative_bias(q, k, v, rel_emb):
     return torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
 
 
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_in_spec(q, k, v, cos, sin):
+    """Rotary embeddings applied inside the attention function (computed q and k)."""
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def _rope(B, H, Hkv, S, D, dt):
+    pos = torch.arange(S)[:, None] / (10000 ** (torch.arange(0, D, 2) / D))[None]
+    ang = torch.cat([pos, pos], dim=-1)
+    return _std(B, H, Hkv, S, D, dt) + (ang.cos().to(dt), ang.sin().to(dt))
+
+
+def qk_rmsnorm_sdpa(q, k, v, wq, wk):
+    """QK-norm (OLMo-2, Qwen3 style) before causal SDPA."""
+    q = F.rms_norm(q, (q.shape[-1],), wq, eps=1e-6)
+    k = F.rms_norm(k, (k.shape[-1],), wk, eps=1e-6)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def memory_kv(q, k, v, mem_k, mem_v):
+    """Learned memory key/values prepended to every sequence (x-transformers num_mem_kv)."""
+    B = q.shape[0]
+    k = torch.cat([mem_k.expand(B, -1, -1, -1), k], dim=-2)
+    v = torch.cat([mem_v.expand(B, -1, -1, -1), v], dim=-2)
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1) @ v
+
+
+def kv_cache_concat(q, k_new, v_new, k_cache, v_cache):
+    """A few new tokens: the cache and the new keys concatenated inside the spec, causal bottom-right."""
+    k = torch.cat([k_cache, k_new], dim=2)
+    v = torch.cat([v_cache, v_new], dim=2)
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(Skv - Sq)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+
+def _cached(B, H, Hkv, S, D, dt):
+    q, k, v = qkv(B, H, H, 4, 4, D, dt)
+    return (q, k, v) + tuple(torch.randn(B, H, S - 4, D, dtype=dt) for _ in range(2))
+
+
 def _cu(B, H, Hkv, S, D, dt):
     cuts = torch.randperm(S - 2)[:3].sort().values + 1
     return qkv(1, H, H, S, S, D, dt) + (torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]),)
@@ -494,4 +542,15 @@ PROLOGUE: list[Case] = [
     Case("computed_slopes_gather", computed_slopes_gather, _std, {"steps": ("cumprod",)}),
     Case("t5_relative_bias", t5_relative_bias,
          lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(32, H),), {"steps": ("log", "index")}),
+    Case("rope_in_spec", rope_in_spec, _rope, {"steps": ("cat",), "computed": "qk"}),
+    Case("qk_rmsnorm_sdpa", qk_rmsnorm_sdpa,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.rand(D, dtype=dt) + 0.5,
+                                                                   torch.rand(D, dtype=dt) + 0.5),
+         {"steps": ("rsqrt",), "computed": "qk", "block_rule": "interval"}),
+    Case("memory_kv", memory_kv,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(1, H, 4, D, dtype=dt),
+                                                                   torch.randn(1, H, 4, D, dtype=dt)),
+         {"steps": ("cat",), "computed": "kv"}),
+    Case("kv_cache_concat", kv_cache_concat, _cached, {"steps": ("cat",), "computed": "kv",
+                                                       "block_rule": "interval"}),
 ]

@@ -22,6 +22,7 @@ from .capture.codekey import GlobalsWatch
 from .capture.modulestate import ModuleState
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
+from .ir.prologue import operand_shapes
 from .lower.tiles import decode_call
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_key, warm_transfer, warn_once
@@ -167,12 +168,19 @@ class CompiledAttention:
             return e
         p = res.program
         nargs = len(args)
-        q = reader(p.signature, nargs, p.q.arg)
         d, s = p.q.dims.index("d"), p.q.dims.index("s")
+        if p.q.step:  # a computed query: its guards pin the shape, so one kernel choice holds
+            fixed = operand_shapes(p, bound)["q"].shape
+            choice = (fixed[d], decode_call(fixed[s]))
 
-        def kernel_for(a: tuple, kw: dict) -> tuple[int, bool]:
-            shape = q(a, kw).shape
-            return shape[d], decode_call(shape[s])
+            def kernel_for(a: tuple, kw: dict) -> tuple[int, bool]:
+                return choice
+        else:
+            q = reader(p.signature, nargs, p.q.arg)
+
+            def kernel_for(a: tuple, kw: dict) -> tuple[int, bool]:
+                shape = q(a, kw).shape
+                return shape[d], decode_call(shape[s])
         mods = ModuleState(bound, p.signature, nargs)
         e = Entry("", res, GuardSet(p.guards, p.signature, nargs), kernel_for, modules=mods or None)
         entries.append(e)

@@ -23,6 +23,7 @@ from .capture.trace import Captured, capture
 from .errors import UnsupportedSpec
 from .ir.expr import Expr, call, dim
 from .ir.program import Program
+from .ir.prologue import computes_operands, operand_shapes
 from .transfer import symbolic_transfer
 from .transfer.generalize import generalize
 from .verify.cpu import VerifyReport, verify_program
@@ -120,7 +121,10 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         from .transfer.llm import llm_transfer
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
-    prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+    if computes_operands(prog):  # sizes of a computed q/k/v are no argument's: held at the call's shape
+        generic = False
+    else:
+        prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
     prog = with_requirements(prog, bound, generic)
     prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
     return prog, generic, used
@@ -179,7 +183,6 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
 
 def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
     """lower -> build/load -> runner -> GPU verification (fast tanh first, then exact) -> register."""
-    from .ir.bind import lookup
     from .ir.bounds import data_dependent_index
     from .lower import lower
     from .ops.custom_op import register
@@ -189,24 +192,25 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     p = res.program
     if data_dependent_index(p):
         raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
-    q = lookup(bound, p.q.arg)
+    q = operand_shapes(p, bound)["q"]
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim, decode = kernel_choice(p, bound)
-    arch = arch_for(q.device)
+    device = call_device(bound)
+    arch = arch_for(device)
     last = None
     for fast in (True, False):
         low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
         kern, info, aux = load_kernel(low, arch)
         info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, aux)
-        device = _device_id(q.device)
-        if verdicts.gpu_verified(info["key"], res.key, device):
+        gpu = _device_id(device)
+        if verdicts.gpu_verified(info["key"], res.key, gpu):
             rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
         else:
-            rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, q.device)
+            rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, device)
             if rep.ok:
-                verdicts.remember_gpu_verified(info["key"], res.key, device,
+                verdicts.remember_gpu_verified(info["key"], res.key, gpu,
                                                max((t.rel_err for t in rep.trials), default=0.0))
         info["verification"] = rep
         if rep.ok:
@@ -223,12 +227,12 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
 
 def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[int, bool]:
     """(head dim, whether the decode kernel serves) for a call; refuses what no kernel takes."""
-    from .ir.bind import lookup
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
-    q = lookup(bound, p.q.arg)
+    ops = operand_shapes(p, bound)
+    q = ops["q"]
     head_dim = q.shape[p.q.dims.index("d")]
-    dv = lookup(bound, p.v.arg).shape[p.v.dims.index("d")]
+    dv = ops["v"].shape[p.v.dims.index("d")]
     if dv != head_dim:
         raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
                               "take one head dim for now, so the spec serves", op="kernel")
@@ -240,7 +244,6 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     """capture -> transfer -> verify (CPU, fp64) -> lower -> build, with no GPU. The verified program (under
     its spec hash) and the kernels (under the keys a serving process computes for `arch` and the inputs'
     dtype) land in the disk cache, so a server's first call builds nothing; it still verifies on its GPU."""
-    from .ir.bind import lookup
     from .ir.bounds import data_dependent_index
     from .lower import lower
     from .ops.kernel import load_kernel
@@ -250,7 +253,7 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     p = res.program
     if data_dependent_index(p):  # as at serving time: such a program is served by the spec
         raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
-    q = lookup(bound, p.q.arg)
+    q = operand_shapes(p, bound)["q"]
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim, decode = kernel_choice(p, bound)
@@ -270,6 +273,11 @@ def _device_id(device: torch.device) -> str:
     """What a GPU verdict holds for: the GPU model, its arch and the CUDA build of torch."""
     props = torch.cuda.get_device_properties(device)
     return f"{props.name}|sm_{props.major}{props.minor}|cuda {torch.version.cuda}"
+
+
+def call_device(bound: dict[str, Any]) -> torch.device:
+    """The device of a call: its first tensor argument's."""
+    return next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
 
 
 def on_cuda(bound: dict[str, Any]) -> bool:

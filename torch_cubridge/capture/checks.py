@@ -39,6 +39,8 @@ def check_against(p: Program, bound: dict[str, Any]) -> None:
     from ..ir.bind import lookup
     dts = set()
     for name, op in (("query", p.q), ("key", p.k), ("value", p.v)):
+        if op.step:  # computed by the prologue: the guards pin the arguments it reads
+            continue
         t = lookup(bound, op.arg)
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op.arg} ({name}) must be a tensor")

@@ -49,6 +49,11 @@ def lookup(bound: dict[str, Any], path: str) -> Any:
     return obj
 
 
+def operand_value(bound: dict[str, Any], op: Operand, made: dict[str, Any]) -> Any:
+    """q, k or v of a call: its argument, or the prologue's result (`made`, by step) when computed."""
+    return made[op.step] if op.step else lookup(bound, op.arg)
+
+
 def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
     """View an operand as [B, H, S, D] (rank-3 operands get B = 1)."""
     if t.dim() != len(op.dims):
@@ -88,11 +93,11 @@ def scalar_values(p: Program, bound: dict[str, Any], sizes: dict[str, int]) -> d
 
 def extra_tensors(p: Program, bound: dict[str, Any], device: torch.device,
                   made: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Extra tensors by name; `made`: the prologue's (ir.prologue.prologue_tensors)."""
+    """Extra tensors by name; `made`: the prologue's results by step (ir.prologue.run_prologue)."""
     out = {}
     for x in p.extras:
         if x.step is not None:
-            t = made[x.name]
+            t = made[x.step]
         elif x.arg is not None:
             t = lookup(bound, x.arg)
         else:

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .bind import bind_args, extra_tensors, head_index, lookup, scalar_values, sizes_of, to_canonical
+from .bind import bind_args, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
 from .expr import FLOAT_UNARY, Expr
 from .interval import classify_tile
-from .prologue import prologue_tensors
+from .prologue import run_prologue
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -105,9 +105,11 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
 
 def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     bound = bind_args(p.signature, args, kwargs)
-    q = to_canonical(lookup(bound, p.q.arg), p.q)
-    k = to_canonical(lookup(bound, p.k.arg), p.k)
-    v = to_canonical(lookup(bound, p.v.arg), p.v)
+    dev = next((t.device for t in bound.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    made = run_prologue(p, bound, dev)
+    q = to_canonical(operand_value(bound, p.q, made), p.q)
+    k = to_canonical(operand_value(bound, p.k, made), p.k)
+    v = to_canonical(operand_value(bound, p.v, made), p.v)
     out_dtype = q.dtype
     fdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     sizes = sizes_of(p, q, k)
@@ -120,7 +122,6 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     env: dict[str, Any] = dict(sizes)
     scal = scalar_values(p, bound, sizes)
     env.update({"$" + n: x for n, x in scal.items()})
-    made = prologue_tensors(p, bound, q.device)
     env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device, made).items()})
     dev = q.device
     env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)

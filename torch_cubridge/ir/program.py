@@ -18,10 +18,13 @@ from .expr import CANON, Expr  # noqa: F401  (CANON re-exported)
 class Operand:
     """q, k or v: which argument, and the spec's dim order in canonical names.
 
-    dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1).
+    dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1). A computed operand (RoPE or a
+    norm applied in the spec, keys concatenated from several sources) is made by prologue step
+    `step`; its arg then reads "prologue:<step>".
     """
     arg: str
     dims: tuple[str, ...]
+    step: str | None = None
 
 
 @dataclass(frozen=True)

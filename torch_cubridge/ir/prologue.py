@@ -28,7 +28,8 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
     if isinstance(x, tuple):
         tag = x[0] if x and isinstance(x[0], str) and x[0].startswith("@") else None
         if tag == "@arg":
-            return lookup(bound, x[1])
+            t = lookup(bound, x[1])
+            return t.to("meta") if device.type == "meta" and isinstance(t, torch.Tensor) else t
         if tag == "@step":
             return done[x[1]]
         if tag == "@const":
@@ -63,9 +64,27 @@ def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.devi
     return done
 
 
-def prologue_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The extra tensors the prologue makes, by extra name."""
+def run_prologue(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """The results the program reads (computed operands, extra tensors), by step name, on `device`."""
     if not p.prologue:
         return {}
     done = run_steps(p.prologue, bound, device)
-    return {x.name: done[x.step].to(device) for x in p.extras if x.step is not None}
+    used = [op.step for op in (p.q, p.k, p.v) if op.step] + [x.step for x in p.extras if x.step]
+    return {s: done[s].to(device) for s in used}
+
+
+def prologue_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """The extra tensors the prologue makes, by extra name."""
+    made = run_prologue(p, bound, device)
+    return {x.name: made[x.step] for x in p.extras if x.step is not None}
+
+
+def computes_operands(p: Program) -> bool:
+    return any(op.step for op in (p.q, p.k, p.v))
+
+
+def operand_shapes(p: Program, bound: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """q, k and v of a call ("q", "k", "v"): the arguments, or for computed ones meta tensors of the
+    shape and dtype the prologue gives (no maths is done)."""
+    made = run_prologue(p, bound, torch.device("meta")) if computes_operands(p) else {}
+    return {r: made[op.step] if op.step else lookup(bound, op.arg) for r, op in (("q", p.q), ("k", p.k), ("v", p.v))}

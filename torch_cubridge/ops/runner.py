@@ -14,12 +14,12 @@ import torch
 
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, lookup, scalar_values
+from ..ir.bind import bind_args, lookup, operand_value, scalar_values
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
 from ..ir.program import Program
-from ..ir.prologue import prologue_tensors
+from ..ir.prologue import run_prologue
 from ..lower import Lowered
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
@@ -76,13 +76,13 @@ class KernelRunner:
 
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
         p = self.p
-        q, k, v = (lookup(bound, op.arg) for op in (p.q, p.k, p.v))
-        return self._execute(q, k, v, self.plan.perms, self._extras(bound, q.device), bound, poison)
+        made = run_prologue(p, bound, _device(bound)) if p.prologue else {}
+        q, k, v = (operand_value(bound, op, made) for op in (p.q, p.k, p.v))
+        return self._execute(q, k, v, self.plan.perms, self._extras(bound, made), bound, poison)
 
-    def _extras(self, bound: dict[str, Any], dev: torch.device) -> dict[str, Any]:
+    def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
-        made = prologue_tensors(self.p, bound, dev)
-        return {x.name: made[x.name] if x.step is not None else lookup(bound, x.arg) if x.arg is not None else None
+        return {x.name: made[x.step] if x.step is not None else lookup(bound, x.arg) if x.arg is not None else None
                 for x in self.p.extras}
 
     # -- the custom op (torch.compile) ------------------------------------------------
@@ -94,8 +94,9 @@ class KernelRunner:
         """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
-        q, k, v = (lookup(bound, op.arg) for op in (self.p.q, self.p.k, self.p.v))
-        ex = self._extras(bound, q.device)
+        made = run_prologue(self.p, bound, _device(bound)) if self.p.prologue else {}
+        q, k, v = (operand_value(bound, op, made) for op in (self.p.q, self.p.k, self.p.v))
+        ex = self._extras(bound, made)
         extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
         out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
@@ -276,6 +277,11 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
+
+
+def _device(bound: dict[str, Any]) -> torch.device:
+    """Where a call's prologue runs: the device of its first tensor argument."""
+    return next((t.device for t in bound.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,8 +44,7 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     A size-1 dim is named by position, never by its atom's role: a size-1 batch, head and query axis
     look alike to the analysis (decoding with B = 1), and any naming of them reads the same values.
     """
-    if ld.attr in ctx.facts.get("prologue", {}):  # computed q, k or v: not served yet; the first refusal says why
-        raise ctx.facts["prologue_why"][ld.attr]
+    step = ctx.facts.get("prologue", {}).get(ld.attr)  # a computed q, k or v: the prologue makes it
     shape = tuple(ctx.facts["inputs"][ld.attr].shape)
     names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["h", "s", "d"]
     dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
@@ -54,7 +53,8 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
         raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
     dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
-    return Operand(paths[ld.attr], tuple(dims)), {d: ix for d, ix in zip(dims, ld.args) if d in ("b", "h")}
+    op = Operand(f"prologue:{step}", tuple(dims), step) if step else Operand(paths[ld.attr], tuple(dims))
+    return op, {d: ix for d, ix in zip(dims, ld.args) if d in ("b", "h")}
 
 
 def _fill(dims: list[str | None], left: list[str], big: list[bool], name: str) -> list[str]:

@@ -28,6 +28,8 @@ class Prologue:
     def record(self, node: Node) -> str:
         """Steps computing `node` (and what it reads that is not recorded yet); its step name."""
         for dep in _cone(node):
+            if _mutates_input(dep):  # replaying it would change the caller's tensor on every call
+                raise UnsupportedSpec("an in-place op on an argument, off the score path", op="prologue")
             if dep.name not in self.steps:
                 self.steps[dep.name] = Step(dep.name, _op_name(dep), tuple(self._enc(a) for a in dep.args),
                                             tuple((k, self._enc(v)) for k, v in dep.kwargs.items()))
@@ -84,6 +86,15 @@ def _cone(node: Node) -> list[Node]:
         out.append(n)
     visit(node)
     return out
+
+
+def _mutates_input(n: Node) -> bool:
+    """An in-place aten op (its schema writes its first argument) on a call argument or constant."""
+    t = n.target
+    if not isinstance(t, torch._ops.OpOverload) or not n.args or not isinstance(n.args[0], Node):
+        return False
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in t._schema.arguments)
+    return writes and n.args[0].op in ("placeholder", "get_attr")
 
 
 def _op_name(n: Node) -> str:

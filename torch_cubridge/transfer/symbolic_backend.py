@@ -77,7 +77,8 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     rule = "none" if mask is None else ("prepass" if loads(mask) else "interval")
     used = set().union(*(loads(e) for e in (score, mask, sink) if e is not None))
     extras = tuple(x for x in parts.pop("extras") if x.name in used)
-    steps = pro.needed({x.step for x in extras if x.step}) if pro is not None else ()
+    computed = {op.step for op in (parts["q"], parts["k"], parts["v"]) if op.step}
+    steps = pro.needed({x.step for x in extras if x.step} | computed) if pro is not None else ()
     prog = Program(score=score, mask=mask, sink=sink, scalars=tuple(scalars), block_rule=rule,
                    empty_rows=empty, extras=extras, prologue=steps, **parts)
     prog.validate()

@@ -113,6 +113,8 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
     gen = torch.Generator().manual_seed(seed)
     out = dict(example)
     for name, op in (("q", p.q), ("k", p.k), ("v", p.v)):
+        if op.step:  # computed by the prologue from arguments redrawn below
+            continue
         ex = example[op.arg]
         shape = operand_shape(op, sizes, name)
         if not values:
@@ -181,8 +183,10 @@ def _guess_follow(ex: torch.Tensor, sizes: dict[str, int]) -> list[str | None]:
 
 def example_sizes(p: Program, example: dict[str, Any]) -> dict[str, int]:
     from ..ir.bind import to_canonical
-    q = to_canonical(example[p.q.arg], p.q)
-    k = to_canonical(example[p.k.arg], p.k)
-    v = to_canonical(example[p.v.arg], p.v)
+    from ..ir.prologue import operand_shapes
+    ops = operand_shapes(p, example)
+    q = to_canonical(ops["q"], p.q)
+    k = to_canonical(ops["k"], p.k)
+    v = to_canonical(ops["v"], p.v)
     return {"B": q.shape[0], "H": q.shape[1], "Hkv": k.shape[1], "Sq": q.shape[2], "Skv": k.shape[2],
             "D": q.shape[3], "Dv": v.shape[3]}

@@ -102,16 +102,22 @@ class Walker:
         None: neither applies."""
         if self.prologue is None:
             return None
-        ins = [a for a in node.all_input_nodes if self._off_score(a) and isinstance(self.env.get(a), Sym)
-               and self.env[a].expr is not None and self.env[a].expr.op != "load"]
+        ins = [a for a in node.all_input_nodes if self._computed(a)]
         if ins:
-            saved = {a: self.env[a] for a in ins}
+            saved = dict(self.env)
             try:
                 for a in ins:
-                    self.env[a] = self.materialize(a, why)
+                    # views above a computed value (matmul's expand and reshape to [B*H, S, D]) are walked
+                    # again from it, so the made tensor keeps the spec's own dims
+                    chain = [a]
+                    while _view_op(chain[-1]) and self._computed(chain[-1].args[0]):
+                        chain.append(chain[-1].args[0])
+                    self.env[chain[-1]] = self.materialize(chain[-1], why)
+                    for n in reversed(chain[:-1]):
+                        self.env[n] = self.call(n)
                 return self.call(node)
             except UnsupportedSpec:
-                self.env.update(saved)
+                self.env = saved
         if self._off_score(node) and all(self._off_score(a) for a in node.all_input_nodes) \
                 and not self._attention_op(node):
             try:
@@ -134,6 +140,11 @@ class Walker:
             why = UnsupportedSpec("float maths rounded to integers" if rounds else "a gather through data")
             return self.materialize(node, why)
         return val
+
+    def _computed(self, n: Any) -> bool:
+        """n is a node off the score path whose value is an expression, not a plain tensor read."""
+        return isinstance(n, Node) and self._off_score(n) and isinstance(self.env.get(n), Sym) \
+            and self.env[n].expr is not None and self.env[n].expr.op != "load"
 
     def _off_score(self, n: Node) -> bool:
         return n not in self.on_score and isinstance(n.meta.get("val"), torch.Tensor)
@@ -464,6 +475,15 @@ class Walker:
         contiguous = all(s is not None for s in idx_syms[first:first + len(used)])
         out = rest[:first] + list(axes) + rest[first:] if contiguous else list(axes) + rest
         return Sym(tuple(out), y.expr, x.dtype)
+
+
+_VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",
+          "clone", "contiguous", "alias", "slice", "select"}
+
+
+def _view_op(n: Node) -> bool:
+    name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+    return n.op == "call_function" and name in _VIEWS and bool(n.args)
 
 
 _INEXACT = {"tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos", "exp2", "log2", "log1p", "expm1",
