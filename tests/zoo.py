@@ -525,6 +525,13 @@ def _cached(B, H, Hkv, S, D, dt):
     return (q, k, v) + tuple(torch.randn(B, H, S - 4, D, dtype=dt) for _ in range(2))
 
 
+def standardised_bias(q, k, v, bias):
+    """A bias standardised per row with var_mean (an op with two results)."""
+    var, mean = torch.var_mean(bias, dim=-1, keepdim=True)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + (bias - mean) * torch.rsqrt(var + 1e-5)
+    return s.softmax(-1) @ v
+
+
 def _cu(B, H, Hkv, S, D, dt):
     cuts = torch.randperm(S - 2)[:3].sort().values + 1
     return qkv(1, H, H, S, S, D, dt) + (torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]),)
@@ -542,6 +549,9 @@ PROLOGUE: list[Case] = [
     Case("computed_slopes_gather", computed_slopes_gather, _std, {"steps": ("cumprod",)}),
     Case("t5_relative_bias", t5_relative_bias,
          lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(32, H),), {"steps": ("log", "index")}),
+    Case("standardised_bias", standardised_bias,
+         lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.randn(H, S, S, dtype=dt),),
+         {"steps": ("var_mean",)}),
     Case("rope_in_spec", rope_in_spec, _rope, {"steps": ("cat",), "computed": "qk"}),
     Case("qk_rmsnorm_sdpa", qk_rmsnorm_sdpa,
          lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (torch.rand(D, dtype=dt) + 0.5,

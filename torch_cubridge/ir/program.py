@@ -46,7 +46,8 @@ class Step:
     cumulative sum of gates, ids from cu_seqlens), so it is correct by construction for any op.
     args are literals and tuples; a tuple whose first item starts with "@" is a tagged value:
     ("@arg", path) a call argument, ("@step", name) an earlier step's result, ("@const", dtype,
-    nested values) a captured constant, ("@dtype", d), ("@device",) the call's device,
+    nested values) a captured constant, ("@dtype", d), ("@dtype_of", path) the dtype of a call
+    argument (a cast to the inputs' dtype follows them), ("@device",) the call's device,
     ("@layout", l), ("@memory_format", m). kwargs: (name, value) pairs.
     """
     name: str

@@ -36,6 +36,8 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
             return torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device)
         if tag == "@dtype":
             return getattr(torch, x[1])
+        if tag == "@dtype_of":  # the dtype of this call's argument
+            return lookup(bound, x[1]).dtype
         if tag == "@device":
             return device
         if tag == "@layout":

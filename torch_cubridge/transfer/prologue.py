@@ -24,6 +24,13 @@ class Prologue:
         self.paths = placeholder_paths      # placeholder node -> call argument path
         self.consts = const_values          # get_attr node -> (owner path or None, tensor)
         self.steps: dict[str, Step] = {}    # by step name, in the order they were made
+        # a float dtype the capture saw on an argument is that argument's dtype: a cast to bfloat16 in
+        # a bf16 capture (rms_norm casts back) is a cast to float64 when verification runs in float64
+        self.dtype_of: dict[torch.dtype, str] = {}
+        for n, path in placeholder_paths.items():
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype.is_floating_point:
+                self.dtype_of.setdefault(val.dtype, path)
 
     def record(self, node: Node) -> str:
         """Steps computing `node` (and what it reads that is not recorded yet); its step name."""
@@ -58,6 +65,8 @@ class Prologue:
         if isinstance(x, (list, tuple)):
             return tuple(self._enc(i) for i in x)
         if isinstance(x, torch.dtype):
+            if x in self.dtype_of:
+                return ("@dtype_of", self.dtype_of[x])
             return ("@dtype", str(x).replace("torch.", ""))
         if isinstance(x, torch.device):
             return ("@device",)

@@ -118,8 +118,12 @@ class Walker:
                 return self.call(node)
             except UnsupportedSpec:
                 self.env = saved
-        if self._off_score(node) and all(self._off_score(a) for a in node.all_input_nodes) \
-                and not self._attention_op(node):
+        off = all(self._off_score(a) for a in node.all_input_nodes) and node not in self.on_score \
+            and not self._attention_op(node)
+        val = node.meta.get("val")
+        if off and isinstance(val, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in val):
+            return _Pending(why)  # several results (var_mean, a fused norm): each taken is made on its own
+        if off and isinstance(val, torch.Tensor):
             try:
                 return self.materialize(node, why)
             except UnsupportedSpec:
@@ -173,7 +177,10 @@ class Walker:
     def call(self, node: Node) -> Any:
         t = node.target
         if t is operator.getitem:
-            return self.arg(node.args[0])[node.args[1]]
+            x = self.arg(node.args[0])
+            if isinstance(x, _Pending):
+                return self.materialize(node, x.why)
+            return x[node.args[1]]
         name = getattr(getattr(t, "overloadpacket", None), "__name__", str(t))
         name = name.rstrip("_") if name.endswith("_") and name not in ("slice_",) else name
         val = node.meta.get("val")
@@ -475,6 +482,13 @@ class Walker:
         contiguous = all(s is not None for s in idx_syms[first:first + len(used)])
         out = rest[:first] + list(axes) + rest[first:] if contiguous else list(axes) + rest
         return Sym(tuple(out), y.expr, x.dtype)
+
+
+class _Pending:
+    """An op with several results the prologue computes; getitem makes the one taken."""
+
+    def __init__(self, why: UnsupportedSpec) -> None:
+        self.why = why
 
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",
