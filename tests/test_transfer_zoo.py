@@ -5,10 +5,10 @@ import torch
 
 import torch_cubridge as tc
 from helpers import first, rel_err, to64
-from zoo import CASES, MORE_STYLES
+from zoo import CASES, LAYOUTS, MORE_STYLES
 
 
-@pytest.mark.parametrize("case", CASES + MORE_STYLES, ids=[c.name for c in CASES + MORE_STYLES])
+@pytest.mark.parametrize("case", CASES + MORE_STYLES + LAYOUTS, ids=[c.name for c in CASES + MORE_STYLES + LAYOUTS])
 def test_transfer_matches_spec(case):
     prog = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
     prog.validate()
@@ -29,6 +29,8 @@ def test_transfer_matches_spec(case):
         assert prog.sink is not None
     if "q_dims" in e:
         assert prog.q.dims == e["q_dims"]
+    if "k_dims" in e:
+        assert prog.k.dims == e["k_dims"]
     if "out_dims" in e:
         assert prog.out.dims == e["out_dims"]
     if "empty_rows" in e:

@@ -564,3 +564,38 @@ PROLOGUE: list[Case] = [
     Case("kv_cache_concat", kv_cache_concat, _cached, {"steps": ("cat",), "computed": "kv",
                                                        "block_rule": "interval"}),
 ]
+
+
+# ---- layouts: keys shared by all heads as rank-3 tensors, heads split over two axes ---------------
+def mqa_rank3_einsum(q, k, v):
+    """MQA with rank-3 keys and values ("b j d"), einsum folding heads into the query rows."""
+    s = torch.einsum("bhid,bjd->bhij", q, k) * q.shape[-1] ** -0.5
+    return torch.einsum("bhij,bjd->bhid", s.softmax(dim=-1), v)
+
+
+def mqa_rank3_matmul(q, k, v):
+    s = q @ k.unsqueeze(1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return s.softmax(-1) @ v.unsqueeze(1)
+
+
+def batchless_grouped(q, k, v):
+    """Batch-less GQA as some inference code writes it: q [T, Hkv, g, D], k and v [T, Hkv, D]."""
+    s = torch.einsum("qhgd,khd->hgqk", q, k) / math.sqrt(q.shape[-1])
+    T = q.shape[0]
+    keep = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return torch.einsum("hgqk,khd->qhgd", s.masked_fill(~keep, float("-inf")).softmax(-1), v)
+
+
+def _mqa3(B, H, Hkv, S, D, dt):
+    return (torch.randn(B, H, S, D, dtype=dt),) + tuple(torch.randn(B, S, D, dtype=dt) for _ in range(2))
+
+
+def _batchless(B, H, Hkv, S, D, dt):
+    return (torch.randn(S, Hkv, H // Hkv, D, dtype=dt),) + tuple(torch.randn(S, Hkv, D, dtype=dt) for _ in range(2))
+
+
+LAYOUTS: list[Case] = [
+    Case("mqa_rank3_einsum", mqa_rank3_einsum, _mqa3, {"k_dims": ("b", "s", "d")}),
+    Case("mqa_rank3_matmul", mqa_rank3_matmul, _mqa3, {"k_dims": ("b", "s", "d")}),
+    Case("batchless_grouped", batchless_grouped, _batchless, {"k_dims": ("s", "b", "d"), "block_rule": "interval"}),
+]

@@ -55,12 +55,12 @@ def operand_value(bound: dict[str, Any], op: Operand, made: dict[str, Any]) -> A
 
 
 def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
-    """View an operand as [B, H, S, D] (rank-3 operands get B = 1)."""
+    """View an operand as [B, H, S, D] (rank-3 operands get B = 1, or H = 1 for keys shared by all heads)."""
     if t.dim() != len(op.dims):
         raise ValueError(f"expected a rank-{len(op.dims)} tensor for layout {op.dims}, got shape {tuple(t.shape)}")
     dims = list(op.dims)
-    if "b" not in dims:
-        t, dims = t.unsqueeze(0), ["b"] + dims
+    for missing in [c for c in "bh" if c not in dims]:  # rank 3: batch 1, or one head shared by all
+        t, dims = t.unsqueeze(0), [missing] + dims
     return t.permute([dims.index(c) for c in "bhsd"])
 
 

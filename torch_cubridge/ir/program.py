@@ -18,7 +18,7 @@ from .expr import CANON, Expr  # noqa: F401  (CANON re-exported)
 class Operand:
     """q, k or v: which argument, and the spec's dim order in canonical names.
 
-    dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1). A computed operand (RoPE or a
+    dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1) or no "h" (one head, MQA). A computed operand (RoPE or a
     norm applied in the spec, keys concatenated from several sources) is made by prologue step
     `step`; its arg then reads "prologue:<step>".
     """

@@ -37,7 +37,7 @@ def _check_expr(e: Expr, allowed: set[str], what: str, p: Program) -> None:
 def validate(p: Program) -> None:
     for name in ("q", "k", "v"):
         dims = getattr(p, name).dims
-        if sorted(dims) not in (sorted(CANON), sorted(CANON[1:])):
+        if sorted(dims) not in (sorted(CANON), sorted(CANON[1:]), sorted("bsd")):
             raise InvalidProgram(f"{name} layout {dims} is not a permutation of b, h, s, d")
     if p.head_map not in ("group", "tile"):
         raise InvalidProgram(f"unknown head map {p.head_map!r}")

@@ -14,19 +14,20 @@ import torch
 from ..ir.program import Operand, Program
 
 
-def _perm(op: Operand) -> tuple[int | None, int, int, int]:
-    """Positions of b, h, s, d in the operand's dims (None: no batch dim)."""
+def _perm(op: Operand) -> tuple[int | None, int | None, int, int]:
+    """Positions of b, h, s, d in the operand's dims (None: no batch dim, or no head dim)."""
     d = op.dims
-    return (d.index("b") if "b" in d else None, d.index("h"), d.index("s"), d.index("d"))
+    return (d.index("b") if "b" in d else None, d.index("h") if "h" in d else None, d.index("s"), d.index("d"))
 
 
 def canon(t: torch.Tensor, perm: tuple) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """Canonical [B, H, S, D] sizes and strides of t, read without making a view."""
+    """Canonical [B, H, S, D] sizes and strides of t, read without making a view (a missing batch or
+    head dim is one of stride 0)."""
     sh, st = t.shape, t.stride()
     b, h, s, d = perm
-    if b is None:
-        return (1, sh[h], sh[s], sh[d]), (0, st[h], st[s], st[d])
-    return (sh[b], sh[h], sh[s], sh[d]), (st[b], st[h], st[s], st[d])
+    nb, sb = (1, 0) if b is None else (sh[b], st[b])
+    nh, sh_ = (1, 0) if h is None else (sh[h], st[h])
+    return (nb, nh, sh[s], sh[d]), (sb, sh_, st[s], st[d])
 
 
 class Plan:

@@ -46,10 +46,11 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     """
     step = ctx.facts.get("prologue", {}).get(ld.attr)  # a computed q, k or v: the prologue makes it
     shape = tuple(ctx.facts["inputs"][ld.attr].shape)
-    names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["h", "s", "d"]
     dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
                               zip(ld.args, shape)]
     named = [d for d in dims if d is not None]
+    # rank 3: [heads, seq, dim], or [batch, seq, dim] for keys shared by every head (MQA, "bjd")
+    names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["b", "s", "d"] if "b" in named else ["h", "s", "d"]
     if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
         raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
     dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)

@@ -66,6 +66,18 @@ def _single(d: tuple[str, ...], what: str, op: str) -> str:
     return d[0]
 
 
+def _query_atom(ctx: Ctx, m: tuple[str, ...], op: str) -> str:
+    """The query atom of q.k's row dim. einsum and matmul fold batch-like axes of q alone into the rows
+    (MQA's "bhid,bjd->bhij" multiplies [b, h*i, d] by [b, d, j]); the query is the innermost, the rest
+    are batch axes. A unit atom there is ambiguous (a size-1 head and a size-1 query read alike), so a
+    merged row dim takes atoms of size > 1 only."""
+    if len(m) == 1:
+        return m[0]
+    if len(m) == 0 or any(ctx.sizes[x] == 1 for x in m):
+        raise UnsupportedSpec("the query axis is merged with another axis", op=op)
+    return m[-1]
+
+
 def _score(ctx: Ctx, a: Sym, b: Sym, op: str) -> Sym:
     batch, m, n, ea, eb = _operands(ctx, a, b, op)
     k = a.axes[-1]
@@ -74,9 +86,9 @@ def _score(ctx: Ctx, a: Sym, b: Sym, op: str) -> Sym:
     cb, lb = _factor(eb, kd)
     if la.attr == lb.attr:
         raise UnsupportedSpec("q and k are the same tensor", op=op)
-    qa, kva = _single(m, "query", op), _single(n, "key", op)
+    qa, kva = _query_atom(ctx, m, op), _single(n, "key", op)
     ctx.roles.update({qa: "q", kva: "kv", kd: "d"})
-    batch_atoms = [x for d in batch for x in d]
+    batch_atoms = [x for d in batch for x in d] + [x for x in m if x != qa]
     ctx.facts["score"] = {"q": la, "k": lb, "batch": batch_atoms}
     coef = simplify(call("mul", ca, cb), ctx.ranges())
     s = Expr("var", (), "s")

@@ -1,11 +1,12 @@
-"""On a CUDA device: specs whose off-score values PyTorch computes (the prologue) served by the kernel,
-checked against the spec in float64."""
+"""On a CUDA device: specs whose off-score values PyTorch computes (the prologue), and layouts beyond
+[B, H, S, D] (rank-3 keys shared by all heads), served by the kernel and checked against the spec in
+float64."""
 import pytest
 import torch
 
 import torch_cubridge as tc
 from helpers import first, rel_err, to64
-from zoo import PROLOGUE
+from zoo import LAYOUTS, PROLOGUE
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +20,8 @@ def _cpu64(args):
 
 
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("case", PROLOGUE, ids=[c.name for c in PROLOGUE])
-def test_prologue_through_kernel(case, D):
+@pytest.mark.parametrize("case", PROLOGUE + LAYOUTS, ids=[c.name for c in PROLOGUE + LAYOUTS])
+def test_served_by_kernel(case, D):
     f = tc.compile(case.fn, fallback="raise")
     for seed in (0, 1):  # the second call: new values, the same kernel, the prologue run again
         torch.manual_seed(seed)
