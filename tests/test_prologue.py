@@ -72,15 +72,20 @@ def test_prologue_keeps_autograd_visible():
     assert not any(t.requires_grad for t in made.values())
 
 
-def test_sizes_baked_into_the_prologue_pin_the_program():
-    """torch.arange(S) inside the prologue holds at one length: the program says so, and a call at
-    another length is refused by its guards (compile re-transfers there)."""
+def test_prologue_literals_fitted_to_the_lengths():
+    """torch.arange(S) inside the prologue becomes arange(Sq) (fitted on probes, checked at other
+    lengths): the program serves another length, while batch and heads stay pinned (a call with
+    another batch is refused by its guards; compile captures again there)."""
     case = next(c for c in PROLOGUE if c.name == "block_causal_shift")
     prog = tc.transfer(case.fn, *case.make(1, 2, 2, 48, 32, torch.float32))
-    assert ("Sq", 48) in prog.requires
-    with pytest.raises(ValueError):
-        prog.run(*case.make(1, 2, 2, 50, 32, torch.float32))
-    f = tc.compile(case.fn)
-    for S in (48, 50):
+    assert ("@size", 0, (("Sq", 1),)) in prog.prologue[0].args
+    assert not any(n in ("Sq", "Skv") for n, _ in prog.requires) and ("B", 1) in prog.requires
+    for S in (50, 130):
         args = case.make(1, 2, 2, S, 32, torch.float32)
+        assert rel_err(first(prog.run(*args)), first(case.fn(*to64(args)))) < 2e-5
+    with pytest.raises(ValueError):
+        prog.run(*case.make(2, 2, 2, 48, 32, torch.float32))
+    f = tc.compile(case.fn)
+    for B, S in ((1, 48), (1, 50), (2, 48)):
+        args = case.make(B, 2, 2, S, 32, torch.float32)
         assert rel_err(first(f(*args)), first(case.fn(*args))) < 1e-5

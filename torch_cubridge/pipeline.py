@@ -21,7 +21,7 @@ from .capture.guards import pin_all, size_guards, value_guards
 from .capture.hashing import spec_hash
 from .capture.trace import Captured, capture
 from .errors import UnsupportedSpec
-from .ir.expr import Expr, call, dim
+from .ir.expr import Expr, call, const, dim
 from .ir.program import Program
 from .ir.prologue import computes_operands, operand_shapes
 from .transfer import symbolic_transfer
@@ -76,8 +76,13 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         warm = _remembered(cap, key, backend, "record in the disk cache")
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
-        prog, generic, used = _transfer(fn, bound, backend, llm_options, cap)
-        report = verify_program(fn, prog, bound, generic)
+        candidates, used = _transfer(fn, bound, backend, llm_options, cap)
+        for i, (prog, generic) in enumerate(candidates):
+            rep = verify_program(fn, prog, bound, generic)
+            report = rep if i == 0 else report  # a refusal shows why the first (generic) one failed
+            if rep.ok:
+                report = rep
+                break
     except UnsupportedSpec:
         raise
     except Exception as e:  # an internal error is a refusal that names itself, never an escape
@@ -111,7 +116,10 @@ def _remembered(cap: Captured | None, key: str, backend: str, how: str) -> Trans
 
 
 def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None, cap: Captured
-              ) -> tuple[Program, bool, str]:
+              ) -> tuple[list[tuple[Program, bool]], str]:
+    """The programs to verify, in order, as (program, generic), and the backend used: the generic
+    program first, then the one held at the call's shape (a spec whose behaviour at other lengths no
+    probe saw, say a branch on the length, may still hold at this one)."""
     try:
         prog = symbolic_transfer(cap)
         used = "symbolic"
@@ -121,13 +129,19 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         from .transfer.llm import llm_transfer
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
-    if computes_operands(prog):  # sizes of a computed q/k/v are no argument's: held at the call's shape
-        generic = False
-    else:
-        prog, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+    out = []
+    if not computes_operands(prog):  # sizes of a computed q/k/v are no argument's: held at the call's shape
+        gen, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+        if generic:
+            out.append((_held(fn, bound, gen, True), True))
+    out.append((_held(fn, bound, prog, False), False))
+    return out, used
+
+
+def _held(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool) -> Program:
+    """The program with the sizes it requires and the guards it holds under."""
     prog = with_requirements(prog, bound, generic)
-    prog = replace(prog, guards=guards_for(fn, bound, prog, generic))
-    return prog, generic, used
+    return replace(prog, guards=guards_for(fn, bound, prog, generic))
 
 
 def located(fn: Callable, bound: dict[str, Any], e: UnsupportedSpec, cap: Captured) -> UnsupportedSpec:
@@ -145,7 +159,9 @@ def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Pr
     from .verify.inputs import example_sizes
     sizes = example_sizes(prog, bound)
     keep = ("B", "H", "Hkv", "Sq", "Skv")
-    req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic)
+    # a generic prologue is fitted in the lengths only: batch and heads stay the call's
+    held = ("B", "H", "Hkv") if prog.prologue else ()
+    req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic or k in held)
     return replace(prog, requires=req)
 
 
@@ -159,7 +175,20 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
     elif _size(bound, q_seq) == _size(bound, k_seq):
         # generalisation fitted scalars in Sq alone when the example was square
         sizes += (call("eq", dim(*q_seq), dim(*k_seq)),)
+    if generic and prog.prologue:
+        sizes += _unmoved(prog, bound)
     return sizes + value_guards(fn, bound)
+
+
+def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
+    """Every argument size that does not follow the lengths, pinned: a generic prologue has only its
+    length-fitted literals moving (a view's B * H or a table's size stays a literal)."""
+    from .verify.inputs import example_sizes, make_inputs
+    ex = example_sizes(prog, bound)
+    probe = dict(ex, Sq=ex["Sq"] + 3, Skv=ex["Skv"] + (3 if ex["Sq"] == ex["Skv"] else 5))
+    moved = make_inputs(prog, bound, probe, seed=0, values=False)
+    return tuple(call("eq", dim(path, d), const(int(n))) for path, t in bound.items() if isinstance(t, torch.Tensor)
+                 for d, n in enumerate(t.shape) if moved[path].shape[d] == n)
 
 
 def _size(bound: dict[str, Any], where: tuple[str, int]) -> int:

@@ -24,9 +24,12 @@ def resolve_op(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
 
-def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.device) -> Any:
+def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.device,
+            sizes: dict[str, int]) -> Any:
     if isinstance(x, tuple):
         tag = x[0] if x and isinstance(x[0], str) and x[0].startswith("@") else None
+        if tag == "@size":  # c0 + sum(c * size): a literal fitted to the lengths (transfer.generalize)
+            return x[1] + sum(c * sizes[n] for n, c in x[2])
         if tag == "@arg":
             t = lookup(bound, x[1])
             return t.to("meta") if device.type == "meta" and isinstance(t, torch.Tensor) else t
@@ -46,7 +49,7 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
             return getattr(torch, x[1])
         if tag is not None:
             raise ValueError(f"unknown prologue value {x!r}")
-        return [_decode(i, bound, done, device) for i in x]
+        return [_decode(i, bound, done, device, sizes) for i in x]
     return x
 
 
@@ -54,13 +57,15 @@ def _lists(x: Any) -> Any:
     return [_lists(i) for i in x] if isinstance(x, (tuple, list)) else x
 
 
-def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device,
+              sizes: dict[str, int] | None = None) -> dict[str, Any]:
     """Every step's result by name. Tensors read from the call stay where they are; made ones go
-    on `device` (the query's)."""
+    on `device` (the query's). sizes: Sq and Skv, for literals fitted to them."""
     done: dict[str, Any] = {}
+    sizes = sizes or {}
     for s in steps:  # under the caller's grad mode: a result that needs a backward says so
-        args = [_decode(a, bound, done, device) for a in s.args]
-        kwargs = {k: _decode(v, bound, done, device) for k, v in s.kwargs}
+        args = [_decode(a, bound, done, device, sizes) for a in s.args]
+        kwargs = {k: _decode(v, bound, done, device, sizes) for k, v in s.kwargs}
         fn = resolve_op(s.op)
         done[s.name] = args[0][args[1]] if fn is None else fn(*args, **kwargs)
     return done
@@ -70,7 +75,7 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device) -> dic
     """The results the program reads (computed operands, extra tensors), by step name, on `device`."""
     if not p.prologue:
         return {}
-    done = run_steps(p.prologue, bound, device)
+    done = run_steps(p.prologue, bound, device, _lengths(p, bound))
     used = [op.step for op in (p.q, p.k, p.v) if op.step] + [x.step for x in p.extras if x.step]
     return {s: done[s].to(device) for s in used}
 
@@ -79,6 +84,14 @@ def prologue_tensors(p: Program, bound: dict[str, Any], device: torch.device) ->
     """The extra tensors the prologue makes, by extra name."""
     made = run_prologue(p, bound, device)
     return {x.name: made[x.step] for x in p.extras if x.step is not None}
+
+
+def _lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
+    """Sq and Skv of a call whose q and k are arguments (a program computing them is held at one shape)."""
+    if computes_operands(p):
+        return {}
+    q, k = lookup(bound, p.q.arg), lookup(bound, p.k.arg)
+    return {"Sq": int(q.shape[p.q.dims.index("s")]), "Skv": int(k.shape[p.k.dims.index("s")])}
 
 
 def computes_operands(p: Program) -> bool:

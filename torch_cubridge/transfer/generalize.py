@@ -86,9 +86,12 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
             other = transfer_fn(capture(fn, bound))
         except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
             return prog, False
-        if other.structure() != prog.structure():
+        if _size_free(other) != _size_free(prog):
             return prog, False
         progs.append((sizes, other))
+    steps = _fit_steps(progs, names)
+    if steps is None:
+        return prog, False
     scalars = []
     for i, s in enumerate(prog.scalars):
         vals = [Fraction(p.scalars[i].value).limit_denominator(1 << 20) for _, p in progs]
@@ -101,7 +104,48 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
         if expr is None or any(_eval(coef, [sz[n] for n in names]) != v for (sz, _), v in zip(progs, vals)):
             return prog, False
         scalars.append(replace(s, value=None, expr=expr))
-    return replace(prog, scalars=tuple(scalars)), True
+    return replace(prog, scalars=tuple(scalars), prologue=steps), True
+
+
+def _size_free(p: Program) -> Program:
+    """The structure with the prologue's integer literals blanked: probes may move those."""
+    steps = tuple(replace(st, args=_blank(st.args), kwargs=_blank(st.kwargs)) for st in p.prologue)
+    return replace(p.structure(), prologue=steps)
+
+
+def _blank(x: Any) -> Any:
+    if isinstance(x, tuple):
+        return tuple(_blank(i) for i in x)
+    return 0 if type(x) is int else x
+
+
+def _fit_steps(progs: list[tuple[dict[str, int], Program]], names: list[str]) -> tuple | None:
+    """The prologue with every integer literal that moves with the lengths (arange(S), a view's S) an
+    exact affine form ("@size", c0, ((name, c), ...)) of them; None where no such form fits."""
+    def fit(vals: list[Any]) -> Any:
+        if type(vals[0]) is not int or all(v == vals[0] for v in vals):
+            return vals[0]
+        pts = [([1] + [sz[n] for n in names], Fraction(v)) for (sz, _), v in zip(progs, vals)]
+        coef = _solve(pts)
+        if coef is None or any(c.denominator != 1 for c in coef) or any(
+                _eval(coef, [sz[n] for n in names]) != v for (sz, _), v in zip(progs, vals)):
+            raise _NoFit
+        return ("@size", int(coef[0]), tuple((n, int(c)) for n, c in zip(names, coef[1:]) if c))
+
+    def walk(xs: list[Any]) -> Any:
+        if isinstance(xs[0], tuple):
+            return tuple(walk([x[i] for x in xs]) for i in range(len(xs[0])))
+        return fit(xs)
+    try:
+        return tuple(replace(st, args=walk([p.prologue[i].args for _, p in progs]),
+                             kwargs=walk([p.prologue[i].kwargs for _, p in progs]))
+                     for i, st in enumerate(progs[0][1].prologue))
+    except _NoFit:
+        return None
+
+
+class _NoFit(Exception):
+    pass
 
 
 def _eval(coef: list[Fraction], xs: list[int]) -> Fraction:
