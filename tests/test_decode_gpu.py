@@ -46,7 +46,7 @@ def sinks_mqa(q, k, v, sinks):
 
 
 def key_padding(q, k, v, pad):
-    """A data mask (the decode kernel has no block-map pre-pass): the prefill kernel serves."""
+    """A data mask: the decode kernel reads it per element (no block-map pre-pass for a few rows)."""
     s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
     return s.masked_fill(~pad[:, None, None, :], float("-inf")).softmax(-1) @ v
 
@@ -84,11 +84,28 @@ def test_sinks_mqa_decode_splits_and_one_split():
     _check(f, sinks_mqa, _inputs(64, 8, 1, 2, 64, 64) + (sinks,))      # many CTAs already: one split
 
 
-def test_data_mask_decode_is_served_by_the_prefill_kernel():
+def document_decode(q, k, v, doc):
+    """Packed documents, the last Sq tokens decoding: each attends to its own document, causally (GQA)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    i = torch.arange(Skv - Sq, Skv, device=q.device)
+    j = torch.arange(Skv, device=q.device)
+    keep = (doc[:, i][:, :, None] == doc[:, None, :]) & (j[None, None, :] <= i[None, :, None])
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~keep[:, None], float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("Sq, Skv", [(1, 500), (4, 3000)])
+def test_data_mask_decode(Sq, Skv):
     f = tc.compile(key_padding, fallback="raise")
-    q, k, v = _inputs(2, 4, 4, 1, 500, 64)
-    pad = torch.rand(2, 500) > 0.3
-    _check(f, key_padding, (q, k, v, pad), kernel="sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80")
+    q, k, v = _inputs(2, 4, 4, Sq, Skv, 64)
+    pad = torch.rand(2, Skv) > 0.3
+    pad[1, :1000] = False  # whole blocks masked for one batch row
+    _check(f, key_padding, (q, k, v, pad))
+    g = tc.compile(document_decode, fallback="raise")
+    doc = torch.randint(0, 6, (2, Skv)).sort(-1).values
+    _check(g, document_decode, _inputs(2, 8, 2, Sq, Skv, 128) + (doc,))
 
 
 def test_prefill_then_decode_use_their_own_kernels():

@@ -139,9 +139,20 @@ def tc_cubin(source: str, arch: str) -> bytes:
     return compile_cubin(source, arch, include_dirs=[csrc_dir()])
 
 
-def test_decode_kernel_refuses_data_masks_and_its_smem_matches_the_header():
-    with pytest.raises(UnsupportedSpec, match="pre-pass"):
-        lower(_prog("document_causal"), decode=True)
+@needs_nvcc
+def test_decode_kernel_reads_data_masks_per_element(tmp_path):
+    """Few query rows read each key once: no block-map pre-pass. The decode kernel classes blocks by
+    the index rule with the loads unknown and evaluates the mask (reading the ids) per element."""
+    prog = _prog("document_causal")
+    assert prog.block_rule == "prepass"
+    low = lower(prog, arch="sm_90a", head_dim=128, decode=True)
+    assert low.prepass is None and not any(f.name.startswith("blk") for f in low.params)
+    assert "doc" in low.source and "iv_class" in low.source
+    sass = _sass(tc_cubin(low.source, "sm_90a"), tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+def test_decode_kernel_smem_matches_the_header():
     text = (csrc_dir() / "cubridge" / "decode_kernel.cuh").read_text()
     ring = re.search(r"kRingBytes\s*=\s*([^;]+);", text).group(1)
     merge = re.search(r"kMergeBytes\s*=\s*([^;]+);", text).group(1)

@@ -1,7 +1,7 @@
 """The whole translation unit for one program: headers, Variant, extern "C" kernel."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir.expr import Expr
 from ..ir.program import Program
@@ -54,8 +54,6 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
 
 def decode_refusal(p: Program, head_dim: int) -> str | None:
     """Why the decode kernel cannot serve this program at this head dim; None when it can."""
-    if p.block_rule == "prepass":
-        return "the decode kernel has no block-map pre-pass for masks that read data"
     if not decode_head_dim(head_dim):
         return f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}"
     return None
@@ -70,6 +68,11 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
     why = decode_refusal(p, head_dim) if decode else None
     if why:
         raise UnsupportedSpec(why, op="lower")
+    if decode and p.block_rule == "prepass":
+        # a few query rows read every key once: a block map would cost a pass over the mask's data as
+        # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block
+        # the rule cannot rule out is partial), and the mask reads its data per element there.
+        p = replace(p, block_rule="interval")
     tile = decode_tile(head_dim) if decode else tile_for(head_dim, arch)
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)
