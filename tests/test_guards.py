@@ -134,3 +134,31 @@ def test_guards_survive_json_and_print():
     q = Program.from_json(p.to_json())
     assert q == p and q.guards
     assert "guards" in str(p) and "q.shape[2] > 64" in str(p)
+
+
+def windows_masked(q, k, v, mask):
+    """Shifted-window masks without a position table: generic in the window length."""
+    Bw, H, N, _ = q.shape
+    nW = mask.shape[0]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = (s.view(Bw // nW, nW, H, N, N) + mask.unsqueeze(1).unsqueeze(0)).view(-1, H, N, N)
+    return s.softmax(-1) @ v
+
+
+def test_window_count_from_a_view_shape_is_pinned():
+    """Swin splits the batch by view(B // nW, nW, ...): nW reaches the program as the constant of
+    b % nW through a view's shape, which the shape guards do not record. The program must not serve
+    another window count: its guards pin every dim of that size, and compile captures again."""
+    from helpers import rel_err
+
+    def inputs(B, nW, N):
+        return tuple(torch.randn(B, 4, N, 16) for _ in range(3)) + (
+            torch.where(torch.rand(nW, N, N) > 0.3, 0.0, -100.0),)
+    prog = tc.transfer(windows_masked, *inputs(8, 4, 49))
+    assert not any(n in ("B", "Sq") for n, _ in prog.requires)  # generic: the pin is the guard's
+    other = inputs(16, 8, 49)  # 8 windows, 2 images: B // nW as before, only nW differs
+    with pytest.raises(ValueError):
+        prog.run(*other)
+    f = tc.compile(windows_masked)
+    for args in (inputs(8, 4, 49), other, inputs(8, 4, 36)):
+        assert rel_err(f(*args), windows_masked(*(a.double() for a in args))) < 1e-5

@@ -586,6 +586,37 @@ def batchless_grouped(q, k, v):
     return torch.einsum("hgqk,khd->qhgd", s.masked_fill(~keep, float("-inf")).softmax(-1), v)
 
 
+class SwinBias(torch.nn.Module):
+    """Swin's relative position bias: a learned table gathered by a precomputed index buffer."""
+
+    def __init__(self, heads: int, ws: int = 7) -> None:
+        super().__init__()
+        self.ws = ws
+        self.table = torch.nn.Parameter(torch.randn((2 * ws - 1) ** 2, heads) * 0.5)
+        c = torch.stack(torch.meshgrid(torch.arange(ws), torch.arange(ws), indexing="ij")).flatten(1)
+        rel = (c[:, :, None] - c[:, None, :]).permute(1, 2, 0) + (ws - 1)
+        self.register_buffer("index", rel[..., 0] * (2 * ws - 1) + rel[..., 1])
+
+
+def swin_window_attention(q, k, v, bias, mask):
+    """HF Swin's window attention: windows in the batch (B * nW), a gathered relative position bias,
+    and the shifted-window mask added through view(B // nW, nW, H, N, N)."""
+    Bw, H, N, D = q.shape
+    s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(D)
+    rpb = bias.table[bias.index.view(-1)].view(N, N, -1).permute(2, 0, 1).contiguous()
+    s = s + rpb.unsqueeze(0)
+    nW = mask.shape[0]
+    s = s.view(Bw // nW, nW, H, N, N) + mask.unsqueeze(1).unsqueeze(0)
+    s = s.view(-1, H, N, N)
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def _swin(B, H, Hkv, S, D, dt):
+    nW, N = 4, 49
+    mask = torch.where(torch.rand(nW, N, N) > 0.3, 0.0, -100.0).to(dt)
+    return qkv(2 * nW, H, H, N, N, D, dt) + (SwinBias(H), mask)
+
+
 def _mqa3(B, H, Hkv, S, D, dt):
     return (torch.randn(B, H, S, D, dtype=dt),) + tuple(torch.randn(B, S, D, dtype=dt) for _ in range(2))
 
@@ -598,4 +629,5 @@ LAYOUTS: list[Case] = [
     Case("mqa_rank3_einsum", mqa_rank3_einsum, _mqa3, {"k_dims": ("b", "s", "d")}),
     Case("mqa_rank3_matmul", mqa_rank3_matmul, _mqa3, {"k_dims": ("b", "s", "d")}),
     Case("batchless_grouped", batchless_grouped, _batchless, {"k_dims": ("s", "b", "d"), "block_rule": "interval"}),
+    Case("swin_window_attention", swin_window_attention, _swin, {"score_has": "%"}),
 ]

@@ -177,7 +177,21 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
         sizes += (call("eq", dim(*q_seq), dim(*k_seq)),)
     if generic and prog.prologue:
         sizes += _unmoved(prog, bound)
+    if generic:
+        sizes += _divisor_pins(prog, bound)
     return sizes + value_guards(fn, bound)
+
+
+def _divisor_pins(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
+    """A constant that divides an index (b % 4 from Swin's view(B // nW, nW, ...)) may be a size that
+    reached the program through a view's shape, which no guard records: every argument dim of that
+    size is pinned (at worst a needless pin: another size captures again)."""
+    from .ir.expr import walk
+    vals = {s.name: s.value for s in prog.scalars if s.kind == "int" and s.expr is None and s.arg is None}
+    used = {vals[n.args[1].attr] for e in (prog.score, prog.mask, prog.sink) if e is not None for n in walk(e)
+            if n.op in ("floordiv", "mod") and n.args[1].op == "scalar" and n.args[1].attr in vals}
+    return tuple(call("eq", dim(path, d), const(int(n))) for path, t in bound.items() if isinstance(t, torch.Tensor)
+                 for d, n in enumerate(t.shape) if n in used and n > 1)
 
 
 def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:

@@ -98,6 +98,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             return None
 
         def r(n: Expr) -> Expr | None:
+            if n.op == "var" and n.attr in ctx.derived:  # a digit of a split batch axis
+                return rewrite(ctx.derived[n.attr], r)
             if n.op == "var" and n.attr != "s":
                 role = ctx.roles.get(n.attr)
                 if role in _CANON:

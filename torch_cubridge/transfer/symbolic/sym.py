@@ -37,7 +37,22 @@ class Ctx:
         self.sizes: dict[str, int] = {}
         self.roles: dict[str, str] = {}
         self.facts: dict[str, Any] = {}
+        self.derived: dict[str, Expr] = {}           # digit atom -> its value in the role atom it splits
+        self._pairs: dict[tuple[str, str], str] = {}  # (outer, inner) -> the role atom they split
         self._n = 0
+
+    def split(self, whole: str, outer: str, inner: str) -> None:
+        """outer, inner: the digits of role atom `whole` (whole = outer * |inner| + inner)."""
+        n = self.sizes[inner]
+        self.derived[outer] = call("floordiv", Expr("var", (), whole), const(n))
+        self.derived[inner] = call("mod", Expr("var", (), whole), const(n))
+        self._pairs[(outer, inner)] = whole
+
+    def digits_of(self, outer: str, inner: str) -> str | None:
+        return self._pairs.get((outer, inner))
+
+    def derived_of(self, atom: str) -> dict[str, Expr]:
+        return {atom: self.derived[atom]} if atom in self.derived else {}
 
     def atom(self, size: int) -> str:
         self._n += 1

@@ -58,11 +58,14 @@ def reshape(ctx: Ctx, x: Sym, shape: list[int], op: str) -> Sym:
             if n % prod or sa % need:
                 raise UnsupportedSpec(f"reshape to {shape} mixes dims", op=op)
             outer, inner = ctx.atom(need), ctx.atom(sa // need)
-            sub[a] = call("add", call("mul", Expr("var", (), outer), const(sa // need)), Expr("var", (), inner))
+            if a in ctx.roles:  # a batch axis of the scores split in two (Swin's windows): digits of it
+                ctx.split(a, outer, inner)
+            else:
+                sub[a] = call("add", call("mul", Expr("var", (), outer), const(sa // need)), Expr("var", (), inner))
             group.append(outer)
             prod *= need
             seq[i] = inner
-        axes.append(tuple(group))
+        axes.append(_rejoin(ctx, group, sub))
     skip_units()
     # a permute may have moved a unit atom past others: unit atoms left over fill the unit dims left empty
     dropped = [a for a, e in sub.items() if e == const(0) and ctx.sizes.get(a) == 1]
@@ -75,6 +78,21 @@ def reshape(ctx: Ctx, x: Sym, shape: list[int], op: str) -> Sym:
         raise UnsupportedSpec(f"reshape to {shape} does not fit", op=op)
     y = ctx.subst(x, sub, op)
     return Sym(tuple(axes), y.expr, x.dtype, x.kind, x.payload)
+
+
+def _rejoin(ctx: Ctx, group: list[str], sub: dict[str, Expr]) -> tuple[str, ...]:
+    """Digits of a split role axis that come together again (outer, inner) are that axis once more;
+    values that read the digits read them from it."""
+    out: list[str] = []
+    for a in group:
+        whole = ctx.digits_of(out[-1], a) if out else None
+        if whole is None:
+            out.append(a)
+            continue
+        out[-1] = whole
+        sub.update(ctx.derived_of(a))
+        sub.update(ctx.derived_of(group[group.index(a) - 1]))
+    return tuple(out)
 
 
 def permute(x: Sym, order: list[int]) -> Sym:
