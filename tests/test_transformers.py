@@ -44,3 +44,23 @@ def test_eager_attention_forward(model):
     assert weights is None  # the fused kernel never materialises attention weights
     ref = fn(mod.double(), *to64(args), **kw)[0]
     assert rel_err(got, ref) < 1e-6
+
+
+@pytest.mark.parametrize("family, cls, fn", [
+    ("llama", "LlamaAttention", "eager_attention_forward"),
+    ("llama4", "Llama4VisionAttention", "vision_eager_attention_forward"),
+    ("llama4", "Llama4TextAttention", "eager_attention_forward"),
+    ("tipsv2", "Tipsv2TextAttention", "text_eager_attention_forward"),
+])
+def test_each_attention_class_is_served_by_its_own_eager_function(family, cls, fn):
+    """The spec of a module is the eager function its own forward falls back to, not the file's
+    `eager_attention_forward` (llama4's vision attention does not cast the softmax to float32)."""
+    import importlib
+    from torch_cubridge.integrations.transformers import eager_function
+    try:
+        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ImportError:
+        pytest.skip(f"transformers has no {family}")
+    if not hasattr(mod, cls):
+        pytest.skip(f"transformers has no {cls}")
+    assert eager_function(getattr(mod, cls)) is getattr(mod, fn)

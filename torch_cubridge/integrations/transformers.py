@@ -26,8 +26,22 @@ _compiled: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakr
 
 
 def _eager_for(module: torch.nn.Module) -> Callable:
-    mod = sys.modules.get(type(module).__module__)
-    fn = getattr(mod, "eager_attention_forward", None)
+    return eager_function(type(module))
+
+
+def eager_function(cls: type) -> Callable:
+    """The eager attention function the class's own forward falls back to: the `*attention_forward`
+    global its code names (llama4's vision attention uses `vision_eager_attention_forward`, tipsv2's
+    text attention `text_eager_attention_forward`), resolved where forward is defined (an inherited
+    forward reads its own file); else the file's `eager_attention_forward`, else llama's."""
+    import inspect
+    fwd = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    g = getattr(fwd, "__globals__", {})
+    code = getattr(fwd, "__code__", None)
+    names = [n for n in (code.co_names if code else ()) if n.endswith("attention_forward") and callable(g.get(n))]
+    if names:
+        return g[sorted(names, key=lambda n: "eager" not in n)[0]]
+    fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
     if fn is None:
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     return fn
