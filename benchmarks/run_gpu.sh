@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (every test marked gpu), then the benchmarks. JSON and logs under $OUT,
 # the GPU name first, a short table last. (test_llm_backend needs openai, whose httpx is not on the device.)
-# Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench] [pytest -k expr]
+# Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench|--serving] [pytest -k expr]
+# --serving: the GPU tests, then only the decode benchmark and the warm-start/host-time one
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
@@ -16,7 +17,10 @@ python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tes
   2>&1 | tee "$OUT/gpu_tests.log" | tail -30
 # CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
 python3 -m pytest tests/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
-if [ "$MODE" != "--no-bench" ]; then
+if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -6
+  python3 benchmarks/warm_start.py --out "$OUT" 2>&1 | tee "$OUT/warm_start.log" | tail -6
 fi

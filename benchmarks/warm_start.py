@@ -1,0 +1,113 @@
+"""Warm start and per-call host time of compiled functions (issue 8), on the GPU.
+
+warm start: a new process compiles a variant with an empty disk cache (cold), then another new
+process with that cache (warm); each prints its first call's seconds (capture, transfer, both
+verifications and the build where they run; the kernel load) and whether a kernel served.
+host time: microseconds per call of a compiled function, N calls back to back with one clock
+around them, against SDPA on the same inputs, at a tiny prefill and at a decode shape.
+
+Usage: python benchmarks/warm_start.py [--out DIR]; writes warm_start.json there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = r"""
+import json, sys, time, torch
+sys.path[:0] = [{root!r}, {bench!r}]
+torch.zeros(1, device="cuda")
+import torch_cubridge as tc
+from variants import SPECS
+name, S = sys.argv[1], int(sys.argv[2])
+q, k, v = (torch.randn(4, 16, S, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+f = tc.compile(SPECS[name])
+t0 = time.perf_counter()
+f(q, k, v)
+torch.cuda.synchronize()
+dt = time.perf_counter() - t0
+print(json.dumps({{"first_call_s": dt, "kernel": f.served["kernel"], "spec": f.served["spec"]}}))
+"""
+
+
+def warm_start(name: str, S: int, cache: str) -> dict:
+    code = CHILD.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
+    out = {}
+    for run in ("cold", "warm"):
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", code, name, str(S)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode:
+            out[run] = {"error": r.stderr[-400:]}
+            continue
+        out[run] = json.loads(r.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
+    return out
+
+
+def per_call_us(fn, n: int = 2000) -> float:
+    import torch
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def host_times() -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+    import torch_cubridge as tc
+    from variants import SPECS
+    rows = []
+    for label, (B, H, Hkv, Sq, Skv, D) in (("prefill B1 H1 S16 D64", (1, 1, 1, 16, 16, 64)),
+                                            ("decode B1 H32:8 Sq1 Skv4096 D128", (1, 32, 8, 1, 4096, 128))):
+        q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, Hkv, Skv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        name = "causal" if Sq == Skv else "full"
+        spec = SPECS[name]
+        kk, vv = (x.repeat_interleave(H // Hkv, 1) for x in (k, v))
+        f = tc.compile(spec, fallback="raise")
+        f(q, kk, vv)
+        ours = per_call_us(lambda: f(q, kk, vv))
+        sdpa = per_call_us(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=Sq == Skv))
+        rows.append({"shape": label, "ours_us": ours, "sdpa_us": sdpa, "served_kernel": f.served["kernel"] > 0})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    out_dir = Path(ap.parse_args().out)
+    import torch
+    print(torch.cuda.get_device_name(), flush=True)
+    res = {"device": torch.cuda.get_device_name(), "warm_start": {}, "host": []}
+    with tempfile.TemporaryDirectory() as cache:
+        for name in ("causal", "softcap_causal"):
+            res["warm_start"][name] = warm_start(name, 4096, cache)
+    res["host"] = host_times()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "warm_start.json").write_text(json.dumps(res, indent=2))
+    print(f"{'variant':16s} {'cold s':>8s} {'warm s':>8s} {'warm process s':>15s}")
+    for name, r in res["warm_start"].items():
+        c, w = r.get("cold", {}), r.get("warm", {})
+        print(f"{name:16s} {c.get('first_call_s', float('nan')):8.3f} {w.get('first_call_s', float('nan')):8.3f} "
+              f"{w.get('process_s', float('nan')):15.2f}  kernel={w.get('kernel')}")
+    for r in res["host"]:
+        print(f"{r['shape']:34s} ours {r['ours_us']:7.1f} us  SDPA {r['sdpa_us']:7.1f} us  kernel={r['served_kernel']}")
+
+
+if __name__ == "__main__":
+    main()
