@@ -48,3 +48,34 @@ def test_build_puts_the_serving_kernels_in_the_cache(tmp_path, monkeypatch, quer
 def test_build_refuses_a_spec_it_cannot_compile(tmp_path):
     r = _cli(tmp_path, "build", "tests/test_errors.py:erf_scores", "--arch", "sm_90a", "--shape", "1,2,64,64")
     assert r.returncode == 2 and "refused" in r.stderr and "torch.erf" in r.stderr
+
+
+@needs_compiler
+def test_build_every_attention_variant_of_a_model_from_its_config(tmp_path):
+    """`cubridge build --model`: the model's own attention calls (its eager function, mask, scaling),
+    prefill and a decode step, verified and built from config.json alone (no weights, no GPU)."""
+    from transformers import LlamaConfig
+    LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+                num_hidden_layers=3, vocab_size=1000).save_pretrained(tmp_path / "llama")  # head dim 64
+    r = _cli(tmp_path, "build", "--model", str(tmp_path / "llama"), "--arch", "sm_90a", "--shape", "1,80",
+             "--queries", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any("cubridge_fwd" in ln and "queries 80" in ln for ln in lines), r.stdout
+    assert any("cubridge_decode" in ln and "queries 1" in ln for ln in lines), r.stdout
+    keys = {ln.split()[0] for ln in lines}
+    listed = _cli(tmp_path, "cache", "list").stdout
+    assert keys and all(k in listed for k in keys)
+
+
+def test_small_config_keeps_attention_and_one_layer_per_kind():
+    from transformers import Gemma2Config
+    from torch_cubridge.integrations.transformers import small_config
+    cfg = Gemma2Config(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       intermediate_size=9216, num_hidden_layers=26, vocab_size=256000, pad_token_id=0)
+    small = small_config(cfg)
+    assert sorted(small.layer_types) == sorted(set(cfg.layer_types)) and small.num_hidden_layers == 2
+    for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window",
+                 "query_pre_attn_scalar", "attn_logit_softcapping"):
+        assert getattr(small, name) == getattr(cfg, name)
+    assert small.intermediate_size == 64 and small.vocab_size == 256 and cfg.num_hidden_layers == 26

@@ -3,6 +3,8 @@
   cubridge explain path/to/file.py:function   graph, CuIR program, verification
   cubridge build path/to/file.py:function --arch sm_90a --shape B,H,S,D [--kv-heads N] [--queries Q]
                                               verify and build its kernels ahead of time (no GPU needed)
+  cubridge build --model CONFIG_DIR --arch sm_90a --shape B,S [--queries Q]
+                                              the same for every attention variant of a transformers model
   cubridge cache list | verify | clear --yes | export DIR | import DIR
   cubridge --version                          (also: python -m torch_cubridge ...)
 
@@ -72,6 +74,11 @@ def _build(args: argparse.Namespace) -> int:
     from .errors import UnsupportedSpec
     from .pipeline import build_ahead
     _refuse_if_readonly("build")
+    if args.model:
+        return _build_model(args)
+    if not args.target:
+        print("cubridge: build needs path/to/file.py:function or --model", file=sys.stderr)
+        return EXIT_ERROR
     mod, fn, name = _load(args.target)
     B, H, S, D = (int(x) for x in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
@@ -86,6 +93,23 @@ def _build(args: argparse.Namespace) -> int:
         how = f"built in {b['seconds']:.2f} s" if b["built"] else "already in the cache"
         print(f"{b['key']}  {b['kernel']}  {args.arch}  {how}  (program {b['program']})")
     return 0
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    import torch
+    from .integrations.transformers import build_model_ahead
+    try:
+        B, S = (int(x) for x in args.shape.split(","))
+    except ValueError:
+        print("cubridge: with --model, --shape is B,S (batch, prompt length)", file=sys.stderr)
+        return EXIT_ERROR
+    res = build_model_ahead(args.model, args.arch, B, S, args.queries, getattr(torch, args.dtype), status)
+    for b in res["built"]:
+        how = f"built in {b['seconds']:.2f} s" if b["built"] else "already in the cache"
+        print(f"{b['key']}  {b['kernel']}  {args.arch}  layer {b['layer']}  queries {b['queries']}  {how}")
+    for r in res["refused"]:
+        print(f"cubridge: refused (the spec serves there): {r}", file=sys.stderr)
+    return 0 if res["built"] else EXIT_ERROR
 
 
 # ---- cache ---------------------------------------------------------------------
@@ -217,9 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="print the program as JSON instead")
     ex.set_defaults(run=_explain)
     bd = sub.add_parser("build", help="verify a spec and build its kernels into the cache ahead of time")
-    bd.add_argument("target", help="path/to/file.py:function taking (q, k, v)")
+    bd.add_argument("target", nargs="?", help="path/to/file.py:function taking (q, k, v)")
+    bd.add_argument("--model", help="a transformers model's config (a directory with config.json, or the file): "
+                                    "every attention variant its forward calls")
     bd.add_argument("--arch", required=True, help="the serving GPU's arch: sm_90a (H100/H200), sm_80, ...")
-    bd.add_argument("--shape", required=True, help="B,H,S,D of the example call (S: the key length)")
+    bd.add_argument("--shape", required=True, help="B,H,S,D of the example call (S: the key length); "
+                                                   "with --model, B,S")
     bd.add_argument("--kv-heads", type=int, default=0, help="KV heads (GQA/MQA); default H")
     bd.add_argument("--queries", type=int, default=0, help="query length (<= 16: the decode kernel); default S")
     bd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])

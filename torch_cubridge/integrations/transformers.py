@@ -47,8 +47,13 @@ def eager_function(cls: type) -> Callable:
     return fn
 
 
+_building: dict[str, Any] | None = None  # set by build_model_ahead: calls build kernels, then run eager
+
+
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+    if _building is not None:
+        return _build_call(module, query, key, value, attention_mask, **kwargs)
     c = _compiled.get(module)
     if c is None:
         c = _compiled[module] = compile(_eager_for(module))
@@ -72,3 +77,81 @@ def register(name: str = NAME) -> str:
         return name
     AttentionMaskInterface.register(name, eager_mask)
     return name
+
+
+# ---- ahead of time: every attention variant of a model, from its config -------------------------
+
+
+def _build_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, **kwargs: Any):
+    """Build mode: verify this call's spec and build its kernels into the cache, then compute it eager."""
+    from ..capture.trace import bind_example
+    from ..errors import UnsupportedSpec
+    from ..pipeline import build_ahead
+    assert _building is not None
+    fn = _eager_for(module)
+    args = (module, query, key, value, attention_mask)
+    try:
+        for b in build_ahead(fn, bind_example(fn, args, kwargs), _building["arch"], _building["progress"]):
+            _building["built"].append(dict(b, layer=getattr(module, "layer_idx", None), queries=query.shape[-2]))
+    except UnsupportedSpec as e:
+        _building["refused"].append(f"layer {getattr(module, 'layer_idx', '?')}: {e}")
+    return fn(*args, **kwargs)
+
+
+_FFN = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def small_config(cfg: Any) -> Any:
+    """The config with its attention as it is and the rest shrunk: one layer per distinct layer type
+    (`layer_types`; else two layers), feed-forward width 64, at most two experts, a 256-token
+    vocabulary. Attention calls (heads, head dim, windows, sinks, scaling) are the model's own."""
+    import copy
+    cfg = copy.deepcopy(cfg)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if types:
+        first = [types.index(t) for t in dict.fromkeys(types)]
+        cfg.layer_types = [types[i] for i in first]
+        cfg.num_hidden_layers = len(first)
+    else:
+        cfg.num_hidden_layers = min(getattr(cfg, "num_hidden_layers", 2), 2)
+    for name in _FFN:
+        if isinstance(getattr(cfg, name, None), int):
+            setattr(cfg, name, min(getattr(cfg, name), 64))
+    for name in _EXPERTS:
+        if isinstance(getattr(cfg, name, None), int):
+            setattr(cfg, name, min(getattr(cfg, name), 2))
+    if isinstance(getattr(cfg, "num_experts_per_tok", None), int):
+        cfg.num_experts_per_tok = min(cfg.num_experts_per_tok, 2)
+    if isinstance(getattr(cfg, "vocab_size", None), int):
+        cfg.vocab_size = min(cfg.vocab_size, 256)
+        for tok in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            t = getattr(cfg, tok, None)
+            if isinstance(t, int) and t >= cfg.vocab_size:
+                setattr(cfg, tok, None)
+    return cfg
+
+
+def build_model_ahead(path: str, arch: str, batch: int, seq: int, queries: int, dtype: torch.dtype,
+                      progress: Callable[[str], None]) -> dict[str, list]:
+    """Every attention variant a causal LM's forward calls (prefill at [batch, seq]; with `queries`,
+    then a decode step of that many tokens on the prefill's cache) verified on the CPU and its
+    kernels built for `arch` into the disk cache, from the model's config alone (a directory with
+    config.json, or the file): no weights, no GPU. Returns {"built": [...], "refused": [...]}."""
+    global _building
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = small_config(AutoConfig.from_pretrained(path))
+    register()
+    progress(f"{type(cfg).__name__}: {cfg.num_hidden_layers} layer(s) of distinct attention")
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=NAME, dtype=dtype).eval()
+    _building = {"arch": arch, "progress": progress, "built": [], "refused": []}
+    try:
+        with torch.no_grad():
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+            out = model(ids, use_cache=bool(queries))
+            if queries:
+                model(ids[:, :queries], past_key_values=out.past_key_values, use_cache=True)
+        return {"built": _building["built"], "refused": _building["refused"]}
+    finally:
+        _building = None
