@@ -617,6 +617,17 @@ def _swin(B, H, Hkv, S, D, dt):
     return qkv(2 * nW, H, H, N, N, D, dt) + (SwinBias(H), mask)
 
 
+def chunked_local_causal(q, k, v):
+    """Block-local attention by reshaping the sequence into chunks of 32, causal inside each chunk."""
+    B, H, S, D = q.shape
+    c = 32
+    qc, kc, vc = (x.view(B, H, S // c, c, D) for x in (q, k, v))
+    s = torch.einsum("bhnid,bhnjd->bhnij", qc, kc) * D ** -0.5
+    i = torch.arange(c, device=q.device)
+    s = s.masked_fill(i[None, :] > i[:, None], float("-inf"))
+    return torch.einsum("bhnij,bhnjd->bhnid", s.softmax(-1), vc).reshape(B, H, S, D)
+
+
 def _mqa3(B, H, Hkv, S, D, dt):
     return (torch.randn(B, H, S, D, dtype=dt),) + tuple(torch.randn(B, S, D, dtype=dt) for _ in range(2))
 
@@ -630,4 +641,6 @@ LAYOUTS: list[Case] = [
     Case("mqa_rank3_matmul", mqa_rank3_matmul, _mqa3, {"k_dims": ("b", "s", "d")}),
     Case("batchless_grouped", batchless_grouped, _batchless, {"k_dims": ("s", "b", "d"), "block_rule": "interval"}),
     Case("swin_window_attention", swin_window_attention, _swin, {"score_has": "%"}),
+    Case("chunked_local_causal", chunked_local_causal, lambda B, H, Hkv, S, D, dt: _std(2, H, Hkv, 128, D, dt),
+         {"block_rule": "interval"}),
 ]

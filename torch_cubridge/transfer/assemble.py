@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import Expr, const, rewrite, walk
+from ..ir.expr import Expr, call, const, rewrite, substitute, var, walk
 from ..ir.program import ExtraTensor, Operand, Output
 from .symbolic.simplify import simplify
 from .symbolic.sym import Ctx, Sym
@@ -82,6 +82,7 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     qld, kld = ctx.facts["score"]["q"], ctx.facts["score"]["k"]
     vld = ctx.facts["output"]["v"]
     probs: Sym = ctx.facts["output"]["probs"]
+    qld, kld, vld, chunk = _fold_chunks(ctx, qld, kld, vld)
     q, qb = _operand(ctx, qld, "query", paths)
     # batch roles from the query's layout; a size-1 atom keeps a role it has (any reads the same)
     for nm, ix in qb.items():
@@ -98,7 +99,7 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             return None
 
         def r(n: Expr) -> Expr | None:
-            if n.op == "var" and n.attr in ctx.derived:  # a digit of a split batch axis
+            if n.op == "var" and n.attr in ctx.derived:  # a digit of a split batch axis, or of a chunked position
                 return rewrite(ctx.derived[n.attr], r)
             if n.op == "var" and n.attr != "s":
                 role = ctx.roles.get(n.attr)
@@ -110,8 +111,12 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             return None
         return simplify(rewrite(e, r), {})
 
-    score = canon(probs.payload["score"].expr, "score")
+    rel = ctx.facts.get("chunk_rel", {})  # in-chunk positions, where the spec reads them in the score
+    score = canon(substitute(probs.payload["score"].expr, rel) if rel else probs.payload["score"].expr, "score")
     sink = canon(probs.payload.get("sink"), "sink")
+    if chunk:  # keys outside the query's chunk are masked
+        same = call("eq", call("floordiv", var("q"), const(chunk)), call("floordiv", var("kv"), const(chunk)))
+        score = call("where", same, score, const(float("-inf")))
     used = {n.attr for e in (score, sink) if e is not None for n in walk(e) if n.op == "load"}
     extras = []
     made = ctx.facts.get("prologue", {})
@@ -128,6 +133,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     for d in out.axes:
         # a size-1 atom without a role is a unit axis: named with the others left over, below
         rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _OUT_DIM or ctx.sizes[a] > 1]
+        if "q" in rs:  # (chunk, position in chunk) merged back: the query position
+            rs = [r for r in rs if r != "chunk"]
         if not rs:
             odims.append(None)
             continue
@@ -139,6 +146,60 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     dt = "q" if out.dtype == q_dtype else str(out.dtype).replace("torch.", "")
     return dict(signature=signature, q=q, k=k, v=v, score=score, sink=sink, head_map=head_map,
                 extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index))
+
+
+def _fold_chunks(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr, Expr, int]:
+    """Block-local attention written by reshaping the sequence into chunks of c ([B, H, S/c, c, D]):
+    q, k and v read position x * c + i with x a batch axis of the matmul that q and k share. The
+    positions become the query and key axes, the chunk index their quotient by c, and keys of
+    another chunk are masked (the caller adds q // c == kv // c). Returns the loads and c (0: none)."""
+    def split(ld: Expr, role: str) -> tuple[int, str, str, int] | None:
+        for i, ix in enumerate(ld.args):
+            lin = _linear(ix)
+            if lin is None or len(lin) != 2:
+                continue
+            inner = [a for a, c in lin.items() if c == 1 and ctx.roles.get(a) == role]
+            outer = [a for a, c in lin.items() if ctx.roles.get(a) == "batch" and c == ctx.sizes.get(inner[0] if inner else "", 0)]
+            if inner and outer:
+                return i, outer[0], inner[0], lin[outer[0]]
+        return None
+    sq, sk = split(qld, "q"), split(kld, "kv")
+    if sq is None or sk is None or sq[1] != sk[1] or sq[3] != sk[3]:
+        return qld, kld, vld, 0
+    sv = split(vld, "kv")
+    if sv is None or sv[1] != sq[1] or sv[2] != sk[2]:
+        return qld, kld, vld, 0
+    x, i, j, c = sq[1], sq[2], sk[2], sq[3]
+    n = ctx.sizes[x] * c
+    ctx.sizes[i] = ctx.sizes[j] = n  # i and j are positions in the whole sequence now
+    ctx.roles[x] = "chunk"
+    ctx.derived[x] = call("floordiv", _atom(i), const(c))
+    # reads of the in-chunk positions (a bias inside the chunk) read them from the positions
+    ctx.facts["chunk_rel"] = {i: call("mod", _atom(i), const(c)), j: call("mod", _atom(j), const(c))}
+
+    def fold(ld: Expr, at: int, pos: str) -> Expr:
+        return Expr("load", tuple(_atom(pos) if k == at else a for k, a in enumerate(ld.args)), ld.attr)
+    return fold(qld, sq[0], i), fold(kld, sk[0], j), fold(vld, sv[0], j), c
+
+
+def _atom(name: str) -> Expr:
+    return Expr("var", (), name)
+
+
+def _linear(e: Expr) -> dict[str, int] | None:
+    """e as {atom: coefficient} when it is a sum of atoms times integer constants."""
+    if e.op == "var":
+        return {e.attr: 1}
+    if e.op == "mul" and e.args[0].op == "var" and e.args[1].op == "const" and isinstance(e.args[1].attr, int):
+        return {e.args[0].attr: e.args[1].attr}
+    if e.op == "mul" and e.args[1].op == "var" and e.args[0].op == "const" and isinstance(e.args[0].attr, int):
+        return {e.args[1].attr: e.args[0].attr}
+    if e.op == "add":
+        a, b = _linear(e.args[0]), _linear(e.args[1])
+        if a is None or b is None or set(a) & set(b):
+            return None
+        return {**a, **b}
+    return None
 
 
 def _name_units(odims: list[str | None], canon: list[str]) -> list[str]:
