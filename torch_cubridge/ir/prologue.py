@@ -53,6 +53,16 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
     return x
 
 
+def step_refs(x: Any):
+    """Names of the earlier steps that step arguments `x` read."""
+    if isinstance(x, tuple):
+        if len(x) == 2 and x[0] == "@step":
+            yield x[1]
+        else:
+            for i in x:
+                yield from step_refs(i)
+
+
 def _lists(x: Any) -> Any:
     return [_lists(i) for i in x] if isinstance(x, (tuple, list)) else x
 

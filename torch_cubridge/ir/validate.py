@@ -8,6 +8,7 @@ if TYPE_CHECKING:
 
 from .expr import BINARY, INDEX_VARS, SIZE_VARS, UNARY, Expr, free_vars, walk
 from .expr import CANON
+from .prologue import step_refs
 
 _ARITY = {**{o: 1 for o in UNARY}, **{o: 2 for o in BINARY}, "where": 3}
 
@@ -61,7 +62,7 @@ def validate(p: Program) -> None:
     for st in p.prologue:
         if st.name in made:
             raise InvalidProgram(f"prologue step {st.name} is made twice")
-        for ref in _step_refs((st.args, st.kwargs)):
+        for ref in step_refs((st.args, st.kwargs)):
             if ref not in made:
                 raise InvalidProgram(f"prologue step {st.name} reads {ref} before it is made")
         made.add(st.name)
@@ -89,12 +90,3 @@ def validate(p: Program) -> None:
 def _structure_only(p: Program) -> bool:
     return all(x.value is None for x in p.extras)
 
-
-def _step_refs(x: object):
-    """Names of the prologue steps a step's arguments read."""
-    if isinstance(x, tuple):
-        if len(x) == 2 and x[0] == "@step":
-            yield x[1]
-        else:
-            for i in x:
-                yield from _step_refs(i)

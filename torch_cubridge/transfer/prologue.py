@@ -15,6 +15,7 @@ from torch.fx import Node
 
 from ..errors import UnsupportedSpec
 from ..ir.program import Step
+from ..ir.prologue import step_refs
 
 
 class Prologue:
@@ -51,7 +52,7 @@ class Prologue:
             if n in keep:
                 continue
             keep.add(n)
-            todo += list(_refs(self.steps[n].args)) + list(_refs(self.steps[n].kwargs))
+            todo += list(step_refs((self.steps[n].args, self.steps[n].kwargs)))
         return tuple(s for n, s in self.steps.items() if n in keep)
 
     def _enc(self, x: Any) -> Any:
@@ -113,15 +114,6 @@ def _op_name(n: Node) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return f"{t.namespace}.{t._opname}.{t._overloadname}"
     raise UnsupportedSpec(f"the prologue cannot replay {t}", op="prologue")
-
-
-def _refs(x: Any):
-    if isinstance(x, tuple):
-        if len(x) == 2 and x[0] == "@step":
-            yield x[1]
-        else:
-            for i in x:
-                yield from _refs(i)
 
 
 def _tuples(x: Any) -> Any:
