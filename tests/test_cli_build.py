@@ -79,3 +79,18 @@ def test_small_config_keeps_attention_and_one_layer_per_kind():
                  "query_pre_attn_scalar", "attn_logit_softcapping"):
         assert getattr(small, name) == getattr(cfg, name)
     assert small.intermediate_size == 64 and small.vocab_size == 256 and cfg.num_hidden_layers == 26
+
+
+def test_bench_writes_times_and_a_chart(tmp_path):
+    """`cubridge bench`: the spec, the compiled spec, SDPA (and FlexAttention where it runs) timed on the
+    same inputs; bench.json and an SVG chart. On a machine without a GPU the spec serves."""
+    import json
+    r = _cli(tmp_path, "bench", "tests/zoo.py:causal_sdpa", "--shape", "1,2,64,32", "--dtype", "float32",
+             "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "b" / "bench.json").read_text())
+    names = list(res["ms"])
+    assert names[0] == "spec (eager)" and names[1].startswith("torch_cubridge") and "SDPA, plain" in names
+    assert all(ms > 0 for ms in res["ms"].values())
+    svg = (tmp_path / "b" / "bench.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") == len(names)

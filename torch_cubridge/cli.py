@@ -5,6 +5,8 @@
                                               verify and build its kernels ahead of time (no GPU needed)
   cubridge build --model CONFIG_DIR --arch sm_90a --shape B,S [--queries Q]
                                               the same for every attention variant of a transformers model
+  cubridge bench path/to/file.py:function --shape B,H,S,D [--out DIR]
+                                              time the spec, its kernel, SDPA and FlexAttention
   cubridge cache list | verify | clear --yes | export DIR | import DIR
   cubridge --version                          (also: python -m torch_cubridge ...)
 
@@ -110,6 +112,29 @@ def _build_model(args: argparse.Namespace) -> int:
     for r in res["refused"]:
         print(f"cubridge: refused (the spec serves there): {r}", file=sys.stderr)
     return 0 if res["built"] else EXIT_ERROR
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+    import torch
+    from .benchmark import bench_spec, svg_bars
+    mod, fn, name = _load(args.target)
+    B, H, S, D = (int(x) for x in args.shape.split(","))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, args.dtype)
+    q = torch.randn(B, H, args.queries or S, D, dtype=dtype, device=dev)
+    k, v = (torch.randn(B, args.kv_heads or H, S, D, dtype=dtype, device=dev) for _ in range(2))
+    status(f"timing {name} at q {tuple(q.shape)}, k/v {tuple(k.shape)} on {dev}")
+    res = bench_spec(fn, q, k, v)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(res, indent=2))
+    title = f"{name}: q {tuple(q.shape)} {args.dtype} on {res['device']} (ms per call)"
+    (out / "bench.svg").write_text(svg_bars(title, res["ms"]))
+    for k_, ms in res["ms"].items():
+        print(f"{k_:32s} {ms:10.3f} ms")
+    status(f"wrote {out / 'bench.json'} and {out / 'bench.svg'}")
+    return 0
 
 
 # ---- cache ---------------------------------------------------------------------
@@ -251,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--queries", type=int, default=0, help="query length (<= 16: the decode kernel); default S")
     bd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     bd.set_defaults(run=_build)
+    bn = sub.add_parser("bench", help="time a spec, its compiled kernel, SDPA and FlexAttention; JSON and an SVG chart")
+    bn.add_argument("target", help="path/to/file.py:function taking (q, k, v)")
+    bn.add_argument("--shape", default="4,16,4096,128", help="B,H,S,D (S: the key length)")
+    bn.add_argument("--kv-heads", type=int, default=0, help="KV heads (GQA/MQA); default H")
+    bn.add_argument("--queries", type=int, default=0, help="query length; default S")
+    bn.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    bn.add_argument("--out", default=".", help="folder for bench.json and bench.svg")
+    bn.set_defaults(run=_bench)
     _cache_parser(sub)
     return ap
 
