@@ -162,3 +162,22 @@ def test_window_count_from_a_view_shape_is_pinned():
     f = tc.compile(windows_masked)
     for args in (inputs(8, 4, 49), other, inputs(8, 4, 36)):
         assert rel_err(f(*args), windows_masked(*(a.double() for a in args))) < 1e-5
+
+
+def test_lengths_that_must_divide_generalise_on_multiples():
+    """A spec that reshapes the sequence into chunks of 32 cannot run at the usual probe lengths (the
+    call's plus or minus a few): it is probed at 2, 3 and 4 times the call's length instead, serves every
+    multiple of 32, refuses other lengths by its guards, and is verified at small lengths that hold."""
+    from helpers import rel_err
+    from torch_cubridge.capture.trace import bind_example
+    from torch_cubridge.pipeline import transfer_stage
+    from zoo import chunked_local_causal, qkv
+    res = transfer_stage(chunked_local_causal, bind_example(chunked_local_causal,
+                                                            qkv(2, 4, 4, 512, 512, 32, torch.float32), {}))
+    assert res.generic and not any(n == "Sq" for n, _ in res.program.requires)
+    assert res.report.trials and all(t.sizes["Sq"] < 512 for t in res.report.trials)
+    for S in (96, 160):
+        args = qkv(1, 4, 4, S, S, 32, torch.float64)
+        assert rel_err(res.program.run(*args), chunked_local_causal(*args)) < 1e-6
+    with pytest.raises(ValueError):
+        res.program.run(*qkv(1, 4, 4, 100, 100, 32, torch.float64))

@@ -79,16 +79,9 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
     ex = example_sizes(prog, example)
     square = ex["Sq"] == ex["Skv"]
     names = ["Sq"] if square else ["Sq", "Skv"]
-    progs: list[tuple[dict[str, int], Program]] = [(ex, prog)]
-    for sizes in _probe_sizes(ex):
-        try:
-            bound = make_inputs(prog, example, sizes, seed=7, values=False)  # capture reads shapes only
-            other = transfer_fn(capture(fn, bound))
-        except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
-            return prog, False
-        if _size_free(other) != _size_free(prog):
-            return prog, False
-        progs.append((sizes, other))
+    progs = _probes(fn, example, prog, transfer_fn, ex)
+    if progs is None:
+        return prog, False
     steps = _fit_steps(progs, names)
     if steps is None:
         return prog, False
@@ -105,6 +98,29 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
             return prog, False
         scalars.append(replace(s, value=None, expr=expr))
     return replace(prog, scalars=tuple(scalars), prologue=steps), True
+
+
+def _probes(fn: Callable, example: dict[str, Any], prog: Program, transfer_fn: Callable[[Any], Program],
+            ex: dict[str, int]) -> list[tuple[dict[str, int], Program]] | None:
+    """The program captured again at probe lengths near the call's; where the spec cannot run there
+    (it reshapes the sequence into chunks, so lengths must divide), at 2, 3 and 4 times the call's.
+    None: some probe changed the structure, or neither family runs."""
+    for family in (_probe_sizes(ex), _multiples(ex)):
+        progs: list[tuple[dict[str, int], Program]] = [(ex, prog)]
+        try:
+            for sizes in family:
+                bound = make_inputs(prog, example, sizes, seed=7, values=False)  # capture reads shapes only
+                progs.append((sizes, transfer_fn(capture(fn, bound))))
+        except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
+            continue
+        return progs if all(_size_free(p) == _size_free(prog) for _, p in progs) else None
+    return None
+
+
+def _multiples(ex: dict[str, int]) -> list[dict[str, int]]:
+    if ex["Sq"] == 1 or ex["Skv"] == 1:
+        return []
+    return [dict(ex, Sq=ex["Sq"] * m, Skv=ex["Skv"] * m) for m in (2, 3, 4)]
 
 
 def _size_free(p: Program) -> Program:
