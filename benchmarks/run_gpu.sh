@@ -23,4 +23,5 @@ fi
 if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -6
   python3 benchmarks/warm_start.py --out "$OUT" 2>&1 | tee "$OUT/warm_start.log" | tail -6
+  python3 -m torch_cubridge bench tests/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5
 fi
