@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...errors import UnsupportedSpec
-from ...ir.expr import Expr, call, const, substitute
+from ...ir.expr import Expr, call, const, load, substitute
 from ...ir.interval import Interval
 from .simplify import simplify
 
@@ -137,3 +137,10 @@ def unify(ctx: Ctx, keep: tuple[str, ...], other: tuple[str, ...], op: str) -> d
         else:
             raise UnsupportedSpec("merged dims split in two different ways", op=op)
     return m
+
+
+def input_sym(ctx: Ctx, name: str, t: torch.Tensor) -> Sym:
+    atoms = tuple((ctx.atom(n),) for n in t.shape)
+    idx = [Expr("var", (), a[0]) for a in atoms]
+    ctx.facts.setdefault("inputs", {})[name] = t
+    return Sym(atoms, load(name, *idx), t.dtype)

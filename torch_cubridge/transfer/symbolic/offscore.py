@@ -1,0 +1,133 @@
+"""Values off the score path that no rule covers: the walk leaves them to PyTorch (the prologue).
+
+A mixin of the graph walker (graph.Walker): when a rule refuses a node, its computed inputs or the node
+itself become prologue tensors (transfer/prologue.py records the spec's own ops, ir/prologue.py replays
+them per call); values whose exact bits only PyTorch's arithmetic gives (float maths rounded to integers,
+gathers through data) go there even when a rule exists.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from ...errors import UnsupportedSpec
+from ...ir.expr import Expr, walk
+from .sym import Sym, input_sym
+
+
+class OffScorePath:
+    """What graph.Walker provides: ctx, env, prologue, on_score, from_call, not_score and call()."""
+
+    def recover(self, node: Node, why: UnsupportedSpec) -> Sym | None:
+        """After a rule refused `node`: retry it with its computed inputs that are off the score
+        path made into prologue tensors; else, if `node` itself is off the score path, make it one.
+        None: neither applies."""
+        if self.prologue is None:
+            return None
+        ins = [a for a in node.all_input_nodes if self._computed(a)]
+        if ins:
+            saved = dict(self.env)
+            try:
+                for a in ins:
+                    # views above a computed value (matmul's expand and reshape to [B*H, S, D]) are walked
+                    # again from it, so the made tensor keeps the spec's own dims
+                    chain = [a]
+                    while _view_op(chain[-1]) and self._computed(chain[-1].args[0]):
+                        chain.append(chain[-1].args[0])
+                    self.env[chain[-1]] = self.materialize(chain[-1], why)
+                    for n in reversed(chain[:-1]):
+                        self.env[n] = self.call(n)
+                return self.call(node)
+            except UnsupportedSpec:
+                self.env = saved
+        off = all(self._off_score(a) for a in node.all_input_nodes) and node not in self.on_score \
+            and not self._attention_op(node)
+        val = node.meta.get("val")
+        if off and isinstance(val, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in val):
+            return Pending(why)  # several results (var_mean, a fused norm): each taken is made on its own
+        if off and isinstance(val, torch.Tensor):
+            try:
+                return self.materialize(node, why)
+            except UnsupportedSpec:
+                return None
+        return None
+
+    def settle(self, node: Node, val: Any) -> Any:
+        """Values off the score path whose exact bits only PyTorch's own arithmetic gives: an integer
+        or boolean made from float maths that rounds (T5's log buckets: log(2)/log(16)*8 is 2 in
+        float32 and 1.999.. in float64, so the bucket differs), and a gather through indices read
+        from data (its reads have no static bound; the gathered values have). Both go to the prologue."""
+        if self.prologue is None or not isinstance(val, Sym) or val.kind != "value" or val.expr is None \
+                or not self._off_score(node) or any(a in self.on_score for a in node.all_input_nodes):
+            return val
+        rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
+        gathers = any(n.op == "load" and any(m.op == "load" for a in n.args for m in walk(a)) for n in walk(val.expr))
+        if rounds or gathers:
+            why = UnsupportedSpec("float maths rounded to integers" if rounds else "a gather through data")
+            return self.materialize(node, why)
+        return val
+
+    def _computed(self, n: Any) -> bool:
+        """n is a node off the score path whose value is an expression, not a plain tensor read."""
+        return isinstance(n, Node) and self._off_score(n) and isinstance(self.env.get(n), Sym) \
+            and self.env[n].expr is not None and self.env[n].expr.op != "load"
+
+    def _off_score(self, n: Node) -> bool:
+        return n not in self.on_score and isinstance(n.meta.get("val"), torch.Tensor)
+
+    def _attention_op(self, n: Node) -> bool:
+        """q.k, softmax or P.v itself: never the prologue's (a refusal there must stand)."""
+        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        if name in ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "logsumexp"):
+            return True
+        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]
+        return name in ("bmm", "mm", "matmul", "baddbmm", "addmm") and n.name not in self.not_score and all(
+            isinstance(x, Node) and x in self.from_call for x in pair)
+
+    def materialize(self, node: Node, why: UnsupportedSpec) -> Sym:
+        """`node` as a tensor the prologue makes: a load like any input's. `why`, the refusal that
+        sent it there, stands if the tensor ends up where the prologue cannot serve (q, k or v)."""
+        assert self.prologue is not None
+        step = self.prologue.record(node)
+        val = node.meta["val"]
+        name = f"pro_{step}"
+        sym = input_sym(self.ctx, name, torch.empty(val.shape, dtype=val.dtype, device="meta"))
+        self.ctx.facts.setdefault("prologue", {})[name] = step
+        self.ctx.facts.setdefault("prologue_why", {})[name] = why
+        return sym
+
+
+class Pending:
+    """An op with several results the prologue computes; getitem makes the one taken."""
+
+    def __init__(self, why: UnsupportedSpec) -> None:
+        self.why = why
+
+
+_VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",
+          "clone", "contiguous", "alias", "slice", "select"}
+
+
+def _view_op(n: Node) -> bool:
+    name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+    return n.op == "call_function" and name in _VIEWS and bool(n.args)
+
+
+_INEXACT = {"tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos", "exp2", "log2", "log1p", "expm1",
+            "reciprocal", "div", "pow"}
+
+
+def _rounding_float(e: Expr) -> bool:
+    """e leaves float maths that can round (log, division, ...) through a cast, a floor or a comparison."""
+    def inexact(x: Expr) -> bool:
+        return any(n.op in _INEXACT for n in walk(x))
+    for n in walk(e):
+        if n.op in ("to_int", "to_bool", "floor") and inexact(n.args[0]):
+            return True
+        if n.op in ("eq", "ne", "lt", "le", "gt", "ge") and any(inexact(a) for a in n.args):
+            return True
+    return False
+
+
