@@ -1,0 +1,58 @@
+"""Which transformers families' attention calls the drop-in transfers and verifies (CPU is enough).
+
+Each family is built tiny from its own config with attn_implementation="cubridge" and runs one prefill;
+every attention call goes through @torch_cubridge.compile (capture, transfer, fp64 verification). A
+family is "ok" when no call was refused; "refused" prints the first reason; "error" is a failure of the
+model itself (a model that does not use transformers' AttentionInterface cannot take "cubridge").
+
+Usage: python benchmarks/survey_transformers.py [family ...]   (default: the list below)
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_oss", "olmo2", "cohere",
+            "gpt_neox", "stablelm", "starcoder2", "granite", "helium", "exaone4", "ernie4_5", "seed_oss", "arcee",
+            "apertus", "phi3", "glm", "smollm3", "qwen3_moe", "mixtral", "minimax", "hunyuan_v1_dense", "lfm2",
+            "bloom", "mpt", "gpt2", "opt", "llama4_text", "falcon"]
+
+
+def survey(family: str) -> tuple[str, str]:
+    import torch_cubridge.integrations.transformers as tcx
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=None,
+              bos_token_id=None, eos_token_id=None)
+    try:
+        try:
+            cfg = AutoConfig.for_model(family, **kw)
+        except AttributeError:  # a config whose head_dim is derived (falcon)
+            kw.pop("head_dim")
+            cfg = AutoConfig.for_model(family, **kw)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=tcx.NAME).eval()
+        with torch.no_grad():
+            model(torch.randint(0, 128, (1, 24)))
+    except Exception as e:  # noqa: BLE001  (the model itself failed: report it)
+        return "error", f"{type(e).__name__}: {str(e)[:120]}"
+    reasons = [e.reason for c in list(tcx._compiled.values()) for e in c.entries() if e.result is None]
+    tcx._compiled.clear()
+    return ("refused", reasons[0][:200]) if reasons else ("ok", "")
+
+
+def main() -> None:
+    import transformers
+    import torch_cubridge.integrations.transformers as tcx
+    warnings.simplefilter("ignore")
+    tcx.register()
+    print(f"transformers {transformers.__version__}")
+    for fam in sys.argv[1:] or FAMILIES:
+        status, why = survey(fam)
+        print(f"{fam:18s} {status:8s} {why}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
