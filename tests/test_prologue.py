@@ -7,7 +7,7 @@ import torch_cubridge as tc
 from helpers import first, rel_err, to64
 from torch_cubridge.capture.trace import bind_example, capture
 from torch_cubridge.ir.program import Program
-from torch_cubridge.ir.prologue import prologue_tensors
+from torch_cubridge.ir.prologue import run_prologue
 from torch_cubridge.transfer.symbolic_backend import symbolic_transfer
 from torch_cubridge.verify.cpu import verify_program
 from zoo import PROLOGUE, DynamicPosBias, forgetting_attention, mlp_position_bias, qkv
@@ -65,10 +65,10 @@ def test_prologue_keeps_autograd_visible():
     dpb = DynamicPosBias(2)
     q, k, v = qkv(1, 2, 2, 24, 24, 32, torch.float32)
     prog = tc.transfer(mlp_position_bias, q, k, v, dpb)
-    made = prologue_tensors(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
+    made = run_prologue(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
     assert made and all(t.requires_grad for t in made.values())
     with torch.no_grad():
-        made = prologue_tensors(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
+        made = run_prologue(prog, {"q": q, "k": k, "v": v, "dpb": dpb}, q.device)
     assert not any(t.requires_grad for t in made.values())
 
 

@@ -21,6 +21,7 @@ from .capture.guards import pin_all, size_guards, value_guards
 from .capture.hashing import spec_hash
 from .capture.trace import Captured, capture
 from .errors import UnsupportedSpec
+from .ir.bind import call_device
 from .ir.expr import Expr, call, const, dim
 from .ir.program import Program
 from .ir.prologue import computes_operands, operand_shapes
@@ -77,12 +78,13 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
         candidates, used = _transfer(fn, bound, backend, llm_options, cap)
-        for i, (prog, generic) in enumerate(candidates):
-            rep = verify_program(fn, prog, bound, generic)
-            report = rep if i == 0 else report  # a refusal shows why the first (generic) one failed
-            if rep.ok:
-                report = rep
+        reports = []
+        for prog, generic in candidates:
+            reports.append(verify_program(fn, prog, bound, generic))
+            if reports[-1].ok:
                 break
+        # a refusal shows why the first (generic) one failed
+        report = reports[-1] if reports[-1].ok else reports[0]
     except UnsupportedSpec:
         raise
     except Exception as e:  # an internal error is a refusal that names itself, never an escape
@@ -316,11 +318,6 @@ def _device_id(device: torch.device) -> str:
     """What a GPU verdict holds for: the GPU model, its arch and the CUDA build of torch."""
     props = torch.cuda.get_device_properties(device)
     return f"{props.name}|sm_{props.major}{props.minor}|cuda {torch.version.cuda}"
-
-
-def call_device(bound: dict[str, Any]) -> torch.device:
-    """The device of a call: its first tensor argument's."""
-    return next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
 
 
 def on_cuda(bound: dict[str, Any]) -> bool:

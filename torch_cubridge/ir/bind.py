@@ -49,6 +49,11 @@ def lookup(bound: dict[str, Any], path: str) -> Any:
     return obj
 
 
+def call_device(bound: dict[str, Any]) -> torch.device:
+    """The device of a call: its first tensor argument's (the CPU when it has none)."""
+    return next((t.device for t in bound.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
 def operand_value(bound: dict[str, Any], op: Operand, made: dict[str, Any]) -> Any:
     """q, k or v of a call: its argument, or the prologue's result (`made`, by step) when computed."""
     return made[op.step] if op.step else lookup(bound, op.arg)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .bind import bind_args, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
+from .bind import bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
 from .expr import FLOAT_UNARY, Expr
 from .interval import classify_tile
 from .prologue import run_prologue
@@ -105,8 +105,7 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
 
 def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     bound = bind_args(p.signature, args, kwargs)
-    dev = next((t.device for t in bound.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    made = run_prologue(p, bound, dev)
+    made = run_prologue(p, bound, call_device(bound))
     q = to_canonical(operand_value(bound, p.q, made), p.q)
     k = to_canonical(operand_value(bound, p.k, made), p.k)
     v = to_canonical(operand_value(bound, p.v, made), p.v)

@@ -90,12 +90,6 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device) -> dic
     return {s: done[s].to(device) for s in used}
 
 
-def prologue_tensors(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The extra tensors the prologue makes, by extra name."""
-    made = run_prologue(p, bound, device)
-    return {x.name: made[x.step] for x in p.extras if x.step is not None}
-
-
 def _lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
     """Sq and Skv of a call whose q and k are arguments (a program computing them is held at one shape)."""
     if computes_operands(p):

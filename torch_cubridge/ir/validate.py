@@ -89,4 +89,3 @@ def validate(p: Program) -> None:
 
 def _structure_only(p: Program) -> bool:
     return all(x.value is None for x in p.extras)
-

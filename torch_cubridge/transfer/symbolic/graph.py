@@ -17,7 +17,7 @@ from ...ir.expr import Expr, call, const, walk
 from ..prologue import Prologue
 from . import views
 from .contract import contract
-from .offscore import OffScorePath, Pending
+from .offscore import PENDING, OffScorePath
 from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
 from .simplify import simplify
 from .sym import Ctx, Sym, input_sym  # noqa: F401  (input_sym: the backend's too)
@@ -76,7 +76,7 @@ class Walker(OffScorePath):
                     self.env[node] = self.settle(node, self.call(node))
                 except UnsupportedSpec as e:  # say which node, so the refusal can point at the user's line
                     e.node = e.node or node.name
-                    alt = self.recover(node, e)
+                    alt = self.recover(node)
                     if alt is None:
                         raise
                     self.env[node] = alt
@@ -93,8 +93,8 @@ class Walker(OffScorePath):
         t = node.target
         if t is operator.getitem:
             x = self.arg(node.args[0])
-            if isinstance(x, Pending):
-                return self.materialize(node, x.why)
+            if x is PENDING:
+                return self.materialize(node)
             return x[node.args[1]]
         name = getattr(getattr(t, "overloadpacket", None), "__name__", str(t))
         name = name.rstrip("_") if name.endswith("_") and name not in ("slice_",) else name
@@ -181,10 +181,10 @@ class Walker(OffScorePath):
             return self.diag_embed(self.sym(a[0]), *(list(a[1:]) + [kw.get("offset", 0), kw.get("dim1", -2),
                                                                        kw.get("dim2", -1)])[:3], dtype=dtype, op=op)
         if name in ("bmm", "mm", "matmul"):
-            self.score_candidate(node, a[0], a[1], op)
+            self.score_candidate(node, op)
             return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
         if name in ("baddbmm", "addmm"):  # beta * input + alpha * (b1 @ b2)
-            self.score_candidate(node, a[1], a[2], op)
+            self.score_candidate(node, op)
             prod = contract(ctx, self.sym(a[1]), self.sym(a[2]), op)
             alpha, beta = kw.get("alpha", 1), kw.get("beta", 1)
             if alpha != 1:
@@ -228,13 +228,12 @@ class Walker(OffScorePath):
             return self.index(self.sym(a[0]), [a[1]], op)
         raise UnsupportedSpec("no symbolic rule for this op", op=op)
 
-    def score_candidate(self, node: Node, a: Any, b: Any, op: str) -> None:
-        """Refuse `node` as q.k where it cannot be, so that the prologue takes it: q.k multiplies two
-        values read from the call (a matmul of positions by weights is an MLP), and a matmul an
-        earlier walk tried as the score and failed with is not it (transfer retries without it)."""
+    def score_candidate(self, node: Node, op: str) -> None:
+        """Refuse `node` as q.k where it cannot be (may_be_score), so that the prologue takes it; a
+        walk that took the wrong matmul for q.k is run again without it (symbolic_backend)."""
         if "score" in self.ctx.facts:
             return
-        if node.name in self.not_score or not all(isinstance(x, Node) and x in self.from_call for x in (a, b)):
+        if not self.may_be_score(node):
             raise UnsupportedSpec("a matmul of values off the score path", op=op)
         self.score_node = node.name
 

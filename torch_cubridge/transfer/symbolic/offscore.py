@@ -20,7 +20,7 @@ from .sym import Sym, input_sym
 class OffScorePath:
     """What graph.Walker provides: ctx, env, prologue, on_score, from_call, not_score and call()."""
 
-    def recover(self, node: Node, why: UnsupportedSpec) -> Sym | None:
+    def recover(self, node: Node) -> Sym | None:
         """After a rule refused `node`: retry it with its computed inputs that are off the score
         path made into prologue tensors; else, if `node` itself is off the score path, make it one.
         None: neither applies."""
@@ -36,7 +36,7 @@ class OffScorePath:
                     chain = [a]
                     while _view_op(chain[-1]) and self._computed(chain[-1].args[0]):
                         chain.append(chain[-1].args[0])
-                    self.env[chain[-1]] = self.materialize(chain[-1], why)
+                    self.env[chain[-1]] = self.materialize(chain[-1])
                     for n in reversed(chain[:-1]):
                         self.env[n] = self.call(n)
                 return self.call(node)
@@ -46,10 +46,10 @@ class OffScorePath:
             and not self._attention_op(node)
         val = node.meta.get("val")
         if off and isinstance(val, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in val):
-            return Pending(why)  # several results (var_mean, a fused norm): each taken is made on its own
+            return PENDING  # several results (var_mean, a fused norm): each taken is made on its own
         if off and isinstance(val, torch.Tensor):
             try:
-                return self.materialize(node, why)
+                return self.materialize(node)
             except UnsupportedSpec:
                 return None
         return None
@@ -64,10 +64,7 @@ class OffScorePath:
             return val
         rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
         gathers = any(n.op == "load" and any(m.op == "load" for a in n.args for m in walk(a)) for n in walk(val.expr))
-        if rounds or gathers:
-            why = UnsupportedSpec("float maths rounded to integers" if rounds else "a gather through data")
-            return self.materialize(node, why)
-        return val
+        return self.materialize(node) if rounds or gathers else val
 
     def _computed(self, n: Any) -> bool:
         """n is a node off the score path whose value is an expression, not a plain tensor read."""
@@ -80,30 +77,33 @@ class OffScorePath:
     def _attention_op(self, n: Node) -> bool:
         """q.k, softmax or P.v itself: never the prologue's (a refusal there must stand)."""
         name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
-        if name in ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "logsumexp"):
-            return True
-        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]
-        return name in ("bmm", "mm", "matmul", "baddbmm", "addmm") and n.name not in self.not_score and all(
-            isinstance(x, Node) and x in self.from_call for x in pair)
+        return name in ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "logsumexp") or self.may_be_score(n)
 
-    def materialize(self, node: Node, why: UnsupportedSpec) -> Sym:
-        """`node` as a tensor the prologue makes: a load like any input's. `why`, the refusal that
-        sent it there, stands if the tensor ends up where the prologue cannot serve (q, k or v)."""
+    def may_be_score(self, n: Node) -> bool:
+        """n is a matmul of two values read from the call (a matmul of positions by weights is an MLP)
+        that no earlier walk took for q.k and failed with."""
+        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        if name not in ("bmm", "mm", "matmul", "baddbmm", "addmm") or n.name in self.not_score:
+            return False
+        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]  # addmm's first is the bias
+        return all(isinstance(x, Node) and x in self.from_call for x in pair)
+
+    def materialize(self, node: Node) -> Sym:
+        """`node` as a tensor the prologue makes: a load like any input's."""
         assert self.prologue is not None
         step = self.prologue.record(node)
         val = node.meta["val"]
         name = f"pro_{step}"
         sym = input_sym(self.ctx, name, torch.empty(val.shape, dtype=val.dtype, device="meta"))
         self.ctx.facts.setdefault("prologue", {})[name] = step
-        self.ctx.facts.setdefault("prologue_why", {})[name] = why
         return sym
 
 
-class Pending:
+class _Pending:
     """An op with several results the prologue computes; getitem makes the one taken."""
 
-    def __init__(self, why: UnsupportedSpec) -> None:
-        self.why = why
+
+PENDING = _Pending()
 
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",

@@ -89,9 +89,9 @@ def _rejoin(ctx: Ctx, group: list[str], sub: dict[str, Expr]) -> tuple[str, ...]
         if whole is None:
             out.append(a)
             continue
-        out[-1] = whole
+        sub.update(ctx.derived_of(out[-1]))
         sub.update(ctx.derived_of(a))
-        sub.update(ctx.derived_of(group[group.index(a) - 1]))
+        out[-1] = whole
     return tuple(out)
 
 
