@@ -10,7 +10,7 @@ import torch
 
 import torch_cubridge as tc
 from helpers import first, rel_err, to64
-from torch_cubridge.lower.tiles import TILES_SM90
+from torch_cubridge.lower.tiles import sm90_tile
 from zoo import CASES
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +25,7 @@ def _cuda(args):
 def _served_by_kernel(f, args):
     assert f.served["spec"] == 0 and f.served["kernel"] > 0, [e.reasons or e.reason for e in f.entries()]
     runner = f.kernels()[-1]
-    if torch.cuda.get_device_capability() == (9, 0) and runner.head_dim in TILES_SM90 \
+    if torch.cuda.get_device_capability() == (9, 0) and sm90_tile(runner.head_dim, runner.value_dim) \
             and os.environ.get("CUBRIDGE_KERNEL") != "sm80":
         assert runner.low.tile.kernel == "sm90"  # Hopper gets the wgmma/TMA kernel
     return runner

@@ -10,7 +10,7 @@ import torch_cubridge as tc
 from torch_cubridge.config import csrc_dir
 from torch_cubridge.lower import lower
 from torch_cubridge.errors import UnsupportedSpec
-from torch_cubridge.lower.tiles import TILES, TILES_SM90, decode_tile, tile_for
+from torch_cubridge.lower.tiles import TILES, decode_tile, pad64, sm90_tile, tile_for
 from zoo import CASES
 
 LOWERED = CASES
@@ -23,23 +23,33 @@ def _prog(name, D=64):
     return tc.transfer(c.fn, *c.make(2, 4, 2, 70, D, torch.float32))
 
 
+# Hopper head dims: the fast paths, padded ones, wide ones (no O buffer for 256) and Dv != D
+SM90_DIMS = [(64, 64), (128, 128), (256, 256), (32, 32), (96, 96), (192, 192), (40, 72), (256, 64), (64, 256)]
+
+
 def test_tiles_agree_with_kernel_config():
     text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
     for D, t in TILES.items():
         m = re.search(rf"FwdConfig<{D}, T> : FwdTile<{D}, (\d+), (\d+), (\d+), (\d+)", text)
         assert m, D
         assert tuple(map(int, m.groups())) == (t.block_m, t.block_n, t.warps, t.stages)
-    assert "kBlockM = 128" in text and "kThreads = 384" in text  # Sm90Tile: the table is TILES_SM90
-    for D, t in TILES_SM90.items():
+    assert "kBlockM = 128" in text and "kThreads = 384" in text  # Sm90Tile: lower/tiles.py's sm90_tile
+    for D, Dv in SM90_DIMS:
+        t = sm90_tile(D, Dv)
         assert (t.block_m, t.threads) == (128, 384), D
-        assert f"Sm90Tile<{D}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>" in lower(_prog("causal_sdpa", D), arch="sm_90a",
-                                                                 head_dim=D).source
+        head = f"Sm90Tile<{D}, {Dv}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>"
+        assert head in lower(_prog("causal_sdpa", D), arch="sm_90a", head_dim=D, value_dim=Dv).source
 
 
 def test_hopper_kernel_is_chosen_on_sm90a_only():
     assert tile_for(128, "sm_90a").kernel == "sm90" and tile_for(128, "sm_90").kernel == "sm80"
-    assert tile_for(96, "sm_90a").kernel == "sm80"  # no 64-column TMA chunking for 96: FA2 kernel
     assert tile_for(256, "sm_90a").smem_bytes <= 232448
+    assert tile_for(40, "sm_90a", 72).kernel == "sm90"  # any head dims in steps of 8 on Hopper
+    for D in (36, 264):
+        with pytest.raises(UnsupportedSpec):
+            tile_for(D, "sm_90a")
+    with pytest.raises(UnsupportedSpec, match="value head dim"):
+        tile_for(64, "sm_90", 32)  # the FA2 kernel takes one head dim
     src = lower(_prog("causal_sdpa"), arch="sm_90a").source
     assert "attention_fwd_sm90" in src and "__grid_constant__ cubridge::TmaDesc" in src
 
@@ -111,13 +121,34 @@ def test_sm90a_cubin_uses_wgmma_and_tma(name, D, tmp_path):
     assert "LDL" not in sass and "STL" not in sass  # no local-memory spills
 
 
+@needs_nvcc
+@pytest.mark.parametrize("dims", [(32, 32), (40, 72), (96, 96), (192, 192), (64, 256), (256, 64)],
+                         ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("name", ["softcap_causal", "document_causal"])
+def test_sm90a_any_head_dims_build_without_spills(name, dims, tmp_path):
+    """Head dims in steps of 8, padded to 64-column chunks, and Dv != D: still wgmma fed by TMA, no spills."""
+    D, Dv = dims
+    sass = _sass(tc.cubin(_prog(name, D), arch="sm_90a", head_dim=D, value_dim=Dv), tmp_path)
+    assert "HGMMA" in sass and "UTMALDG" in sass
+    assert "LDL" not in sass and "STL" not in sass
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D", [32, 160, 192, 224])
+def test_fa2_kernel_new_head_dims_build_without_spills(D, tmp_path):
+    sass = _sass(tc.cubin(_prog("document_causal", D), arch="sm_80", head_dim=D), tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
 def test_sm90_shared_memory_agrees_with_the_kernel_header():
     """lower/tiles.py sizes the launch; Sm90Tile::kSmemBytes is what the kernel lays out. Same formula."""
     text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
     rhs = re.search(r"struct Sm90Tile.*?kSmemBytes\s*=\s*([^;]+);", text, re.S).group(1)
-    for D, t in TILES_SM90.items():
+    for D, Dv in SM90_DIMS:
+        t = sm90_tile(D, Dv)
+        expr = re.sub(r"\bkPadDv\b", str(pad64(Dv)), re.sub(r"\bkPadD\b", str(pad64(D)), rhs))
         expr = re.sub(r"\bOwnO\b", str(int(t.own_o)), re.sub(r"\bStages\b", str(t.stages),
-                      re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bD\b", str(D), rhs))))
+                      re.sub(r"\bBN\b", str(t.block_n), expr)))
         assert re.fullmatch(r"[\d\s+*()]+", expr), expr  # only numbers left: safe to evaluate
         assert eval(expr) == t.smem_bytes, (D, expr)  # noqa: S307
 

@@ -25,14 +25,17 @@ def transfer(fn: Callable, *example_args: Any, **example_kwargs: Any) -> Program
     return transfer_stage(fn, bind_example(fn, example_args, example_kwargs)).program
 
 
-def cuda_source(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> str:
-    """The expert kernel's source with the program's hooks filled in."""
-    return _cuda_source(program, arch=arch, dtype=dtype, head_dim=head_dim)
+def cuda_source(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
+                value_dim: int | None = None) -> str:
+    """The expert kernel's source with the program's hooks filled in (`value_dim`: V's head dim where it
+    differs from Q's; sm_90a)."""
+    return _cuda_source(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim)
 
 
-def cubin(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> bytes:
+def cubin(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
+          value_dim: int | None = None) -> bytes:
     """The kernel compiled for `arch` (needs NVRTC or nvcc, not a GPU)."""
-    return _cubin(program, arch=arch, dtype=dtype, head_dim=head_dim)
+    return _cubin(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim)
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:

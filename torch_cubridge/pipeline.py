@@ -240,15 +240,15 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     q = operand_shapes(p, bound)["q"]
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim, decode = kernel_choice(p, bound)
+    head_dim, value_dim, decode = kernel_choice(p, bound)
     device = call_device(bound)
     arch = arch_for(device)
     last = None
     for fast in (True, False):
-        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
+        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
         kern, info, aux = load_kernel(low, arch)
         info["program"] = res.key
-        runner = KernelRunner(p, low, kern, head_dim, info, aux)
+        runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim)
         gpu = _device_id(device)
         if verdicts.gpu_verified(info["key"], res.key, gpu):
             rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
@@ -270,19 +270,18 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[int, bool]:
-    """(head dim, whether the decode kernel serves) for a call; refuses what no kernel takes."""
+def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[int, int, bool]:
+    """(head dim of Q and K, head dim of V, whether the decode kernel serves) for a call. A head dim no
+    kernel takes is refused when the program is lowered."""
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
     ops = operand_shapes(p, bound)
     q = ops["q"]
     head_dim = q.shape[p.q.dims.index("d")]
     dv = ops["v"].shape[p.v.dims.index("d")]
-    if dv != head_dim:
-        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the kernels "
-                              "take one head dim for now, so the spec serves", op="kernel")
     # calls with few queries get the split-KV decode kernel where it takes the program
-    return head_dim, decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim) is None
+    decode = decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim, dv) is None
+    return head_dim, dv, decode
 
 
 def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:
@@ -301,11 +300,12 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     q = operand_shapes(p, bound)["q"]
     if q.dtype not in DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim, decode = kernel_choice(p, bound)
+    head_dim, value_dim, decode = kernel_choice(p, bound)
     out = []
     for fast in (True, False):  # the variants a serving process may try, in its order
-        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode)
-        progress(f"building {low.kernel} for {arch} (head dim {head_dim}{', decode' if decode else ''})")
+        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
+        dims = f"head dim {head_dim}" + (f", value head dim {value_dim}" if value_dim != head_dim else "")
+        progress(f"building {low.kernel} for {arch} ({dims}{', decode' if decode else ''})")
         _, info, _ = load_kernel(low, arch)  # builds into the cache; nothing is loaded on a GPU
         out.append({"key": info["key"], "built": info["built"], "seconds": info["seconds"],
                     "kernel": low.kernel, "program": res.key})

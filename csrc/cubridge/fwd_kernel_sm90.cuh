@@ -48,11 +48,14 @@ template <class Cfg, class Variant, class T>
 __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typename Variant::Params& p,
                                                    const TmaDesc* tq, const TmaDesc* tk,
                                                    const TmaDesc* tv) {
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
-  constexpr int NT = BN / 8, DT = D / 8, KC = D / 16, PK = BN / 16, CH = D / 64;
-  constexpr unsigned kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr int DP = Cfg::kPadD, DVP = Cfg::kPadDv;  // shared tiles: whole 64-column chunks
+  // Q K^T steps stop at the last 16 columns holding data (the copy engine zero-fills past D);
+  // O is computed over the padded width and stored up to DV.
+  constexpr int NT = BN / 8, DT = DVP / 8, KC = (D + 15) / 16, PK = BN / 16, CH = DP / 64, CHV = DVP / 64;
+  constexpr unsigned kQBytes = BM * DP * 2, kKBytes = BN * DP * 2, kVBytes = BN * DVP * 2;
   constexpr bool kOwnO = Cfg::kOwnO;  // a separate O staging buffer: Q of the next tile loads early
-  constexpr unsigned kOBytes = kOwnO ? kQBytes : 0;
+  constexpr unsigned kOBytes = kOwnO ? BM * DVP * 2 : 0;
   constexpr bool kRaw = score_is_default<Variant>(0);
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -62,16 +65,17 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const unsigned raw = smem_u32(smem_raw);
   const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
   unsigned char* base = smem_raw + pad;
-  const unsigned sQ = raw + pad, sK = sQ + kQBytes, sV = sK + ST * kKVBytes;
-  unsigned char* o_stage = base + (kOwnO ? kQBytes + 2 * ST * kKVBytes : 0);  // else Q's rows
+  const unsigned sQ = raw + pad, sK = sQ + kQBytes, sV = sK + ST * kKBytes;
+  constexpr unsigned kRings = ST * (kKBytes + kVBytes);
+  unsigned char* o_stage = base + (kOwnO ? kQBytes + kRings : 0);  // else Q's rows
   // mbarriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty
-  const unsigned bars = sV + ST * kKVBytes + kOBytes;
+  const unsigned bars = sV + ST * kVBytes + kOBytes;
   const unsigned q_full = bars, q_empty = bars + 8u;
   auto k_full = [&](int s) { return bars + 8u * (2 + s); };
   auto v_full = [&](int s) { return bars + 8u * (2 + ST + s); };
   auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * ST + s); };
   auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * ST + s); };
-  int* row_info = reinterpret_cast<int*>(base + kQBytes + 2 * ST * kKVBytes + kOBytes + 8 * (2 + 4 * ST));
+  int* row_info = reinterpret_cast<int*>(base + kQBytes + kRings + kOBytes + 8 * (2 + 4 * ST));
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -80,7 +84,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // running at one time share them), and within a group the heaviest (last) query tiles first.
   const int n_m = (sq + BM - 1) / BM, n_hb = static_cast<int>(a.Hq * a.B), n_tiles = n_m * n_hb;
   constexpr long long kL2Budget = 24ll << 20;  // bytes of K and V one group may keep in L2
-  const long long fit = kL2Budget / (4ll * D * (skv > 0 ? skv : 1));
+  const long long fit = kL2Budget / (2ll * (D + DV) * (skv > 0 ? skv : 1));
   const int group = fit < 1 ? 1 : fit > n_hb ? n_hb : static_cast<int>(fit);
   int h = 0, b = 0, hk = 0, q_lo = 0, q_hi = 0;
   auto enter = [&](int tile) {
@@ -187,15 +191,15 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
         mbar_wait(k_empty(s), free_ph);
         stage_info[2 * s] = j;
         stage_info[2 * s + 1] = cls | (j_next >= n_blk ? 4 : 0);
-        mbar_expect_tx(k_full(s), kKVBytes);
+        mbar_expect_tx(k_full(s), kKBytes);  // boxes count whole, zero-filled columns included
 #pragma unroll
         for (int c = 0; c < CH; ++c)
-          tma_load_4d(sK + s * kKVBytes + c * BN * 128, tk, k_full(s), c * 64, j * BN, hk, b);
+          tma_load_4d(sK + s * kKBytes + c * BN * 128, tk, k_full(s), c * 64, j * BN, hk, b);
         mbar_wait(v_empty(s), free_ph);
-        mbar_expect_tx(v_full(s), kKVBytes);
+        mbar_expect_tx(v_full(s), kVBytes);
 #pragma unroll
-        for (int c = 0; c < CH; ++c)
-          tma_load_4d(sV + s * kKVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
+        for (int c = 0; c < CHV; ++c)
+          tma_load_4d(sV + s * kVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
         ++i;
         j = j_next;
       }
@@ -227,7 +231,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<D, T>::rs(&o[0][0][0], pa[kk], sw128_desc(sV + prev * kKVBytes + kk * 16 * 128, BN * 128, 1024));
+      Wgmma<DVP, T>::rs(&o[0][0][0], pa[kk], sw128_desc(sV + prev * kVBytes + kk * 16 * 128, BN * 128, 1024));
     wgmma_commit();
   };
 
@@ -237,7 +241,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     for (int kc = 0; kc < KC; ++kc) {
       const unsigned off = (kc % 4) * 32;  // 16 columns further inside the 128-byte row
       Wgmma<BN, T>::ss(&sc[0][0][0], sw128_desc(q_tile + (kc / 4) * BM * 128 + off, 16, 1024),
-                       sw128_desc(sK + s * kKVBytes + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
+                       sw128_desc(sK + s * kKBytes + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
     }
     wgmma_commit();
   };
@@ -394,7 +398,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   for (int rep = 0; rep < 64 * DT / 128; ++rep) {
     const int idx = t + 128 * rep;
     const int r = cw * 64 + idx / DT, c = (idx % DT) * 8;
-    if (q_lo + r >= sq) continue;
+    if (q_lo + r >= sq || (DV < DVP && c >= DV)) continue;  // padded columns stay in shared memory
     uint4 val = *reinterpret_cast<const uint4*>(o_stage + sw128_offset<BM>(r, c));
     if (Variant::kEmptyRowMeanV && row_info[r]) val = mean_v_chunk(gV, a.v_ss, skv, c / 8);
     *reinterpret_cast<uint4*>(gO + (long long)(q_lo + r) * a.o_ss + c) = val;

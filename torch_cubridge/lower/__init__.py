@@ -5,15 +5,18 @@ from ..ir.program import Program
 from .source import Lowered, lower
 
 
-def cuda_source(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> str:
-    return lower(p, arch, dtype, head_dim).source
+def cuda_source(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
+                value_dim: int | None = None) -> str:
+    return lower(p, arch, dtype, head_dim, value_dim=value_dim).source
 
 
-def cubin(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128) -> bytes:
+def cubin(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
+          value_dim: int | None = None) -> bytes:
     """Compile without a GPU (NVRTC where available, else nvcc)."""
     from ..build import compile_cubin
     from ..config import csrc_dir
-    return compile_cubin(lower(p, arch, dtype, head_dim).source, arch, include_dirs=[csrc_dir()])
+    return compile_cubin(lower(p, arch, dtype, head_dim, value_dim=value_dim).source, arch,
+                         include_dirs=[csrc_dir()])
 
 
 __all__ = ["cuda_source", "cubin", "lower", "Lowered"]

@@ -42,7 +42,8 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
                 f"  cubridge::decode_combine<Variant, {t}, {head_dim}>(a, p, part_o, part_lse, (int)n_split);", "}", ""]
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
-        return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, {int(tile.persistent)}>;",
+        return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.dv}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, "
+                f"{int(tile.persistent)}>;",
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]
@@ -52,20 +53,23 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
             f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]
 
 
-def decode_refusal(p: Program, head_dim: int) -> str | None:
-    """Why the decode kernel cannot serve this program at this head dim; None when it can."""
+def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None) -> str | None:
+    """Why the decode kernel cannot serve this program at these head dims; None when it can."""
     if not decode_head_dim(head_dim):
         return f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}"
+    if value_dim is not None and value_dim != head_dim:
+        return f"the decode kernel takes one head dim for Q, K and V, not {head_dim} and {value_dim}"
     return None
 
 
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-          fast_tanh: bool = True, decode: bool = False) -> Lowered:
-    """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel."""
+          fast_tanh: bool = True, decode: bool = False, value_dim: int | None = None) -> Lowered:
+    """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel.
+    `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that)."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
-    why = decode_refusal(p, head_dim) if decode else None
+    why = decode_refusal(p, head_dim, value_dim) if decode else None
     if why:
         raise UnsupportedSpec(why, op="lower")
     if decode and p.block_rule == "prepass":
@@ -73,7 +77,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block
         # the rule cannot rule out is partial), and the mask reads its data per element there.
         p = replace(p, block_rule="interval")
-    tile = decode_tile(head_dim) if decode else tile_for(head_dim, arch)
+    tile = decode_tile(head_dim) if decode else tile_for(head_dim, arch, value_dim)
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)
     prepass = []

@@ -2,7 +2,7 @@
 (a CPU test parses that header and compares)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UnsupportedSpec
 
@@ -16,12 +16,16 @@ class Tile:
     stages: int
     kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Tile)
     own_o: bool = False  # sm90: O staged in its own buffer, so the next tile's Q loads during the epilogue
+    value_dim: int = 0  # V's head dim where it differs from Q's and K's (sm90 only); 0: the same
+    persist: bool = False  # sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent)
+
+    @property
+    def dv(self) -> int:
+        return self.value_dim or self.head_dim
 
     @property
     def persistent(self) -> bool:
-        """sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent). Only with an O buffer: without one
-        the next tile's Q waits for the epilogue anyway, and D 256 spilled in the tile loop."""
-        return self.kernel == "sm90" and self.own_o
+        return self.kernel == "sm90" and self.persist
 
     @property
     def threads(self) -> int:
@@ -32,25 +36,56 @@ class Tile:
         if self.kernel == "decode":  # Q and the K/V ring; the warps' merge reuses it (DecodeTile)
             ring = (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
             return max(ring, self.warps * self.block_m * (self.head_dim + 2) * 4)
-        if self.kernel == "sm90":  # alignment slack, Q, K/V rings (unpadded), O, barriers, row flags, tile info
-            return 1024 + (self.block_m + 2 * self.stages * self.block_n + self.own_o * self.block_m) \
-                * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
+        if self.kernel == "sm90":  # alignment slack, Q, K/V rings, O (64-column chunks), barriers, row flags, tile info
+            d, dv = pad64(self.head_dim), pad64(self.dv)
+            return 1024 + (self.block_m * d + self.stages * self.block_n * (d + dv) + self.own_o * self.block_m * dv) \
+                * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
         return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
 
 
-TILES = {64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2), 128: Tile(128, 128, 64, 4, 2),
-         256: Tile(256, 128, 64, 8, 2)}
-# Hopper (sm_90a): one producer + two consumer warpgroups; D 256 has no room for an O buffer
-TILES_SM90 = {64: Tile(64, 128, 128, 12, 2, "sm90", True), 128: Tile(128, 128, 128, 12, 2, "sm90", True),
-              256: Tile(256, 128, 80, 12, 2, "sm90", False)}
+TILES = {32: Tile(32, 128, 64, 4, 2), 64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2),
+         128: Tile(128, 128, 64, 4, 2), 160: Tile(160, 128, 64, 8, 2), 192: Tile(192, 128, 64, 8, 2),
+         224: Tile(224, 128, 64, 8, 2), 256: Tile(256, 128, 64, 8, 2)}
+SMEM_MAX_SM90 = 232448  # bytes of shared memory one CTA may use on Hopper
 
 
-def tile_for(head_dim: int, arch: str = "sm_90") -> Tile:
-    """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dim; else FA2-class."""
-    if arch == "sm_90a" and head_dim in TILES_SM90:
-        return TILES_SM90[head_dim]
+def pad64(n: int) -> int:
+    """A head dim padded to whole 64-column TMA chunks (Sm90Tile::kPadD)."""
+    return -(-n // 64) * 64
+
+
+def sm90_tile(head_dim: int, value_dim: int | None = None) -> Tile | None:
+    """Hopper (sm_90a): one producer + two consumer warpgroups, for head dims in steps of 8 up to 256
+    (Dv may differ). Keys per block: 128, or 80 where a padded head dim passes 128 (the O accumulator
+    and the scores share 240 registers a thread). An O buffer where shared memory has room (not D 256).
+    Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the tile loop past that
+    (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next tile's Q waits for the
+    epilogue anyway."""
+    dv = head_dim if value_dim is None else value_dim
+    if not all(n % 8 == 0 and 8 <= n <= 256 for n in (head_dim, dv)):
+        return None
+    wide = max(pad64(head_dim), pad64(dv)) > 128
+    t = Tile(head_dim, 128, 80 if wide else 128, 12, 2, "sm90", True, 0 if dv == head_dim else dv,
+             persist=pad64(dv) <= 128)
+    if t.smem_bytes <= SMEM_MAX_SM90:
+        return t
+    t = replace(t, own_o=False, persist=False)  # O staged in Q's rows: only as wide as them
+    return t if pad64(dv) <= pad64(head_dim) and t.smem_bytes <= SMEM_MAX_SM90 else None
+
+
+def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None) -> Tile:
+    """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dims; else FA2-class."""
+    dv = head_dim if value_dim is None else value_dim
+    if arch == "sm_90a":
+        t = sm90_tile(head_dim, dv)
+        if t is not None:
+            return t
+    if dv != head_dim:
+        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); only the Hopper "
+                              "kernel (sm_90a) takes that", op="lower")
     if head_dim not in TILES:
-        raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration (64, 96, 128, 256)", op="lower")
+        raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration on {arch} "
+                              f"({', '.join(map(str, TILES))})", op="lower")
     return TILES[head_dim]
 
 

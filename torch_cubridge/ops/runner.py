@@ -33,12 +33,13 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kern
 
 class KernelRunner:
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
-                 aux: dict[str, CubinKernel] | None = None) -> None:
+                 aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None) -> None:
         self.p = p
         self.low = low
         self.kernel = kernel
         self.aux = aux or {}  # helper kernels by role (kernel.load_kernel)
         self.head_dim = head_dim
+        self.value_dim = head_dim if value_dim is None else value_dim
         self.info = info
         self.fmt = params_format(low.params)
         self.dtype = getattr(torch, low.dtype)
@@ -132,14 +133,14 @@ class KernelRunner:
         di = q.get_device()
         if di < 0 or k.get_device() != di or v.get_device() != di:
             raise ValueError("query, key and value must be CUDA tensors on one device")
-        if not (D == Dk == Dv == self.head_dim):
-            raise ValueError(f"head dim must be {self.head_dim} for query, key and value")
+        if not (D == Dk == self.head_dim and Dv == self.value_dim):
+            raise ValueError(f"head dims must be {self.head_dim} for query and key, {self.value_dim} for value")
         if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
         tma = self.low.tile.kernel == "sm90"
         if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
                 no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
-                and no_broadcast((B, Hkv, Skv, D), vs)):
+                and no_broadcast((B, Hkv, Skv, Dv), vs)):
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
@@ -156,9 +157,9 @@ class KernelRunner:
         if torch.is_grad_enabled() and not raw and (q.requires_grad or k.requires_grad or v.requires_grad or any(
                 t.requires_grad for t in tensors.values())):
             raise NeedsAutograd("the kernel has no backward yet")
-        lay = self._layouts.get((B, H, Sq, D))
+        lay = self._layouts.get((B, H, Sq, Dv))  # O has V's head dim
         if lay is None:
-            lay = self._layouts[(B, H, Sq, D)] = self.plan.out_layout(B, H, Sq, D)
+            lay = self._layouts[(B, H, Sq, Dv)] = self.plan.out_layout(B, H, Sq, Dv)
         out = q.new_empty(lay[0])
         if poison:
             out.fill_(float("nan"))
@@ -177,7 +178,7 @@ class KernelRunner:
                 tile = self.low.tile
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
-                           tensor_map(v.data_ptr(), (B, Hkv, Skv, D), vs, dt, tile.block_n))
+                           tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
             if self.low.tile.kernel == "decode":
                 self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream)
                 return self._result(out, raw)

@@ -1,0 +1,74 @@
+"""On a CUDA device: head dims in steps of 8 (padded to 64-column chunks on Hopper), a value head dim
+other than the query's, and the FA2 kernel's added head dims, checked in float64."""
+import os
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from helpers import first, rel_err, to64
+from zoo import CASES
+
+pytestmark = pytest.mark.gpu
+
+NAMES = ["causal_sdpa", "softcap_causal", "document_causal", "sliding_window", "empty_rows_finite_fill",
+         "alibi_tensor", "gqa_sdpa"]
+DIMS = [(32, 32), (40, 40), (80, 80), (96, 96), (192, 192), (40, 72), (128, 64), (64, 256), (256, 64)]
+
+
+def _with_value_dim(args: tuple, D: int, Dv: int) -> tuple:
+    """The zoo's arguments with V (the third tensor) redrawn with head dim Dv."""
+    out, seen = [], 0
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() >= 3 and a.shape[-1] == D:
+            seen += 1
+            if seen == 3 and Dv != D:
+                a = torch.randn(*a.shape[:-1], Dv, dtype=a.dtype)
+        out.append(a)
+    return tuple(out)
+
+
+def _check(fn, args, kernel: str) -> None:
+    f = tc.compile(fn, fallback="raise")
+    dev = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    out = first(f(*dev))
+    assert f.served["spec"] == 0 and f.served["kernel"] > 0, [e.reasons or e.reason for e in f.entries()]
+    assert f.kernels()[-1].low.tile.kernel == kernel
+    ref = first(fn(*to64(args)))
+    assert out.shape == ref.shape
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+
+
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                                  or os.environ.get("CUBRIDGE_KERNEL") == "sm80", reason="needs an H100/H200")
+
+
+@needs_hopper
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("name", NAMES)
+def test_hopper_head_dims(name, dims):
+    D, Dv = dims
+    case = next(c for c in CASES if c.name == name)
+    args = _with_value_dim(case.make(2, 4, 2, 333, D, torch.bfloat16), D, Dv)
+    _check(case.fn, args, "sm90")
+
+
+@needs_hopper
+@pytest.mark.parametrize("dims", [(40, 40), (64, 32)], ids=lambda d: f"{d[0]}x{d[1]}")
+def test_hopper_few_queries_with_head_dims_decode_does_not_take(dims):
+    """Sq = 1 with a head dim the decode kernel does not take (steps of 16, one head dim): the prefill kernel."""
+    D, Dv = dims
+    case = next(c for c in CASES if c.name == "causal_bottom_right")
+    q = torch.randn(2, 4, 1, D, dtype=torch.bfloat16)
+    k = torch.randn(2, 4, 300, D, dtype=torch.bfloat16)
+    v = torch.randn(2, 4, 300, Dv, dtype=torch.bfloat16)
+    _check(case.fn, (q, k, v), "sm90")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("D", [32, 160, 192, 224])
+@pytest.mark.parametrize("name", ["causal_sdpa", "document_causal", "empty_rows_finite_fill"])
+def test_fa2_kernel_head_dims(name, D, monkeypatch):
+    monkeypatch.setenv("CUBRIDGE_KERNEL", "sm80")
+    case = next(c for c in CASES if c.name == name)
+    _check(case.fn, case.make(2, 4, 2, 333, D, torch.bfloat16), "sm80")
