@@ -104,3 +104,29 @@ def test_arch_parsing() -> None:
     for bad in ("90", "sm90", "compute_90", "sm_90;rm"):
         with pytest.raises(build.BuildError):
             parse_arch(bad)
+
+
+def test_kernel_key_asks_no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm or read-only process finds its kernels without loading a compiler, and caches built with
+    nvcc serve where only NVRTC exists: the key never asks which compiler there is."""
+    import torch
+
+    import torch_cubridge as tc
+    from torch_cubridge.lower import lower
+    from torch_cubridge.ops import kernel
+
+    def spec(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+
+    p = tc.transfer(spec, *(torch.randn(1, 2, 16, 64) for _ in range(3)))
+    low = lower(p, "sm_90a", "bfloat16", 64)
+    before = kernel.kernel_key(low, "sm_90a")
+
+    def no_compiler() -> str:
+        raise AssertionError("the kernel key asked for the compiler")
+
+    monkeypatch.setattr(kernel, "toolchain_id", no_compiler)
+    monkeypatch.setattr(build, "toolchain_id", no_compiler)
+    for which in ("nvcc", "nvrtc"):
+        monkeypatch.setenv("CUBRIDGE_COMPILER", which)
+        assert kernel.kernel_key(low, "sm_90a") == before

@@ -139,6 +139,29 @@ def test_cuda_graph_capture():
     assert torch.equal(out, ref)
 
 
+def test_custom_op_registers_at_the_first_trace_in_a_new_process(tmp_path):
+    """Eager serving never imports the torch.library op (its registration costs a new process ~75 ms);
+    torch.compile(fullgraph=True) imports it while tracing and gets the same answer."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
+import torch_cubridge as tc
+from zoo import causal_sdpa
+f = tc.compile(causal_sdpa, fallback="raise")
+q, k, v = (torch.randn(1, 4, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+eager = f(q, k, v)
+assert f.served["kernel"] == 1, f.served
+assert "torch_cubridge.ops.custom_op" not in sys.modules
+out = torch.compile(lambda q, k, v: f(q, k, v) * 2, fullgraph=True)(q, k, v)
+assert "torch_cubridge.ops.custom_op" in sys.modules
+assert torch.equal(out, eager * 2)
+print("ok")
+"""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
 def test_second_process_loads_from_disk_cache(tmp_path):
     code = f"""
 import sys, torch, json
@@ -171,7 +194,7 @@ print(json.dumps({{"built": r.info["built"], "seconds": r.info["seconds"], "firs
 
 
 def test_custom_op_opcheck_and_torch_compile_fullgraph():
-    from torch_cubridge.ops import custom_op
+    from torch_cubridge.ops import custom_op, registry  # noqa: F401  (custom_op: the op for opcheck)
     case = next(c for c in CASES if c.name == "softcap_causal")
     f = tc.compile(case.fn, fallback="raise")
     args = _cuda(case.make(2, 4, 4, 200, 64, torch.bfloat16))
@@ -185,7 +208,7 @@ def test_custom_op_opcheck_and_torch_compile_fullgraph():
     compiled = torch.compile(model, fullgraph=True)
     out = compiled(*args)
     assert torch.allclose(out, eager * 2)
-    assert custom_op._REGISTRY[runner.kernel_id] is runner
+    assert registry._REGISTRY[runner.kernel_id] is runner
 
 
 def test_custom_op_keeps_argument_scalars_runtime():

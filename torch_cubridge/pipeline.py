@@ -230,7 +230,7 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     """lower -> build/load -> runner -> GPU verification (fast tanh first, then exact) -> register."""
     from .ir.bounds import data_dependent_index
     from .lower import lower
-    from .ops.custom_op import register
+    from .ops.registry import register
     from .ops.kernel import load_kernel
     from .ops.runner import DTYPES, KernelRunner, arch_for
     from .verify.gpu import verify_kernel
@@ -250,12 +250,13 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim)
         gpu = _device_id(device)
-        if verdicts.gpu_verified(info["key"], res.key, gpu):
+        cubin = info["key"] + ":" + info["sha256"]  # the verdict holds for this binary
+        if verdicts.gpu_verified(cubin, res.key, gpu):
             rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
         else:
             rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, device)
             if rep.ok:
-                verdicts.remember_gpu_verified(info["key"], res.key, gpu,
+                verdicts.remember_gpu_verified(cubin, res.key, gpu,
                                                max((t.rel_err for t in rep.trials), default=0.0))
         info["verification"] = rep
         if rep.ok:

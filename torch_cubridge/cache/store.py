@@ -245,7 +245,7 @@ class ArtifactCache:
             raise CacheReadOnlyError(
                 f"kernel {key!r} is not in the cache at {self.dir} and CUBRIDGE_READONLY=1 "
                 "forbids building it; warm the cache with the same torch_cubridge version "
-                "and toolchain, or unset CUBRIDGE_READONLY"
+                "for this arch, or unset CUBRIDGE_READONLY"
             )
         self._before_write()
         with self._lock(key):

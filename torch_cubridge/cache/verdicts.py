@@ -5,7 +5,7 @@ Both are small records in the kernel store (sha256-checked on every read, atomic
 locks), so a warm process skips transfer, CPU verification and GPU verification. The keys carry
 everything the verdict depends on: the spec hash already covers the captured graph, constants,
 argument shapes and dtypes and this package's source; the GPU verdict adds the kernel key
-(source, arch, toolchain) and the device. Any problem reading one is a miss, never an error.
+(source, arch), the cubin's sha256 and the device. Any problem reading one is a miss, never an error.
 """
 from __future__ import annotations
 

@@ -25,8 +25,14 @@ def headers_digest() -> str:
 
 
 def kernel_key(low: Lowered, arch: str) -> str:
+    """What a cubin is built from: the source, the arch, this package and the expert kernel's headers.
+    Not the compiler: a warm or read-only process must find its kernels without loading one (asking
+    NVRTC its version cost ~105 ms of a new process's first call on the H100), and a cache built with
+    nvcc serves where only NVRTC exists. The compiler that built a cubin is in its metadata, and a GPU
+    verdict holds for the cubin's own sha256 (`info["sha256"]`), so a rebuild by another compiler is
+    verified again."""
     h = hashlib.sha256()
-    for part in (low.source, arch, toolchain_id(), __version__, headers_digest()):
+    for part in (low.source, arch, __version__, headers_digest()):
         h.update(part.encode())
         h.update(b"\0")
     return "fwd-" + h.hexdigest()[:40]
@@ -46,6 +52,7 @@ def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, C
 
     art = cache.get_or_build(key, build)
     info["seconds"] = time.perf_counter() - t0
+    info["sha256"] = art.meta.get("sha256", "")
     src_dir = config.cache_root() / "sources"
     if not config.is_readonly():
         config.ensure_private_dir(src_dir)
