@@ -148,3 +148,27 @@ def test_errors_are_named(cubin: bytes) -> None:
         k = CubinKernel(cubin, "write_vals", threads=32, smem_bytes=0)
         with pytest.raises(ValueError, match="kernel parameters"):
             k.launch((1, 1, 1), [b"\0" * 16, b"\0" * 16], stream)
+
+
+@pytest.mark.skipif("cuda-python" not in BACKENDS, reason="needs cuda-python")
+def test_auto_launches_through_ctypes_until_cuda_python_is_imported(cubin: bytes, monkeypatch) -> None:
+    """A new process's first launch does not wait for cuda-python's import (~50 ms): auto starts on
+    ctypes and moves to cuda-python at the first launch after the import, with the same results."""
+    from torch_cubridge.ops import launch as L
+
+    driver = L._cuda_python_driver()
+    monkeypatch.setattr(L, "_driver_mod", None)
+    monkeypatch.setattr(L, "_driver_thread", threading.Thread(target=lambda: None))  # "import under way"
+    k = L.CubinKernel(cubin, "write_vals", threads=128, smem_bytes=0)
+    assert k.backend == "ctypes"
+    n, vals = 1000, list(range(NVALS))
+    out = torch.zeros(n, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    k.launch(((n + 127) // 128, 1, 1), _pack(out, vals, 1.0, 2, 3.0), stream)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.cpu(), _expected(n, vals, 1.0, 2, 3.0))
+    monkeypatch.setattr(L, "_driver_mod", driver)  # the import finished
+    k.launch(((n + 127) // 128, 1, 1), _pack(out, vals, -2.0, 1, 1.0), stream)
+    torch.cuda.synchronize()
+    assert k.backend == "cuda-python"
+    torch.testing.assert_close(out.cpu(), _expected(n, vals, -2.0, 1, 1.0))

@@ -129,3 +129,16 @@ def test_a_changed_global_changes_the_code_key(tmp_path):
     _run_compiled(tmp_path, 5)
     other = _run_compiled(tmp_path, 9)  # WINDOW differs: the old program must not serve
     assert "no capture" not in other["reason"] and other["err"] < 1e-5
+
+
+def test_gpu_verdicts_remember_pass_and_failure(tmp_path, monkeypatch):
+    """A kernel's GPU verdict is recalled both ways: a warm process neither re-verifies a kernel that
+    passed nor one whose fast-tanh build failed (it goes straight to the exact build)."""
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    from torch_cubridge.cache import verdicts
+    assert verdicts.gpu_verdict("fwd-a:sha", "spec", "H100") is None
+    verdicts.remember_gpu_verdict("fwd-a:sha", "spec", "H100", False, 0.3)
+    verdicts.remember_gpu_verdict("fwd-b:sha", "spec", "H100", True, 1e-3)
+    assert verdicts.gpu_verdict("fwd-a:sha", "spec", "H100") is False
+    assert verdicts.gpu_verdict("fwd-b:sha", "spec", "H100") is True
+    assert verdicts.gpu_verdict("fwd-b:other", "spec", "H100") is None  # another binary: verified again

@@ -251,13 +251,17 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim)
         gpu = _device_id(device)
         cubin = info["key"] + ":" + info["sha256"]  # the verdict holds for this binary
-        if verdicts.gpu_verified(cubin, res.key, gpu):
-            rep = VerifyReport(ok=True, reason="(verified on this GPU model by an earlier process)")
+        known = verdicts.gpu_verdict(cubin, res.key, gpu)
+        if known is not None:
+            rep = VerifyReport(ok=known, reason=f"({'verified' if known else 'failed GPU verification'} on this "
+                                                "GPU model in an earlier process)")
         else:
             rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, device)
-            if rep.ok:
-                verdicts.remember_gpu_verified(cubin, res.key, gpu,
-                                               max((t.rel_err for t in rep.trials), default=0.0))
+            worst = max((t.rel_err for t in rep.trials), default=0.0)
+            # A failure is remembered only for the fast-tanh build, whose fallback is the exact one: a
+            # failure that was not the arithmetic's must never keep a kernel from serving for good.
+            if rep.ok or (low.fast_tanh and any(not t.ok for t in rep.trials)):
+                verdicts.remember_gpu_verdict(cubin, res.key, gpu, rep.ok, worst)
         info["verification"] = rep
         if rep.ok:
             register(runner.kernel_id, runner)

@@ -71,10 +71,11 @@ def remember_warm(code_key: str, signature: str, spec_key: str) -> None:
     _remember(_WARM, {"spec_key": spec_key}, code_key, signature)
 
 
-def gpu_verified(kernel_key: str, spec_key: str, device: str) -> bool:
+def gpu_verdict(kernel_key: str, spec_key: str, device: str) -> bool | None:
+    """True: passed GPU verification here before; False: failed it; None: never verified."""
     rec = _recall(_GPU, kernel_key, spec_key, device)
-    return bool(rec and rec.get("ok"))
+    return None if not rec or "ok" not in rec else bool(rec["ok"])
 
 
-def remember_gpu_verified(kernel_key: str, spec_key: str, device: str, worst: float) -> None:
-    _remember(_GPU, {"ok": True, "worst_rel_err": worst}, kernel_key, spec_key, device)
+def remember_gpu_verdict(kernel_key: str, spec_key: str, device: str, ok: bool, worst: float) -> None:
+    _remember(_GPU, {"ok": ok, "worst_rel_err": worst}, kernel_key, spec_key, device)

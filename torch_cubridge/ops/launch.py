@@ -8,7 +8,9 @@ no host sync, no device allocation, no new ctypes arrays.
 Two launch paths share the same module handling:
   "ctypes"      cuLaunchKernel straight from libcuda.so.1
   "cuda-python" cuda.bindings.driver.cuLaunchKernel
-backend="auto" picks the one measured faster (see AUTO_ORDER).
+backend="auto" launches through ctypes at once and moves to cuda-python, measured faster per call
+(see AUTO_ORDER), once its driver module has been imported on a helper thread: that import costs a
+new process ~50 ms, which a warm first call must not wait for.
 Context setup, error names and parameter introspection always go through
 ctypes on libcuda, which every CUDA driver installs.
 """
@@ -140,6 +142,45 @@ def _cuda_python_driver():
     return driver
 
 
+_driver_mod = None  # cuda.bindings.driver once imported (see _start_driver_import)
+_driver_thread: threading.Thread | None = None
+
+
+def _start_driver_import() -> None:
+    """Import cuda-python's driver module off the calling thread, once per process."""
+    global _driver_mod, _driver_thread
+    if _driver_thread is not None or _driver_mod is not None:
+        return
+    import sys
+    if "cuda.bindings.driver" in sys.modules:
+        _driver_mod = sys.modules["cuda.bindings.driver"]
+        return
+
+    def work() -> None:
+        global _driver_mod
+        try:
+            _driver_mod = _cuda_python_driver()
+        except Exception:  # no cuda-python: ctypes stays
+            pass
+
+    with _libcuda_lock:
+        if _driver_thread is None:
+            _driver_thread = threading.Thread(target=work, name="cubridge-cuda-python-import", daemon=True)
+            _driver_thread.start()
+
+
+def _cuda_python_call(drv):
+    """cuLaunchKernel through cuda-python, returning the CUresult as an int."""
+    launch = drv.cuLaunchKernel
+    ok = drv.CUresult.CUDA_SUCCESS
+
+    def call(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
+        (err,) = launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
+        return _CUDA_SUCCESS if err == ok else int(err)
+
+    return call
+
+
 def resolve_auto_backend() -> str:
     for name in AUTO_ORDER:
         if name == "ctypes":
@@ -172,8 +213,14 @@ class CubinKernel:
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}; expected one of {BACKENDS}")
+        self._upgrade = False  # auto: ctypes until cuda-python's driver module is there
         if backend == "auto":
-            backend = resolve_auto_backend()
+            if AUTO_ORDER[0] == "cuda-python":
+                _start_driver_import()
+                self._upgrade = _driver_mod is None
+                backend = "ctypes" if self._upgrade else "cuda-python"
+            else:
+                backend = resolve_auto_backend()
         if threads <= 0 or smem_bytes < 0:
             raise ValueError(f"bad launch shape: threads={threads}, smem_bytes={smem_bytes}")
         self.cubin = bytes(cubin)
@@ -244,14 +291,20 @@ class CubinKernel:
             attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(drv.cuFuncSetAttribute(fn, attr, self.smem_bytes), "cuFuncSetAttribute")
         ld.module, ld.fn, ld.fn_obj = int(mod), int(fn), fn
-        launch = drv.cuLaunchKernel
-        ok = drv.CUresult.CUDA_SUCCESS
+        ld.launch = _cuda_python_call(drv)
 
-        def call(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
-            (err,) = launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
-            return _CUDA_SUCCESS if err == ok else int(err)
-
-        ld.launch = call
+    def _to_cuda_python(self) -> None:
+        """auto: the same loaded functions, launched through cuda-python from now on."""
+        drv = _driver_mod
+        with self._load_lock, self._call_lock:
+            if not self._upgrade:
+                return
+            for ld in self._per_device.values():
+                ld.fn_obj = drv.CUfunction(ld.fn)
+                ld.launch = _cuda_python_call(drv)
+            self.backend = "cuda-python"
+            self._is_cuda_python = True
+            self._upgrade = False
 
     def _check_function(self, cu: _Libcuda, fn: int) -> None:
         max_threads = cu.func_attr(fn, _ATTR_MAX_THREADS_PER_BLOCK)
@@ -290,6 +343,8 @@ class CubinKernel:
         self, grid: tuple[int, int, int], args: bytes | Sequence[bytes], stream: int
     ) -> None:
         """Enqueue the kernel on `stream` (a CUstream handle as int). Does not sync."""
+        if self._upgrade and _driver_mod is not None:
+            self._to_cuda_python()
         ld = self._only
         if ld is None:
             ordinal = torch.cuda.current_device()
