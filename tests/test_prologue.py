@@ -89,3 +89,20 @@ def test_prologue_literals_fitted_to_the_lengths():
     for B, S in ((1, 48), (1, 50), (2, 48)):
         args = case.make(B, 2, 2, S, 32, torch.float32)
         assert rel_err(first(f(*args)), first(case.fn(*args))) < 1e-5
+
+
+def test_latent_query_baked_into_a_bound_method_is_refused():
+    """A latent query read from `self` of a bound method would be baked into the program (stale once
+    trained, its gradient dropped): refused with the reason; the module as an argument is served."""
+    from zoo import Latents, perceiver_latents
+
+    class Bound(Latents):
+        def forward(self, k, v):
+            return perceiver_latents(self, k, v)
+
+    m = Bound(8, 2, 16)
+    _, k, v = qkv(2, 2, 2, 30, 30, 16, torch.float32)
+    with pytest.raises(tc.UnsupportedSpec, match="outside its arguments"):
+        tc.transfer(m.forward, k, v)
+    prog = tc.transfer(perceiver_latents, m, k, v)
+    assert prog.q.step and prog.prologue[0].args[0] == ("@arg", "module.latents")

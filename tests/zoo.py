@@ -537,6 +537,35 @@ def _cu(B, H, Hkv, S, D, dt):
     return qkv(1, H, H, S, S, D, dt) + (torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]),)
 
 
+class Latents(torch.nn.Module):
+    """A learned latent query (Perceiver, Q-Former, a resampler), with its own projection."""
+
+    def __init__(self, n: int, heads: int, dim: int) -> None:
+        super().__init__()
+        self.latents = torch.nn.Parameter(torch.randn(n, heads * dim))
+        self.to_q = torch.nn.Linear(heads * dim, heads * dim, bias=False)
+        self.heads, self.dim = heads, dim
+
+
+def perceiver_latents(module, k, v):
+    """Cross-attention from the module's latents to the inputs, broadcast over the batch."""
+    q = module.latents.view(-1, module.heads, module.dim).transpose(0, 1).to(k.dtype)
+    s = q.unsqueeze(0).expand(k.shape[0], -1, -1, -1) @ k.transpose(-1, -2) * module.dim ** -0.5
+    return s.softmax(-1) @ v
+
+
+def perceiver_projected(module, k, v):
+    """The latents through the module's query projection, then SDPA."""
+    B, H, S, D = k.shape
+    q = module.to_q(module.latents).view(1, -1, H, D).transpose(1, 2).to(k.dtype)
+    return torch.nn.functional.scaled_dot_product_attention(q.expand(B, -1, -1, -1), k, v)
+
+
+def _latents(B, H, Hkv, S, D, dt):
+    _, k, v = qkv(B, H, H, S, S, D, dt)
+    return (Latents(max(8, S // 4), H, D), k, v)
+
+
 PROLOGUE: list[Case] = [
     Case("forgetting_attention", forgetting_attention,
          lambda B, H, Hkv, S, D, dt: _std(B, H, Hkv, S, D, dt) + (F.logsigmoid(torch.randn(B, H, S) + 2),),
@@ -563,6 +592,8 @@ PROLOGUE: list[Case] = [
          {"steps": ("cat",), "computed": "kv"}),
     Case("kv_cache_concat", kv_cache_concat, _cached, {"steps": ("cat",), "computed": "kv",
                                                        "block_rule": "interval"}),
+    Case("perceiver_latents", perceiver_latents, _latents, {"steps": ("expand",), "computed": "q"}),
+    Case("perceiver_projected", perceiver_projected, _latents, {"steps": ("mm", "expand"), "computed": "q"}),
 ]
 
 

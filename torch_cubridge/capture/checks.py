@@ -12,8 +12,8 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_call(bound: dict[str, Any]) -> None:
     tensors = [(p, v) for p, v in bound.items() if isinstance(v, torch.Tensor)]
-    if len(tensors) < 3:
-        raise TypeError(f"attention needs query, key and value tensors; got {len(tensors)} tensor argument(s)")
+    if not tensors:  # q, k or v may be the function's own (a module's latent query): the graph says which
+        raise TypeError("attention needs tensor arguments; got none")
     devices = {v.device for _, v in tensors}
     if len(devices) > 1:
         raise ValueError("tensor arguments are on different devices: "
@@ -26,7 +26,7 @@ def check_call(bound: dict[str, Any]) -> None:
         if v.dim() not in (3, 4):
             raise ValueError(f"{p} must be a 3-D or 4-D tensor ([batch,] heads, seq, dim in any order); "
                              f"got shape {tuple(v.shape)}")
-    if len(floats) < 3:
+    if not floats:
         raise TypeError("query, key and value must be floating-point tensors")
     for p, v in floats[:3]:
         if 0 in v.shape:

@@ -43,6 +43,12 @@ class Prologue:
                                             tuple((k, self._enc(v)) for k, v in dep.kwargs.items()))
         return node.name
 
+    def reads_arguments_only(self, node: Node) -> bool:
+        """Every tensor `node` reads comes from the call (an argument or a tensor an argument holds),
+        none is baked into the program."""
+        return all(self.consts[a][0] is not None for dep in _cone(node) for a in dep.all_input_nodes
+                   if a.op == "get_attr")
+
     def needed(self, names: set[str]) -> tuple[Step, ...]:
         """The steps the named results need, in order."""
         keep = set()

@@ -28,22 +28,26 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
     reason.
     """
     first: UnsupportedSpec | None = None
-    not_score: set[str] = set()
-    for _ in range(4):
-        walker: list[Walker] = []
-        try:
-            return _transfer_once(cap, prologue, not_score, walker)
-        except UnsupportedSpec as e:
-            first = first or e
-            tried = walker[0].score_node if walker else None
-            if not prologue or tried is None or tried in not_score:
-                break
-            not_score.add(tried)
+    for held in (False, True):  # then: q.k may have a side the function holds (a module's latent query)
+        if held and (not prologue or not cap.constants):
+            break
+        not_score: set[str] = set()
+        for _ in range(4):
+            walker: list[Walker] = []
+            try:
+                return _transfer_once(cap, prologue, not_score, walker, held)
+            except UnsupportedSpec as e:
+                first = e if getattr(e, "held", False) else first or e
+                tried = walker[0].score_node if walker else None
+                if not prologue or tried is None or tried in not_score:
+                    break
+                not_score.add(tried)
     assert first is not None
     raise first
 
 
-def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_out: list) -> Program:
+def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_out: list,
+                   held: bool = False) -> Program:
     ctx = Ctx()
     inputs, paths, consts = {}, {}, {}
     for path in cap.tensor_paths:
@@ -65,6 +69,7 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     pro = Prologue(placeholders, sources) if prologue else None
     walker = Walker(ctx, inputs, pro)
     walker.not_score = set(not_score)
+    walker.held_operand = held
     walker_out.append(walker)
     result = walker.run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
     parts = assemble(ctx, result, paths, _q_dtype(ctx), cap.signature, consts)

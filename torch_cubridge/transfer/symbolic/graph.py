@@ -41,6 +41,7 @@ class Walker(OffScorePath):
         self.on_score: set[Node] = set()  # nodes whose value depends on q.k
         self.from_call: set[Node] = set()  # nodes that read a call argument (placeholders)
         self.not_score: set[str] = set()   # matmuls an earlier walk took for q.k and failed with
+        self.held_operand = False  # q.k may have one side the function holds itself (symbolic_transfer)
         self.score_node: str | None = None
 
     def arg(self, a: Any) -> Any:
@@ -236,6 +237,8 @@ class Walker(OffScorePath):
         if not self.may_be_score(node):
             raise UnsupportedSpec("a matmul of values off the score path", op=op)
         self.score_node = node.name
+        if self.held_operand and self.prologue is not None:
+            self.make_held_operand(node)
 
     # -- structure ---------------------------------------------------------
     def softmax(self, x: Sym, dim: int, dtype: torch.dtype, op: str) -> Sym:

@@ -86,7 +86,34 @@ class OffScorePath:
         if name not in ("bmm", "mm", "matmul", "baddbmm", "addmm") or n.name in self.not_score:
             return False
         pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]  # addmm's first is the bias
-        return all(isinstance(x, Node) and x in self.from_call for x in pair)
+        if not all(isinstance(x, Node) for x in pair):
+            return False
+        # a second walk lets one side be a tensor the function holds itself (a module's latent query)
+        return all(x in self.from_call for x in pair) or (self.held_operand and any(x in self.from_call for x in pair))
+
+    def make_held_operand(self, n: Node) -> None:
+        """The side of q.k the function holds (a module's latent query), made by the prologue like a
+        computed q, at its last shape before bmm's merge of batch and heads: the walk then meets the
+        same 4-D value it meets for an argument."""
+        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]
+        for x in pair:
+            if x in self.from_call:
+                continue
+            chain = [x]
+            while _view_op(chain[-1]) and _merging(chain[-1]) and isinstance(chain[-1].args[0], Node) \
+                    and chain[-1].args[0].op == "call_function":
+                chain.append(chain[-1].args[0])
+            if not self.prologue.reads_arguments_only(chain[-1]):
+                # a tensor baked into the program would serve stale values (and drop its gradient)
+                # once the module's parameter changes: read it per call through an argument instead
+                e = UnsupportedSpec("a side of q.k is a tensor the function holds outside its arguments "
+                                    "(a bound method's parameter?); pass the module as an argument", op="matmul")
+                e.held = True  # the reason a refusal reports, rather than the first walk's
+                raise e
+            self.env[chain[-1]] = self.materialize(chain[-1])
+            for m in reversed(chain[:-1]):
+                self.env[m] = self.call(m)
 
     def materialize(self, node: Node) -> Sym:
         """`node` as a tensor the prologue makes: a load like any input's."""
@@ -108,6 +135,11 @@ PENDING = _Pending()
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",
           "clone", "contiguous", "alias", "slice", "select"}
+
+
+def _merging(n: Node) -> bool:
+    """A view that may merge or split dims (the rest keep each dim's identity)."""
+    return getattr(getattr(n.target, "overloadpacket", None), "__name__", "") in ("view", "reshape", "_unsafe_view")
 
 
 def _view_op(n: Node) -> bool:
