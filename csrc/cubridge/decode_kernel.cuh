@@ -3,11 +3,15 @@
 // GQA packing: the G = Hq / Hkv query heads that read one KV head, times Sq queries, are the
 // rows of one 16-row tile (row r: g = r / Sq, q = r % Sq), so each K/V byte is read once for all
 // of them. Split-KV: the key range is cut into chunks of whole 64-key blocks, one CTA each, so a
-// small batch still fills the GPU; the splits' partial results merge in decode_combine.
+// small batch still fills the GPU. The splits' partial results merge in the same launch: each
+// CTA writes its partial, and the last of a tile's splits to finish (a counter per tile) merges
+// them, so there is no second kernel and no gap between two launches.
 //
 // Launch: grid = (n_split, Hkv * row_tiles, B), block = 128 threads (4 warps), dynamic shared
 // memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split]
-// fp32 when n_split > 1 (null otherwise: the CTA writes O itself).
+// fp32 when n_split > 1 (null otherwise: the CTA writes O itself). counters: one int per
+// (b, blockIdx.y), zero before the launch; the merging CTA sets its own back to zero, so a buffer
+// serves every launch of one stream (and every replay of a CUDA graph).
 //
 // Per CTA: Q rows -> shared -> registers; for every non-empty 64-key block of its chunk, all
 // warps load K and V (cp.async, two stages) and warp w takes keys [16w, 16w + 16) with its own
@@ -43,9 +47,14 @@ struct DecodeTile {
   static_assert(D % 16 == 0 && D <= 256, "head dim: k16 steps, at most 256");
 };
 
+template <class Variant, class T, int D>
+__device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
+                                            const float* part_o, const float* part_lse, int n_split,
+                                            long long row, int lane);
+
 template <class Cfg, class Variant, class T>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
-                                                 float* part_o, float* part_lse, int chunk) {
+                                                 float* part_o, float* part_lse, int* counters, int chunk) {
   constexpr int D = Cfg::kHeadDim, R = Cfg::kRows, BN = Cfg::kBlockN, LDS = Cfg::kSmemLd;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
   constexpr int KC = D / 16, DT = D / 8;
@@ -186,7 +195,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // Thread t: row t / 8, columns [(t % 8) * D / 8, +D / 8).
   constexpr int CW = D / 8;
   const int r = tid / 8, c0 = (tid % 8) * CW;
-  if (r_lo + r >= rows) return;
+  const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
   const int h = head_of(r), q = query_of(r);
   float m2 = neg_inf();
 #pragma unroll
@@ -206,13 +215,33 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   }
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
   if (n_split > 1) {  // partial: normalised over this chunk, with its log2 LSE; the sink joins later
-    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-    float* dst = part_o + (row * n_split + split) * D + c0;
+    if (valid) {
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      float* dst = part_o + (row * n_split + split) * D + c0;
 #pragma unroll
-    for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
-    if (tid % 8 == 0) part_lse[row * n_split + split] = lsum > 0.f ? m2 + fast_log2(lsum) : neg_inf();
+      for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
+      if (tid % 8 == 0) part_lse[row * n_split + split] = lsum > 0.f ? m2 + fast_log2(lsum) : neg_inf();
+    }
+    // The last split of this tile to finish merges all of them: the partials are made visible
+    // before the count, and read after it past L1 (combine_row's __ldcg).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      int* cnt = counters + static_cast<long long>(b) * gridDim.y + blockIdx.y;
+      last = atomicAdd(cnt, 1) == n_split - 1;
+      if (last) *cnt = 0;  // ready for the next launch on this stream
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int rr = warp; rr < R; rr += Cfg::kWarps)
+      if (r_lo + rr < rows)
+        combine_row<Variant, T, D>(a, p, part_o, part_lse, n_split,
+                                   (static_cast<long long>(b) * a.Hq + head_of(rr)) * a.Sq + query_of(rr), lane);
     return;
   }
+  if (!valid) return;
   // @cuir store tensor=o
   const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
@@ -233,23 +262,21 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;
 }
 
-// Merge the splits of one (b, h, q) row per warp: O = sum_i 2^(lse_i) o_i / (sum_i 2^(lse_i) + sink).
+// Merge the splits of one (b, h, q) row, one warp: O = sum_i 2^(lse_i) o_i / (sum_i 2^(lse_i) + sink).
 template <class Variant, class T, int D>
-__device__ __forceinline__ void decode_combine(const FwdArgs& a, const typename Variant::Params& p,
-                                               const float* part_o, const float* part_lse, int n_split) {
+__device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
+                                            const float* part_o, const float* part_lse, int n_split,
+                                            long long row, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int CW = (D + 31) / 32;
-  const long long row = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.B * a.Hq * a.Sq) return;
   const int q = static_cast<int>(row % a.Sq), h = static_cast<int>(row / a.Sq % a.Hq);
   const int b = static_cast<int>(row / (a.Sq * a.Hq));
   float m2 = neg_inf();
-  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, part_lse[row * n_split + i]);
+  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, __ldcg(part_lse + row * n_split + i));
   for (int o = 16; o > 0; o /= 2) m2 = fmaxf(m2, __shfl_xor_sync(~0u, m2, o));
   float l = 0.f;
   for (int i = lane; i < n_split; i += 32) {
-    const float x = part_lse[row * n_split + i];
+    const float x = __ldcg(part_lse + row * n_split + i);
     l += m2 == neg_inf() ? 0.f : fast_exp2(x - m2);
   }
   for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(~0u, l, o);
@@ -260,13 +287,13 @@ __device__ __forceinline__ void decode_combine(const FwdArgs& a, const typename 
 #pragma unroll
   for (int c = 0; c < CW; ++c) acc[c] = 0.f;
   for (int i = 0; i < n_split; ++i) {
-    const float x = part_lse[row * n_split + i];
+    const float x = __ldcg(part_lse + row * n_split + i);
     if (x == neg_inf()) continue;
     const float w = fast_exp2(x - m2);
     const float* src = part_o + (row * n_split + i) * D;
 #pragma unroll
     for (int c = 0; c < CW; ++c)
-      if (lane + 32 * c < D) acc[c] = fmaf(src[lane + 32 * c], w, acc[c]);
+      if (lane + 32 * c < D) acc[c] = fmaf(__ldcg(src + lane + 32 * c), w, acc[c]);
   }
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
   const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;

@@ -10,7 +10,6 @@ from .variant import ParamField, variant_source
 
 KERNEL_NAME = "cubridge_fwd"
 DECODE_NAME = "cubridge_decode"
-COMBINE_NAME = "cubridge_decode_combine"
 PREPASS_NAME = "cubridge_block_prepass"
 SCAN_NAME = "cubridge_block_scan"
 PREPASS_THREADS = 128
@@ -31,15 +30,13 @@ class Lowered:
 
 def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
-    if tile.kernel == "decode":  # split-KV partials go through fp32 buffers to the combine kernel
-        bufs = "float* part_o, float* part_lse"
+    if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
         return [f"using Cfg = cubridge::DecodeTile<{head_dim}>;",
                 f'extern "C" __global__ void __launch_bounds__({tile.threads})',
-                f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, {bufs}, long long chunk) {{",
-                f"  cubridge::attention_decode<Cfg, Variant, {t}>(a, p, part_o, part_lse, (int)chunk);", "}",
-                f'extern "C" __global__ void __launch_bounds__({tile.threads})',
-                f"{COMBINE_NAME}(cubridge::FwdArgs a, Variant::Params p, {bufs}, long long n_split) {{",
-                f"  cubridge::decode_combine<Variant, {t}, {head_dim}>(a, p, part_o, part_lse, (int)n_split);", "}", ""]
+                f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
+                "int* counters, long long chunk) {",
+                f"  cubridge::attention_decode<Cfg, Variant, {t}>(a, p, part_o, part_lse, counters, (int)chunk);",
+                "}", ""]
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
         return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.dv}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, "

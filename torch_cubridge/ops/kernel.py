@@ -40,7 +40,7 @@ def kernel_key(low: Lowered, arch: str) -> str:
 
 def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, CubinKernel]]:
     """Returns the loaded kernel, what happened (built or cached, seconds) and its helper kernels
-    from the same cubin by role: "prepass" and "scan" (data masks), "combine" (split-KV decode)."""
+    from the same cubin by role: "prepass" and "scan" (data masks)."""
     key = kernel_key(low, arch)
     info = {"key": key, "built": False}
     t0 = time.perf_counter()
@@ -59,11 +59,9 @@ def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, C
         (src_dir / f"{key}.cu").write_text(low.source)  # for explain and debugging
     info["source_path"] = str(src_dir / f"{key}.cu")
     kern = CubinKernel(art.cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
-    from ..lower.source import COMBINE_NAME, PREPASS_THREADS, SCAN_NAME
+    from ..lower.source import PREPASS_THREADS, SCAN_NAME
     aux = {}
     if low.prepass is not None:
         aux["prepass"] = CubinKernel(art.cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
         aux["scan"] = CubinKernel(art.cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0)
-    if low.tile.kernel == "decode":
-        aux["combine"] = CubinKernel(art.cubin, COMBINE_NAME, threads=low.tile.threads, smem_bytes=0)
     return kern, info, aux

@@ -52,6 +52,7 @@ class KernelRunner:
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
+        self._counter_bufs: dict[tuple, torch.Tensor] = {}  # decode: split counters per (device, stream)
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
@@ -205,23 +206,29 @@ class KernelRunner:
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, di: int,
                        dev: torch.device, stream: int) -> None:
         """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the
-        combine kernel merges the chunks' partial O and LSE (decode_kernel.cuh)."""
+        last chunk of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
         n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
-        part = (0, 0)
+        part = (0, 0, 0)
         if n_split > 1:
             po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
             pl = torch.empty(B * H * Sq * n_split, dtype=torch.float32, device=dev)
-            self._parts = (po, pl)  # alive until both launches are enqueued
-            part = (po.data_ptr(), pl.data_ptr())
-        bufs = (struct.pack("<Q", part[0]), struct.pack("<Q", part[1]))
+            self._parts = (po, pl)  # alive until the launch is enqueued
+            part = (po.data_ptr(), pl.data_ptr(), self._counters(B * Hkv * row_tiles, di, dev, stream))
+        bufs = tuple(struct.pack("<Q", x) for x in part)
         self.kernel.launch((n_split, Hkv * row_tiles, B), blocks + bufs + (struct.pack("<q", per * tile.block_n),),
                            stream)
-        if n_split > 1:
-            self.aux["combine"].launch((-(-B * H * Sq // 4), 1, 1), blocks + bufs + (struct.pack("<q", n_split),),
-                                       stream)
+
+    def _counters(self, n: int, di: int, dev: torch.device, stream: int) -> int:
+        """The split counters of `stream` (zeros; the kernel leaves them zero), at least n of them. One
+        buffer per stream: launches on one stream never overlap, launches on two may."""
+        key = (di, stream)
+        buf = self._counter_bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._counter_bufs[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+        return buf.data_ptr()
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
                       tensors: dict) -> None:
