@@ -2,8 +2,10 @@
 
 Each family is built tiny from its own config with attn_implementation="cubridge" and runs one prefill;
 every attention call goes through @torch_cubridge.compile (capture, transfer, fp64 verification). A
-family is "ok" when no call was refused; "refused" prints the first reason; "error" is a failure of the
-model itself (a model that does not use transformers' AttentionInterface cannot take "cubridge").
+family is "ok" when its calls reached the drop-in and none was refused; "refused" prints the first reason;
+"bypassed": no call reached the drop-in (the model keeps attention code of its own, so attn_implementation
+does not apply); "error" is a failure of the model itself (a model with its own table of attention
+classes raises for a name it does not know).
 
 Usage: python benchmarks/survey_transformers.py [family ...]   (default: the list below)
 """
@@ -38,9 +40,12 @@ def survey(family: str) -> tuple[str, str]:
             model(torch.randint(0, 128, (1, 24)))
     except Exception as e:  # noqa: BLE001  (the model itself failed: report it)
         return "error", f"{type(e).__name__}: {str(e)[:120]}"
+    calls = sum(sum(c.served.values()) for c in tcx._compiled.values())
     reasons = [e.reason for c in list(tcx._compiled.values()) for e in c.entries() if e.result is None]
     tcx._compiled.clear()
-    return ("refused", reasons[0][:200]) if reasons else ("ok", "")
+    if not calls:  # no attention call reached the drop-in: the model keeps its own attention code
+        return "bypassed", "no attention call went through attn_implementation (the model's own attention code)"
+    return ("refused", reasons[0][:200]) if reasons else ("ok", f"{calls} calls")
 
 
 def main() -> None:

@@ -247,6 +247,29 @@ def test_transformers_model_served_by_kernel(family, padded):
     assert len(errs) == 6 and max(errs) <= 2e-2, errs
 
 
+@pytest.mark.parametrize("family", ["cohere", "gpt_neox", "starcoder2", "gpt2", "opt", "phi3"])
+def test_more_transformers_families_served_by_kernel(family):
+    """Other attention code, bf16, left padded: every call (prefill and Sq = 1 decode) served by a kernel,
+    teacher-forced logits against eager (each model from its own config)."""
+    import warnings
+    import torch_cubridge.integrations.transformers as tcx
+    from tiny_models import forced_step_logits, greedy_tokens, inputs, pair
+    tcx.register()
+    tcx._compiled.clear()
+    ref, ours = pair(family, torch.bfloat16, "cuda", head_dim=64, hidden_size=256, intermediate_size=256)
+    ids, mask = inputs(B=2, S=150, pad=37, device="cuda")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokens = greedy_tokens(ref, ids, mask, steps=4)
+        want = forced_step_logits(ref, ids, mask, tokens)
+        got = forced_step_logits(ours, ids, mask, tokens)
+    served = sum((c.served for c in tcx._compiled.values()), start=__import__("collections").Counter())
+    reasons = [r for c in tcx._compiled.values() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
+    assert served["kernel"] > 0 and served["spec"] == 0, (served, reasons[:3])
+    errs = [float((g - w).norm() / w.norm()) for g, w in zip(got, want)]
+    assert len(errs) == 4 and max(errs) <= 2e-2, errs
+
+
 def test_transformers_model_under_torch_compile_calls_the_kernel():
     """The traced key of a call with a module argument must equal the eager one, or a compiled model
     traces the spec instead of the verified kernel (torch 2.11's dynamo cannot even hash the other)."""

@@ -16,6 +16,11 @@ FAMILIES = {  # sliding windows shorter than the test sequences, so the window b
     "gemma3_text": {"sliding_window": 8, "sliding_window_pattern": 2},
     "gpt_oss": {"sliding_window": 8, "num_local_experts": 2, "num_experts_per_tok": 1},
 }
+# more families, other attention code: parallel blocks (cohere, gpt_neox), partial rotary (phi3, gpt_neox),
+# learned positions (gpt2, opt), biases on q/k/v (starcoder2). (bloom's ALiBi attention is its own code in
+# transformers 5.x: attn_implementation does not reach it)
+MORE_FAMILIES = {"cohere": {}, "gpt_neox": {}, "starcoder2": {}, "gpt2": {}, "opt": {},
+                 "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}}
 
 
 def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
@@ -23,7 +28,7 @@ def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: st
     from transformers import AutoConfig, AutoModelForCausalLM
     kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
-    kw.update(FAMILIES[family])
+    kw.update({**FAMILIES, **MORE_FAMILIES}[family])
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(family, **kw)  # a config of its own: never shared with the other model
