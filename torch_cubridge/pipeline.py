@@ -228,24 +228,18 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
 
 def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
     """lower -> build/load -> runner -> GPU verification (fast tanh first, then exact) -> register."""
-    from .ir.bounds import data_dependent_index
     from .lower import lower
     from .ops.registry import register
     from .ops.kernel import load_kernel
-    from .ops.runner import DTYPES, KernelRunner, arch_for
+    from .ops.runner import KernelRunner, arch_for
     from .verify.gpu import verify_kernel
     p = res.program
-    if data_dependent_index(p):
-        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
-    q = operand_shapes(p, bound)["q"]
-    if q.dtype not in DTYPES:
-        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim, value_dim, decode = kernel_choice(p, bound)
+    dtype, head_dim, value_dim, decode = kernel_choice(p, bound)
     device = call_device(bound)
     arch = arch_for(device)
     last = None
     for fast in (True, False):
-        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
+        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
         kern, info, aux = load_kernel(low, arch)
         info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim)
@@ -256,7 +250,7 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
             rep = VerifyReport(ok=known, reason=f"({'verified' if known else 'failed GPU verification'} on this "
                                                 "GPU model in an earlier process)")
         else:
-            rep = verify_kernel(runner.run_bound, fn, p, bound, q.dtype, device)
+            rep = verify_kernel(runner.run_bound, fn, p, bound, getattr(torch, dtype), device)
             worst = max((t.rel_err for t in rep.trials), default=0.0)
             # A failure is remembered only for the fast-tanh build, whose fallback is the exact one: a
             # failure that was not the arithmetic's must never keep a kernel from serving for good.
@@ -275,40 +269,39 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[int, int, bool]:
-    """(head dim of Q and K, head dim of V, whether the decode kernel serves) for a call. A head dim no
-    kernel takes is refused when the program is lowered."""
+def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, bool]:
+    """(the dtype the kernel computes in, head dim of Q and K, head dim of V, whether the decode kernel
+    serves) for a call; refuses what no kernel takes (a head dim none takes is refused at lowering)."""
+    from .ir.bounds import data_dependent_index
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
+    from .ops.runner import DTYPES
+    if data_dependent_index(p):  # such a program is served by the spec
+        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
     ops = operand_shapes(p, bound)
     q = ops["q"]
+    if q.dtype not in DTYPES:
+        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim = q.shape[p.q.dims.index("d")]
     dv = ops["v"].shape[p.v.dims.index("d")]
     # calls with few queries get the split-KV decode kernel where it takes the program
     decode = decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim, dv) is None
-    return head_dim, dv, decode
+    return DTYPES[q.dtype], head_dim, dv, decode
 
 
 def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:
     """capture -> transfer -> verify (CPU, fp64) -> lower -> build, with no GPU. The verified program (under
     its spec hash) and the kernels (under the keys a serving process computes for `arch` and the inputs'
     dtype) land in the disk cache, so a server's first call builds nothing; it still verifies on its GPU."""
-    from .ir.bounds import data_dependent_index
     from .lower import lower
     from .ops.kernel import load_kernel
-    from .ops.runner import DTYPES
     progress("capture, transfer and CPU verification")
     res = transfer_stage(fn, bound)
     p = res.program
-    if data_dependent_index(p):  # as at serving time: such a program is served by the spec
-        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
-    q = operand_shapes(p, bound)["q"]
-    if q.dtype not in DTYPES:
-        raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
-    head_dim, value_dim, decode = kernel_choice(p, bound)
+    dtype, head_dim, value_dim, decode = kernel_choice(p, bound)  # as a serving process chooses
     out = []
     for fast in (True, False):  # the variants a serving process may try, in its order
-        low = lower(p, arch, DTYPES[q.dtype], head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
+        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
         dims = f"head dim {head_dim}" + (f", value head dim {value_dim}" if value_dim != head_dim else "")
         progress(f"building {low.kernel} for {arch} ({dims}{', decode' if decode else ''})")
         _, info, _ = load_kernel(low, arch)  # builds into the cache; nothing is loaded on a GPU

@@ -14,7 +14,7 @@ import torch
 
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, lookup, operand_value, scalar_values
+from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
@@ -78,7 +78,7 @@ class KernelRunner:
 
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
         p = self.p
-        made = run_prologue(p, bound, _device(bound)) if p.prologue else {}
+        made = run_prologue(p, bound, call_device(bound)) if p.prologue else {}
         q, k, v = (operand_value(bound, op, made) for op in (p.q, p.k, p.v))
         return self._execute(q, k, v, self.plan.perms, self._extras(bound, made), bound, poison)
 
@@ -96,7 +96,7 @@ class KernelRunner:
         """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
-        made = run_prologue(self.p, bound, _device(bound)) if self.p.prologue else {}
+        made = run_prologue(self.p, bound, call_device(bound)) if self.p.prologue else {}
         q, k, v = (operand_value(bound, op, made) for op in (self.p.q, self.p.k, self.p.v))
         ex = self._extras(bound, made)
         extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
@@ -285,11 +285,6 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
-
-
-def _device(bound: dict[str, Any]) -> torch.device:
-    """Where a call's prologue runs: the device of its first tensor argument."""
-    return next((t.device for t in bound.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
 @functools.lru_cache(maxsize=None)
