@@ -261,6 +261,13 @@ def test_more_transformers_families_served_by_kernel(family):
     assert max(_eager_vs_ours(family, True, 4)) <= 2e-2
 
 
+def test_deepseek_mla_value_head_dim_served_by_kernel():
+    """Multi-head latent attention: q/k head dim 96 (32 + 64 rotary), value head dim 64, so prefill and
+    Sq = 1 decode both go to the Hopper kernel (Dv != D; the decode kernel takes one head dim)."""
+    errs = _eager_vs_ours("deepseek_v3", True, 4, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=64)
+    assert max(errs) <= 2e-2
+
+
 def test_transformers_model_under_torch_compile_calls_the_kernel():
     """The traced key of a call with a module argument must equal the eager one, or a compiled model
     traces the spec instead of the verified kernel (torch 2.11's dynamo cannot even hash the other)."""

@@ -20,7 +20,13 @@ FAMILIES = {  # sliding windows shorter than the test sequences, so the window b
 # learned positions (gpt2, opt), biases on q/k/v (starcoder2). (bloom's ALiBi attention is its own code in
 # transformers 5.x: attn_implementation does not reach it)
 MORE_FAMILIES = {"cohere": {}, "gpt_neox": {}, "starcoder2": {}, "gpt2": {}, "opt": {},
-                 "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}}
+                 "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None},
+                 # multi-head latent attention: q/k head dim 48 (32 + 16 rotary), value head dim 32
+                 "deepseek_v3": dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                     v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                     topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                                     num_key_value_heads=4, pad_token_id=None, bos_token_id=None,
+                                     eos_token_id=None)}
 
 
 def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
