@@ -106,3 +106,20 @@ def test_latent_query_baked_into_a_bound_method_is_refused():
         tc.transfer(m.forward, k, v)
     prog = tc.transfer(perceiver_latents, m, k, v)
     assert prog.q.step and prog.prologue[0].args[0] == ("@arg", "module.latents")
+
+
+@pytest.mark.parametrize("name", ["t5_relative_bias", "bessel_distance_bias"])
+def test_function_of_the_distance_is_a_table_over_distances(name):
+    """A value that depends on the positions only through kv - q (T5's buckets and the bias gathered
+    through them; a Bessel function of q - kv) is computed over the Sq + Skv - 1 distances, not the
+    Sq x Skv grid, and read at kv - q + Sq - 1; the program serves other lengths."""
+    case = next(c for c in PROLOGUE if c.name == name)
+    prog = tc.transfer(case.fn, *case.make(1, 2, 2, 48, 32, torch.float32))
+    (x,) = [x for x in prog.extras if x.step]
+    for S in (48, 80):
+        args = case.make(1, 2, 2, S, 32, torch.float32)
+        bound = bind_example(case.fn, args, {})
+        made = run_prologue(prog, bound, torch.device("cpu"))
+        sq, skv = args[0].shape[-2], args[1].shape[-2]
+        assert made[x.step].shape[:2] == (1, sq + skv - 1)  # not sq x skv
+        assert rel_err(first(prog.run(*args)), first(case.fn(*to64(args)))) < 2e-5

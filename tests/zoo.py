@@ -537,6 +537,14 @@ def _cu(B, H, Hkv, S, D, dt):
     return qkv(1, H, H, S, S, D, dt) + (torch.cat([torch.tensor([0]), cuts, torch.tensor([S])]),)
 
 
+def bessel_distance_bias(q, k, v):
+    """A bias of q - kv through an op no rule covers (Bessel J0), with more keys than queries."""
+    Sq, Skv = q.shape[-2], k.shape[-2]
+    rel = (torch.arange(Sq, device=q.device)[:, None] - torch.arange(Skv, device=q.device)[None, :]).float()
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + torch.special.bessel_j0(rel / 8.0)
+    return s.softmax(-1) @ v
+
+
 class Latents(torch.nn.Module):
     """A learned latent query (Perceiver, Q-Former, a resampler), with its own projection."""
 
@@ -592,6 +600,8 @@ PROLOGUE: list[Case] = [
          {"steps": ("cat",), "computed": "kv"}),
     Case("kv_cache_concat", kv_cache_concat, _cached, {"steps": ("cat",), "computed": "kv",
                                                        "block_rule": "interval"}),
+    Case("bessel_distance_bias", bessel_distance_bias,
+         lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S - 9, S, D, dt), {"steps": ("special_bessel_j0",)}),
     Case("perceiver_latents", perceiver_latents, _latents, {"steps": ("expand",), "computed": "q"}),
     Case("perceiver_projected", perceiver_projected, _latents, {"steps": ("mm", "expand"), "computed": "q"}),
 ]

@@ -35,7 +35,7 @@ class Prologue:
 
     def record(self, node: Node) -> str:
         """Steps computing `node` (and what it reads that is not recorded yet); its step name."""
-        for dep in _cone(node):
+        for dep in cone_of(node):
             if _mutates_input(dep):  # replaying it would change the caller's tensor on every call
                 raise UnsupportedSpec("an in-place op on an argument, off the score path", op="prologue")
             if dep.name not in self.steps:
@@ -43,10 +43,31 @@ class Prologue:
                                             tuple((k, self._enc(v)) for k, v in dep.kwargs.items()))
         return node.name
 
+    def record_by_distance(self, diff: Node, sign: int, chain: list[Node], sq: int, skv: int) -> str:
+        """Steps computing `chain` (diff's elementwise descendants, in graph order) on the Sq + Skv - 1
+        distances instead of diff's grid (symbolic/distance.py); the last one's step name. Entry t of the
+        distances is t - (Sq - 1) where diff is col - row, (Sq - 1) - t where it is row - col."""
+        base = f"{diff.name}_dist"
+        start, end, step = (1 - sq, skv, 1) if sign > 0 else (sq - 1, -skv, -1)
+        dtype = self._enc(diff.meta["val"].dtype)
+        self.steps.setdefault(base + "_range", Step(base + "_range", "aten.arange.start_step", (start, end, step),
+                                                    (("dtype", dtype), ("device", ("@device",)))))
+        self.steps.setdefault(base, Step(base, "aten.unsqueeze.default", (("@step", base + "_range"), 0), ()))
+        renamed = {diff: base}
+        for n in chain:
+            for a in n.all_input_nodes:  # what the chain reads besides diff's descendants: as recorded
+                if a not in renamed and a.op == "call_function":
+                    self.record(a)
+            renamed[n] = f"{n.name}_dist"
+            self.steps.setdefault(renamed[n], Step(renamed[n], _op_name(n),
+                                                   tuple(self._enc(a, renamed) for a in n.args),
+                                                   tuple((k, self._enc(v, renamed)) for k, v in n.kwargs.items())))
+        return renamed[chain[-1]]
+
     def reads_arguments_only(self, node: Node) -> bool:
         """Every tensor `node` reads comes from the call (an argument or a tensor an argument holds),
         none is baked into the program."""
-        return all(self.consts[a][0] is not None for dep in _cone(node) for a in dep.all_input_nodes
+        return all(self.consts[a][0] is not None for dep in cone_of(node) for a in dep.all_input_nodes
                    if a.op == "get_attr")
 
     def needed(self, names: set[str]) -> tuple[Step, ...]:
@@ -61,8 +82,10 @@ class Prologue:
             todo += list(step_refs((self.steps[n].args, self.steps[n].kwargs)))
         return tuple(s for n, s in self.steps.items() if n in keep)
 
-    def _enc(self, x: Any) -> Any:
+    def _enc(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
         if isinstance(x, Node):
+            if renamed and x in renamed:
+                return ("@step", renamed[x])
             if x.op == "placeholder":
                 return ("@arg", self.paths[x])
             if x.op == "get_attr":
@@ -70,7 +93,7 @@ class Prologue:
                 return ("@arg", owner) if owner else ("@const", str(t.dtype).replace("torch.", ""), _tuples(t.tolist()))
             return ("@step", x.name)
         if isinstance(x, (list, tuple)):
-            return tuple(self._enc(i) for i in x)
+            return tuple(self._enc(i, renamed) for i in x)
         if isinstance(x, torch.dtype):
             if x in self.dtype_of:
                 return ("@dtype_of", self.dtype_of[x])
@@ -88,7 +111,7 @@ class Prologue:
         raise UnsupportedSpec(f"an argument of type {type(x).__name__} the prologue cannot record", op="prologue")
 
 
-def _cone(node: Node) -> list[Node]:
+def cone_of(node: Node) -> list[Node]:
     """The call nodes `node` depends on, itself last, in graph order."""
     seen: set[Node] = set()
     out: list[Node] = []

@@ -13,7 +13,9 @@ import torch
 from torch.fx import Node
 
 from ...errors import UnsupportedSpec
-from ...ir.expr import Expr, walk
+from ...ir.expr import Expr, const, load, walk
+from ..prologue import cone_of
+from .distance import distance_chain, index_of
 from .sym import Sym, input_sym
 
 
@@ -116,14 +118,36 @@ class OffScorePath:
                 self.env[m] = self.call(m)
 
     def materialize(self, node: Node) -> Sym:
-        """`node` as a tensor the prologue makes: a load like any input's."""
+        """`node` as a tensor the prologue makes: a load like any input's; a function of kv - q alone as
+        a table over the distances (symbolic/distance.py)."""
         assert self.prologue is not None
+        by_distance = self._by_distance(node)
+        if by_distance is not None:
+            return by_distance
         step = self.prologue.record(node)
         val = node.meta["val"]
         name = f"pro_{step}"
         sym = input_sym(self.ctx, name, torch.empty(val.shape, dtype=val.dtype, device="meta"))
         self.ctx.facts.setdefault("prologue", {})[name] = step
         return sym
+
+
+    def _by_distance(self, node: Node) -> Sym | None:
+        found = distance_chain(node, cone_of(node), self.env)
+        if found is None:
+            return None
+        diff, sign, chain = found
+        d = self.env[diff]
+        sq, skv = (self.ctx.dim_size(a) for a in d.axes)
+        step = self.prologue.record_by_distance(diff, sign, chain, sq, skv)
+        val = node.meta["val"]
+        name = f"pro_{step}"
+        self.ctx.facts.setdefault("inputs", {})[name] = torch.empty((1, sq + skv - 1, *val.shape[2:]),
+                                                                    dtype=val.dtype, device="meta")
+        self.ctx.facts.setdefault("prologue", {})[name] = step
+        rest = tuple((self.ctx.atom(n),) for n in val.shape[2:])
+        expr = load(name, const(0), index_of(d, sq), *(Expr("var", (), a[0]) for a in rest))
+        return Sym(d.axes + rest, expr, val.dtype)
 
 
 class _Pending:
