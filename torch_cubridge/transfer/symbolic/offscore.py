@@ -87,7 +87,7 @@ class OffScorePath:
         name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
         if name not in ("bmm", "mm", "matmul", "baddbmm", "addmm") or n.name in self.not_score:
             return False
-        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]  # addmm's first is the bias
+        pair = _operands(n)
         if not all(isinstance(x, Node) for x in pair):
             return False
         # a second walk lets one side be a tensor the function holds itself (a module's latent query)
@@ -97,9 +97,7 @@ class OffScorePath:
         """The side of q.k the function holds (a module's latent query), made by the prologue like a
         computed q, at its last shape before bmm's merge of batch and heads: the walk then meets the
         same 4-D value it meets for an argument."""
-        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
-        pair = n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2]
-        for x in pair:
+        for x in _operands(n):
             if x in self.from_call:
                 continue
             chain = [x]
@@ -131,8 +129,8 @@ class OffScorePath:
         self.ctx.facts.setdefault("prologue", {})[name] = step
         return sym
 
-
     def _by_distance(self, node: Node) -> Sym | None:
+        """`node` as a table over the Sq + Skv - 1 distances, where it is a function of kv - q alone."""
         found = distance_chain(node, cone_of(node), self.env)
         if found is None:
             return None
@@ -159,6 +157,12 @@ PENDING = _Pending()
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze",
           "clone", "contiguous", "alias", "slice", "select"}
+
+
+def _operands(n: Node) -> tuple:
+    """The two factors of a matmul node (addmm's and baddbmm's first argument is the bias)."""
+    name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+    return tuple(n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2])
 
 
 def _merging(n: Node) -> bool:
