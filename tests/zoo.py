@@ -545,6 +545,27 @@ def bessel_distance_bias(q, k, v):
     return s.softmax(-1) @ v
 
 
+def paged_decode(q, k_pages, v_pages, block_table, seq_lens):
+    """vLLM-style decode: K/V in pages of 16 tokens read through a block table, GQA by repeat_interleave,
+    each sequence masked at its own length."""
+    B, H, Sq, D = q.shape
+    Hkv = k_pages.shape[1]
+    k = k_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D).repeat_interleave(H // Hkv, dim=1)
+    v = v_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D).repeat_interleave(H // Hkv, dim=1)
+    keep = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    return s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+
+def _paged(B, H, Hkv, S, D, dt):
+    per = -(-S // 16)  # pages per sequence
+    pages = B * per + 3
+    block_table = torch.randperm(pages)[:B * per].reshape(B, per)
+    seq_lens = torch.randint(1, per * 16 + 1, (B,))
+    return (torch.randn(B, H, 1, D, dtype=dt), torch.randn(pages, Hkv, 16, D, dtype=dt),
+            torch.randn(pages, Hkv, 16, D, dtype=dt), block_table, seq_lens)
+
+
 class Latents(torch.nn.Module):
     """A learned latent query (Perceiver, Q-Former, a resampler), with its own projection."""
 
@@ -602,6 +623,7 @@ PROLOGUE: list[Case] = [
                                                        "block_rule": "interval"}),
     Case("bessel_distance_bias", bessel_distance_bias,
          lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S - 9, S, D, dt), {"steps": ("special_bessel_j0",)}),
+    Case("paged_decode", paged_decode, _paged, {"steps": ("index",), "computed": "kv"}),
     Case("perceiver_latents", perceiver_latents, _latents, {"steps": ("expand",), "computed": "q"}),
     Case("perceiver_projected", perceiver_projected, _latents, {"steps": ("mm", "expand"), "computed": "q"}),
 ]

@@ -183,9 +183,13 @@ class Walker(OffScorePath):
                                                                        kw.get("dim2", -1)])[:3], dtype=dtype, op=op)
         if name in ("bmm", "mm", "matmul"):
             self.score_candidate(node, op)
+            if self.prologue is not None:
+                self.make_gathered_operands(node)
             return contract(ctx, self.sym(a[0]), self.sym(a[1]), op)
         if name in ("baddbmm", "addmm"):  # beta * input + alpha * (b1 @ b2)
             self.score_candidate(node, op)
+            if self.prologue is not None:
+                self.make_gathered_operands(node)
             prod = contract(ctx, self.sym(a[1]), self.sym(a[2]), op)
             alpha, beta = kw.get("alpha", 1), kw.get("beta", 1)
             if alpha != 1:

@@ -13,7 +13,7 @@ import torch
 from torch.fx import Node
 
 from ...errors import UnsupportedSpec
-from ...ir.expr import Expr, const, load, walk
+from ...ir.expr import Expr, const, load, loads, walk
 from ..prologue import cone_of
 from .distance import distance_chain, index_of
 from .sym import Sym, input_sym
@@ -65,8 +65,7 @@ class OffScorePath:
                 or not self._off_score(node) or any(a in self.on_score for a in node.all_input_nodes):
             return val
         rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
-        gathers = any(n.op == "load" and any(m.op == "load" for a in n.args for m in walk(a)) for n in walk(val.expr))
-        return self.materialize(node) if rounds or gathers else val
+        return self.materialize(node) if rounds or _gathers(val.expr) else val
 
     def _computed(self, n: Any) -> bool:
         """n is a node off the score path whose value is an expression, not a plain tensor read."""
@@ -100,10 +99,7 @@ class OffScorePath:
         for x in _operands(n):
             if x in self.from_call:
                 continue
-            chain = [x]
-            while _view_op(chain[-1]) and _merging(chain[-1]) and isinstance(chain[-1].args[0], Node) \
-                    and chain[-1].args[0].op == "call_function":
-                chain.append(chain[-1].args[0])
+            chain = _to_merge(x)
             if not self.prologue.reads_arguments_only(chain[-1]):
                 # a tensor baked into the program would serve stale values (and drop its gradient)
                 # once the module's parameter changes: read it per call through an argument instead
@@ -111,9 +107,30 @@ class OffScorePath:
                                     "(a bound method's parameter?); pass the module as an argument", op="matmul")
                 e.held = True  # the reason a refusal reports, rather than the first walk's
                 raise e
-            self.env[chain[-1]] = self.materialize(chain[-1])
-            for m in reversed(chain[:-1]):
-                self.env[m] = self.call(m)
+            self._make_at(chain)
+
+    def _make_at(self, chain: list[Node]) -> None:
+        """The top of `chain` made by the prologue, the views below it walked again from there."""
+        self.env[chain[-1]] = self.materialize(chain[-1])
+        for m in reversed(chain[:-1]):
+            self.env[m] = self.call(m)
+
+    def make_gathered_operands(self, node: Node) -> None:
+        """Before q.k or P.v: an operand whose dims merge what a gather through data made (K/V pages read
+        through a block table, pages x page size as one key dim) is made by the prologue at its last
+        shape before the matmul merges dims, so the keys reach the matmul as one axis. Every other
+        operand (an argument, a computed q, a head map through data) is left as it is."""
+        made_here = set(self.ctx.facts.get("prologue", {}))
+        for x in _operands(node):
+            if not isinstance(x, Node) or x in self.on_score:
+                continue
+            chain = _to_merge(x)
+            sym = self.env.get(chain[-1])
+            if not isinstance(sym, Sym) or sym.kind != "value" or sym.expr is None:
+                continue
+            merged = any(len(ax) != 1 for ax in sym.axes)  # pages x page size as one key dim
+            if merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
+                self._make_at(chain)
 
     def materialize(self, node: Node) -> Sym:
         """`node` as a tensor the prologue makes: a load like any input's; a function of kv - q alone as
@@ -163,6 +180,21 @@ def _operands(n: Node) -> tuple:
     """The two factors of a matmul node (addmm's and baddbmm's first argument is the bias)."""
     name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
     return tuple(n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2])
+
+
+def _gathers(e: Expr) -> bool:
+    """e reads a tensor at an index read from another (a gather through data)."""
+    return any(n.op == "load" and any(m.op == "load" for a in n.args for m in walk(a)) for n in walk(e))
+
+
+def _to_merge(x: Node) -> list[Node]:
+    """x and the views above it that merge or split dims (bmm's [B*H, S, D]), up to the last value the
+    spec itself shaped: the chain, that value last."""
+    chain = [x]
+    while _view_op(chain[-1]) and _merging(chain[-1]) and isinstance(chain[-1].args[0], Node) \
+            and chain[-1].args[0].op == "call_function":
+        chain.append(chain[-1].args[0])
+    return chain
 
 
 def _merging(n: Node) -> bool:
