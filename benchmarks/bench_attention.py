@@ -20,6 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_cubridge as tc  # noqa: E402
+from timing import host_us  # noqa: E402
 from variants import SPECS, flex_mods, pair_count  # noqa: E402
 
 
@@ -105,15 +106,7 @@ def host_overhead(n: int = 2000) -> dict:
     out = {}
     for name, fn in (("ours", lambda: f(q, k, v)),
                      ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))):
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        out[f"{name}_us_per_call"] = (t1 - t0) / n * 1e6
+        out[f"{name}_us_per_call"] = host_us(fn, n, warmup=100)
     return out
 
 

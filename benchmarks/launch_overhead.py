@@ -27,6 +27,7 @@ import torch
 from torch_cubridge import build, config
 from torch_cubridge.build import nvcc, nvrtc
 from torch_cubridge.ops import launch as L
+from timing import host_us  # benchmarks/, beside this script
 
 NOOP_SRC = r"""
 #include <cuda_bf16.h>
@@ -40,14 +41,7 @@ BATCH = 200
 
 
 def _time(fn: Callable[[], None], n: int) -> dict[str, float]:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    stream_s = time.perf_counter() - t0
-    torch.cuda.synchronize()
+    stream_us = host_us(fn, n, warmup=200)
     host_s = 0.0
     for _ in range(max(1, n // BATCH)):
         t0 = time.perf_counter()
@@ -55,7 +49,7 @@ def _time(fn: Callable[[], None], n: int) -> dict[str, float]:
             fn()
         host_s += time.perf_counter() - t0
         torch.cuda.synchronize()
-    return {"stream_us": stream_s / n * 1e6, "host_us": host_s / (max(1, n // BATCH) * BATCH) * 1e6}
+    return {"stream_us": stream_us, "host_us": host_s / (max(1, n // BATCH) * BATCH) * 1e6}
 
 
 def _compile_times(arch: str) -> dict[str, float]:

@@ -53,16 +53,8 @@ def warm_start(name: str, S: int, cache: str) -> dict:
 
 
 def per_call_us(fn, n: int = 2000) -> float:
-    import torch
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return dt / n * 1e6
+    from timing import host_us
+    return host_us(fn, n, warmup=50)
 
 
 def host_times() -> list[dict]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from ...ir.expr import Expr
+from ...ir.expr import Expr, call, const
 from .sym import Sym
 
 # Besides the ops torch tags pointwise: ops that compute each element of the result from the same
@@ -86,6 +86,5 @@ def distance_chain(node: Node, cone: list[Node], env: dict) -> tuple[Node, int, 
 
 def index_of(s: Sym, sq: int) -> Expr:
     """Where the table holds the grid's (row, col): col - row + Sq - 1."""
-    from ...ir.expr import call, const
     (row,), (col,) = s.axes  # atoms: Expr("var") directly (ir.expr.var takes role names only)
     return call("add", call("sub", Expr("var", (), col), Expr("var", (), row)), const(sq - 1))
