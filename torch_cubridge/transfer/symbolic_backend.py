@@ -24,8 +24,10 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
 
     A walk takes the first matmul of two call tensors as q.k. Where that fails and the prologue is
     on, the walk runs again with that matmul left to the prologue (an MLP over positions fed by
-    weight arguments comes before q.k), a few times at most; a refusal reports the first walk's
-    reason.
+    weight arguments comes before q.k), a few times at most. If every such walk fails and the spec
+    holds tensors of its own, the walks run once more letting one side of q.k be such a tensor (a
+    module's latent query, made by the prologue). A refusal reports the first walk's reason, or the
+    held-operand walk's where that names the cause (a tensor baked in from outside the arguments).
     """
     first: UnsupportedSpec | None = None
     for held in (False, True):  # then: q.k may have a side the function holds (a module's latent query)
