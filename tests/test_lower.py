@@ -33,11 +33,13 @@ def test_tiles_agree_with_kernel_config():
         m = re.search(rf"FwdConfig<{D}, T> : FwdTile<{D}, (\d+), (\d+), (\d+), (\d+)", text)
         assert m, D
         assert tuple(map(int, m.groups())) == (t.block_m, t.block_n, t.warps, t.stages)
-    assert "kBlockM = 128" in text and "kThreads = 384" in text  # Sm90Tile: lower/tiles.py's sm90_tile
+    # Sm90Tile: 64-row consumer warpgroups plus a producer; lower/tiles.py's sm90_tile sizes the launch
+    assert "kConsumers = BM / 64" in text and "kThreads = 128 * (1 + kConsumers)" in text
     for D, Dv in SM90_DIMS:
         t = sm90_tile(D, Dv)
-        assert (t.block_m, t.threads) == (128, 384), D
-        head = f"Sm90Tile<{D}, {Dv}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>"
+        narrow = max(pad64(D), pad64(Dv)) == 64  # three consumers where both head dims pad to 64
+        assert (t.block_m, t.threads) == ((192, 512) if narrow else (128, 384)), (D, Dv)
+        head = f"Sm90Tile<{D}, {Dv}, {t.block_m}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>"
         assert head in lower(_prog("causal_sdpa", D), arch="sm_90a", head_dim=D, value_dim=Dv).source
 
 
@@ -148,7 +150,7 @@ def test_sm90_shared_memory_agrees_with_the_kernel_header():
         t = sm90_tile(D, Dv)
         expr = re.sub(r"\bkPadDv\b", str(pad64(Dv)), re.sub(r"\bkPadD\b", str(pad64(D)), rhs))
         expr = re.sub(r"\bOwnO\b", str(int(t.own_o)), re.sub(r"\bStages\b", str(t.stages),
-                      re.sub(r"\bBN\b", str(t.block_n), expr)))
+                      re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bBM\b", str(t.block_m), expr))))
         assert re.fullmatch(r"[\d\s+*()]+", expr), expr  # only numbers left: safe to evaluate
         assert eval(expr) == t.smem_bytes, (D, expr)  # noqa: S307
 

@@ -6,6 +6,14 @@
 
 namespace cubridge {
 
+// The thread's index read afresh (volatile): addresses computed from it stay where they are
+// used instead of being hoisted out of a loop and kept in registers (or spilled) across it.
+__device__ __forceinline__ int fresh_thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
 // Finish one row: m (x units), l_part (this lane's partial sum), sink2 (sink in
 // log2 units or -inf). Returns the factor that turns the unnormalised O row into
 // the output and the natural-log LSE. Empty rows give 0 and -inf.

@@ -44,34 +44,42 @@ template <class T> struct FwdConfig<192, T> : FwdTile<192, 128, 64, 8, 2, false>
 template <class T> struct FwdConfig<224, T> : FwdTile<224, 128, 64, 8, 2, false, false> {};
 template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false, false> {};
 
-// Hopper kernel (fwd_kernel_sm90.cuh): 128 query rows per tile in two consumer
-// warpgroups of 64 rows plus one producer warpgroup; K/V tiles of BN keys in a
-// Stages-deep TMA ring. D is the query/key head dim, DV the value's; both are
-// multiples of 8 up to 256. Shared tiles are whole 64-column chunks (TMA boxes
-// with the 128-byte swizzle), so a head dim is padded up to kPadD / kPadDv; the
-// copy engine fills the columns past D with zeros, the Q K^T steps stop at the
-// last 16 columns holding data, and the store skips the padded O columns.
+// Hopper kernel (fwd_kernel_sm90.cuh): BM query rows per tile in BM / 64 consumer
+// warpgroups of 64 rows (two, or three for narrow heads) plus one producer
+// warpgroup; K/V tiles of BN keys in a Stages-deep TMA ring. D is the query/key
+// head dim, DV the value's; both are multiples of 8 up to 256. Shared tiles are
+// whole 64-column chunks (TMA boxes with the 128-byte swizzle), so a head dim is
+// padded up to kPadD / kPadDv; the copy engine fills the columns past D with
+// zeros, the Q K^T steps stop at the last 16 columns holding data, and the store
+// skips the padded O columns.
 // Shared memory: 1024 alignment slack, Q, the K and V rings, the O staging
 // buffer where OwnO (else O is staged in Q's rows and the next tile's Q loads
 // after the epilogue), the mbarriers and one int per row (empty-row flags).
 // Persistent: one CTA per SM walks the tiles (lower/tiles.py chooses it with
 // the launch grid).
-template <int D, int DV, int BN, int Stages, int OwnO, int Persistent, bool LazyRescale = true>
+template <int D, int DV, int BM, int BN, int Stages, int OwnO, int Persistent, bool LazyRescale = true>
 struct Sm90Tile {
   static constexpr int kHeadDim = D;
   static constexpr int kValueDim = DV;
   static constexpr int kPadD = (D + 63) / 64 * 64;
   static constexpr int kPadDv = (DV + 63) / 64 * 64;
-  static constexpr int kBlockM = 128;
+  static constexpr int kBlockM = BM;
+  static constexpr int kConsumers = BM / 64;  // consumer warpgroups
   static constexpr int kBlockN = BN;
   static constexpr int kStages = Stages;
   static constexpr bool kOwnO = OwnO != 0;
   static constexpr bool kPersistent = Persistent != 0;
   static constexpr bool kLazyRescale = LazyRescale;
-  static constexpr int kThreads = 384;
-  static constexpr int kSmemBytes = 1024 + (128 * kPadD + Stages * BN * (kPadD + kPadDv) + OwnO * 128 * kPadDv) * 2 + 8 * (2 + 4 * Stages) + 4 * 128 + 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg budgets: the producer keeps 24 registers a thread, the consumers share the rest of
+  // the 64K register file (in steps of 8, at most 240).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
+      ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
+  static constexpr int kSmemBytes = 1024 + (BM * kPadD + Stages * BN * (kPadD + kPadDv) + OwnO * BM * kPadDv) * 2 + 8 * (2 + 4 * Stages) + 4 * BM + 64;
 
   static_assert(D % 8 == 0 && D <= 256 && DV % 8 == 0 && DV <= 256, "head dims in steps of 8, at most 256");
+  static_assert(BM % 64 == 0 && BM >= 128 && BM <= 192, "two or three consumer warpgroups of 64 rows");
   static_assert(OwnO || kPadDv <= kPadD, "without an O buffer, O is staged in Q's rows");
   static_assert(BN % 16 == 0 && BN <= 256, "wgmma n is a multiple of 16, at most 256");
   static_assert(kSmemBytes <= 232448, "at most 227 KB of shared memory per CTA");

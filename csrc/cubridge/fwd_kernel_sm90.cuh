@@ -4,9 +4,10 @@
 //   O[b, h, q, :] = sum_kv softmax_kv(score(q.k)) V[b, kv_head(h), kv, :]
 //
 // Launch: grid = (min(tiles, SMs), 1, 1) where Cfg::kPersistent, else (tiles, 1, 1)
-//   (lower/tiles.py decides, Tile.persistent); block = 384 threads
-//   (3 warpgroups), dynamic shared memory = Sm90Tile::kSmemBytes; parameters
-//   (FwdArgs, Params, tensor maps of Q, K, V). A tile is 128 query rows of one
+//   (lower/tiles.py decides, Tile.persistent); block = Sm90Tile::kThreads
+//   (one producer and kConsumers warpgroups), dynamic shared memory =
+//   Sm90Tile::kSmemBytes; parameters (FwdArgs, Params, tensor maps of Q, K, V).
+//   A tile is kBlockM = 64 x kConsumers query rows of one
 //   (batch, head); tiles are numbered heaviest first (the last query rows of a
 //   causal mask) and CTA c takes tiles c, c + grid, ... The producer loads the
 //   next tile's Q and K/V while the consumers finish the current one.
@@ -14,7 +15,7 @@
 // Warpgroup 0 is the producer: one thread walks the non-empty key blocks and
 // issues TMA copies of K and V into a kStages-deep shared-memory ring, each
 // buffer completing on its own mbarrier; it gives most of its registers away
-// (setmaxnreg). Warpgroups 1 and 2 are consumers, 64 query rows each:
+// (setmaxnreg). Warpgroups 1.. are consumers, 64 query rows each:
 // S = Q K^T (wgmma, both operands in shared memory), score/mask hooks, online
 // softmax in registers, O += P V (wgmma, P from registers). P V of one block
 // is issued behind the next block's Q K^T, so it overlaps that block's softmax.
@@ -49,6 +50,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
                                                    const TmaDesc* tq, const TmaDesc* tk,
                                                    const TmaDesc* tv) {
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr int NC = Cfg::kConsumers, kConsumerWarps = 4 * NC;
   constexpr int DP = Cfg::kPadD, DVP = Cfg::kPadDv;  // shared tiles: whole 64-column chunks
   // Q K^T steps stop at the last 16 columns holding data (the copy engine zero-fills past D);
   // O is computed over the padded width and stored up to DV.
@@ -153,19 +155,19 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
 
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 8);  // one arrival per consumer warp
+    mbar_init(q_empty, kConsumerWarps);  // one arrival per consumer warp
     for (int s = 0; s < ST; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
-      mbar_init(v_empty(s), 8);
+      mbar_init(k_empty(s), kConsumerWarps);  // one arrival per consumer warp
+      mbar_init(v_empty(s), kConsumerWarps);
     }
     mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == 0) {
-    regs_dealloc<24>();
+    regs_dealloc<Cfg::kProducerRegs>();
     if (tid == 0) {
       tma_prefetch_desc(tk);
       tma_prefetch_desc(tv);
@@ -209,7 +211,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     return;
   }
 
-  regs_alloc<240>();
+  regs_alloc<Cfg::kConsumerRegs>();
   const int cw = wg - 1, t = tid - 128 * wg, warp = t / 32, lane = t % 32;
   const int r0 = cw * 64 + warp * 16 + lane / 4;  // this thread's first row in the tile (+8: second)
 
@@ -269,14 +271,15 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     }
   };
 
-  // Pingpong: the two consumer warpgroups take turns issuing their GEMMs, so
-  // one's softmax runs while the other's GEMMs hold the tensor cores. Barrier
-  // kTurn + w opens warpgroup w's turn; the other warpgroup opens it after
-  // issuing. Warpgroup 0 goes first; warpgroup 1 skips its last hand-over so
-  // every barrier phase completes.
-  constexpr int kTurn = 3;
+  // Pingpong: the consumer warpgroups take turns issuing their GEMMs, in a ring,
+  // so one's softmax runs while another's GEMMs hold the tensor cores. Barrier
+  // kTurn + w opens warpgroup w's turn; its predecessor in the ring opens it
+  // after issuing. Warpgroup 0 goes first: the last one opens its first turn and
+  // skips its own last hand-over, so every barrier phase completes.
+  constexpr int kTurn = 1 + NC;  // barriers 1..NC: each warpgroup's epilogue
+  const bool ring_last = cw == NC - 1;
   auto my_turn = [&]() { named_sync(kTurn + cw, 256); };
-  auto pass_turn = [&]() { named_arrive(kTurn + (cw ^ 1), 256); };
+  auto pass_turn = [&]() { named_arrive(kTurn + (cw + 1) % NC, 256); };
 
   int i = 0, it = 0;  // ring position and tile count, as the producer's
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
@@ -301,7 +304,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     float sc[1][NT][4], alpha[2];
     const int s = i % ST;
     const unsigned ph = (i / ST) & 1;
-    if (cw == 1) named_arrive(kTurn, 256);
+    if (ring_last) named_arrive(kTurn, 256);
     mbar_wait(k_full(s), ph);
     take(s);
     unsigned long long keep[1][2];
@@ -363,7 +366,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     mbar_wait(v_full(prev), prev_ph);
     my_turn();
     issue_pv();
-    if (cw == 0) pass_turn();
+    if (!ring_last) pass_turn();
     wgmma_wait<0>();
     wgmma_hold<4 * DT>(&o[0][0][0]);
     release(v_empty(prev));  // the producer reuses this stage in a later tile
@@ -379,15 +382,18 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // Stage O in this warpgroup's own rows of the O buffer or of Q (every Q K^T that read
   // them has completed); the barrier orders this after the last tile's reads of them.
   named_sync(1 + cw, 128);
+  // The epilogue's addresses come from a fresh read of the thread index: hoisted out of the tile loop
+  // they would be held across it, and at 160 registers a thread (three consumers) spilled.
+  const int et = fresh_thread_index() - 128 * wg, elane = et % 32, er0 = cw * 64 + et / 32 * 16 + elane / 4;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    const int r = r0 + hf * 8;
+    const int r = er0 + hf * 8;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
-      *reinterpret_cast<unsigned*>(o_stage + sw128_offset<BM>(r, dt * 8 + (lane % 4) * 2)) =
+      *reinterpret_cast<unsigned*>(o_stage + sw128_offset<BM>(r, dt * 8 + (elane % 4) * 2)) =
           pack2<T>(o[0][dt][2 * hf] * o_scale[hf], o[0][dt][2 * hf + 1] * o_scale[hf]);
     if constexpr (Variant::kEmptyRowMeanV)
-      if (lane % 4 == 0) row_info[r] = m[hf] == neg_inf();
+      if (elane % 4 == 0) row_info[r] = m[hf] == neg_inf();
   }
   named_sync(1 + cw, 128);
 
@@ -396,7 +402,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
 #pragma unroll
   for (int rep = 0; rep < 64 * DT / 128; ++rep) {
-    const int idx = t + 128 * rep;
+    const int idx = et + 128 * rep;
     const int r = cw * 64 + idx / DT, c = (idx % DT) * 8;
     if (q_lo + r >= sq || (DV < DVP && c >= DV)) continue;  // padded columns stay in shared memory
     uint4 val = *reinterpret_cast<const uint4*>(o_stage + sw128_offset<BM>(r, c));
@@ -405,10 +411,10 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   }
 
   // @cuir store tensor=lse when=requested
-  if (a.lse != nullptr && lane % 4 == 0) {
+  if (a.lse != nullptr && elane % 4 == 0) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-      if (q_lo + r0 + hf * 8 < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + r0 + hf * 8] = lse[hf];
+      if (q_lo + er0 + hf * 8 < sq) a.lse[(b * a.Hq + h) * a.Sq + q_lo + er0 + hf * 8] = lse[hf];
   }
   if constexpr (!kOwnO) {  // Q's rows held O: the copy engine may overwrite them once read
     fence_proxy_async();

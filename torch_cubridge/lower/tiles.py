@@ -55,18 +55,22 @@ def pad64(n: int) -> int:
 
 
 def sm90_tile(head_dim: int, value_dim: int | None = None) -> Tile | None:
-    """Hopper (sm_90a): one producer + two consumer warpgroups, for head dims in steps of 8 up to 256
-    (Dv may differ). Keys per block: 128, or 80 where a padded head dim passes 128 (the O accumulator
-    and the scores share 240 registers a thread). An O buffer where shared memory has room (not D 256).
-    Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the tile loop past that
-    (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next tile's Q waits for the
-    epilogue anyway."""
+    """Hopper (sm_90a): one producer and two or three consumer warpgroups of 64 query rows, for head
+    dims in steps of 8 up to 256 (Dv may differ). Three consumers (192 rows) where both head dims pad
+    to 64: a narrow tile has half the math per byte of K and V, and a third warpgroup's GEMMs fill the
+    tensor cores while the other two run their softmax (the consumers' 160 registers a thread hold S,
+    O and P of 64 columns). Keys per block: 128, or 80 where a padded head dim passes 128 (the O
+    accumulator and the scores share 240 registers a thread). An O buffer where shared memory has
+    room (not D 256). Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the
+    tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next
+    tile's Q waits for the epilogue anyway."""
     dv = head_dim if value_dim is None else value_dim
     if not all(n % 8 == 0 and 8 <= n <= 256 for n in (head_dim, dv)):
         return None
     wide = max(pad64(head_dim), pad64(dv)) > 128
-    t = Tile(head_dim, 128, 80 if wide else 128, 12, 2, "sm90", True, 0 if dv == head_dim else dv,
-             persist=pad64(dv) <= 128)
+    consumers = 3 if max(pad64(head_dim), pad64(dv)) == 64 else 2
+    t = Tile(head_dim, 64 * consumers, 80 if wide else 128, 4 * (1 + consumers), 2, "sm90", True,
+             0 if dv == head_dim else dv, persist=pad64(dv) <= 128)
     if t.smem_bytes <= SMEM_MAX_SM90:
         return t
     t = replace(t, own_o=False, persist=False)  # O staged in Q's rows: only as wide as them
