@@ -2,7 +2,7 @@
 e.g. the document mask's block-class pre-pass against its forward kernel.
 
 Usage: python benchmarks/profile_kernels.py [--plan 4096:128,16384:128] [--variants document,causal]
-       ncu --profile-from-start off ... python benchmarks/profile_kernels.py --ncu ...
+       ncu --profile-from-start off ... python benchmarks/profile_kernels.py --ncu [--cudnn] ...
 Writes profile_kernels.json to $OUT (or --out).
 """
 from __future__ import annotations
@@ -34,7 +34,15 @@ def inputs(name: str, S: int, D: int, H: int = 16, total: int = 32768):
     return (q, k, v) + extra
 
 
-def profile_case(name: str, S: int, D: int, reps: int = 20, ncu: bool = False) -> dict:
+def cudnn_call(name: str, q, k, v) -> None:
+    """SDPA's cuDNN backend on the same inputs (full and causal only), the kernel to compare with."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        F.scaled_dot_product_attention(q, k, v, is_causal=name == "causal")
+
+
+def profile_case(name: str, S: int, D: int, reps: int = 20, ncu: bool = False, cudnn: bool = False) -> dict:
     args = inputs(name, S, D)
     f = tc.compile(SPECS[name], fallback="raise")
     f(*args)
@@ -42,8 +50,13 @@ def profile_case(name: str, S: int, D: int, reps: int = 20, ncu: bool = False) -
         f(*args)
     torch.cuda.synchronize()
     if ncu:  # one served call between profiler start and stop (ncu --profile-from-start off)
+        if cudnn:
+            cudnn_call(name, *args[:3])  # warm: its plan is built outside the profiled range
+        torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         f(*args)
+        if cudnn:
+            cudnn_call(name, *args[:3])
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         return {"variant": name, "S": S, "D": D, "served": dict(f.served), "us_per_call": {}}
@@ -65,12 +78,13 @@ def main() -> None:
     ap.add_argument("--variants", default="document,causal")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ncu", action="store_true", help="only mark one served call for ncu")
+    ap.add_argument("--cudnn", action="store_true", help="with --ncu: also one SDPA cuDNN call (full, causal)")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
     for S, D in (tuple(map(int, x.split(":"))) for x in a.plan.split(",")):
         for name in a.variants.split(","):
-            rows.append(profile_case(name, S, D, ncu=a.ncu))
+            rows.append(profile_case(name, S, D, ncu=a.ncu, cudnn=a.cudnn))
             print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "profile_kernels.json").write_text(json.dumps(rows, indent=1))

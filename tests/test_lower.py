@@ -1,5 +1,6 @@
 """Lowering on the CPU: generated hook code, and every accepted variant compiles
 for sm_80 and sm_90 with the local nvcc (no GPU needed)."""
+import itertools
 import re
 import shutil
 
@@ -36,11 +37,12 @@ def test_tiles_agree_with_kernel_config():
     # Sm90Tile: 64-row consumer warpgroups plus a producer; lower/tiles.py's sm90_tile sizes the launch
     assert "kConsumers = BM / 64" in text and "kThreads = 128 * (1 + kConsumers)" in text
     for D, Dv in SM90_DIMS:
-        t = sm90_tile(D, Dv)
-        narrow = max(pad64(D), pad64(Dv)) == 64  # three consumers where both head dims pad to 64
-        assert (t.block_m, t.threads) == ((192, 512) if narrow else (128, 384)), (D, Dv)
-        head = f"Sm90Tile<{D}, {Dv}, {t.block_m}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>"
-        assert head in lower(_prog("causal_sdpa", D), arch="sm_90a", head_dim=D, value_dim=Dv).source
+        narrow = max(pad64(D), pad64(Dv)) == 64  # three consumers where both head dims pad to 64 ...
+        for name, plain in (("causal_sdpa", False), ("full_matmul", True)):  # ... and the scores are plain
+            t = sm90_tile(D, Dv, plain)
+            assert (t.block_m, t.threads) == ((192, 512) if narrow and plain else (128, 384)), (D, Dv, name)
+            head = f"Sm90Tile<{D}, {Dv}, {t.block_m}, {t.block_n}, {t.stages}, {int(t.own_o)}, {int(t.persistent)}>"
+            assert head in lower(_prog(name, D), arch="sm_90a", head_dim=D, value_dim=Dv).source, (D, Dv, name)
 
 
 def test_hopper_kernel_is_chosen_on_sm90a_only():
@@ -113,7 +115,7 @@ def _sass(cubin: bytes, tmp_path) -> str:
 
 @needs_nvcc
 @pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("name", ["causal_sdpa", "softcap_causal", "document_causal"])
+@pytest.mark.parametrize("name", ["causal_sdpa", "softcap_causal", "document_causal", "full_matmul"])
 def test_sm90a_cubin_uses_wgmma_and_tma(name, D, tmp_path):
     """The Hopper kernel is on the fast path: warpgroup MMA (HGMMA) fed by bulk tensor copies (UTMALDG)."""
     cubin = tc.cubin(_prog(name, D), arch="sm_90a", dtype="bfloat16", head_dim=D)
@@ -146,8 +148,8 @@ def test_sm90_shared_memory_agrees_with_the_kernel_header():
     """lower/tiles.py sizes the launch; Sm90Tile::kSmemBytes is what the kernel lays out. Same formula."""
     text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
     rhs = re.search(r"struct Sm90Tile.*?kSmemBytes\s*=\s*([^;]+);", text, re.S).group(1)
-    for D, Dv in SM90_DIMS:
-        t = sm90_tile(D, Dv)
+    for (D, Dv), plain in itertools.product(SM90_DIMS, (False, True)):
+        t = sm90_tile(D, Dv, plain)
         expr = re.sub(r"\bkPadDv\b", str(pad64(Dv)), re.sub(r"\bkPadD\b", str(pad64(D)), rhs))
         expr = re.sub(r"\bOwnO\b", str(int(t.own_o)), re.sub(r"\bStages\b", str(t.stages),
                       re.sub(r"\bBN\b", str(t.block_n), re.sub(r"\bBM\b", str(t.block_m), expr))))

@@ -54,12 +54,14 @@ def pad64(n: int) -> int:
     return -(-n // 64) * 64
 
 
-def sm90_tile(head_dim: int, value_dim: int | None = None) -> Tile | None:
+def sm90_tile(head_dim: int, value_dim: int | None = None, plain_scores: bool = False) -> Tile | None:
     """Hopper (sm_90a): one producer and two or three consumer warpgroups of 64 query rows, for head
     dims in steps of 8 up to 256 (Dv may differ). Three consumers (192 rows) where both head dims pad
-    to 64: a narrow tile has half the math per byte of K and V, and a third warpgroup's GEMMs fill the
-    tensor cores while the other two run their softmax (the consumers' 160 registers a thread hold S,
-    O and P of 64 columns). Keys per block: 128, or 80 where a padded head dim passes 128 (the O
+    to 64 and the scores are plain (no mask, the default score): a narrow tile has half the math per
+    byte of K and V, and a third warpgroup's GEMMs fill the tensor cores while the other two run their
+    softmax (+12% at D 64, +20% at D 32, full, 4k, H100). With a mask or a score hook, two: the
+    consumers' 160 registers a thread then spill, and 192-row tiles have more partial blocks (-5 to
+    -21% on causal, sliding, softcap, ALiBi, document; benchmarks/NOTES.md v14). Keys per block: 128, or 80 where a padded head dim passes 128 (the O
     accumulator and the scores share 240 registers a thread). An O buffer where shared memory has
     room (not D 256). Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the
     tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next
@@ -68,7 +70,7 @@ def sm90_tile(head_dim: int, value_dim: int | None = None) -> Tile | None:
     if not all(n % 8 == 0 and 8 <= n <= 256 for n in (head_dim, dv)):
         return None
     wide = max(pad64(head_dim), pad64(dv)) > 128
-    consumers = 3 if max(pad64(head_dim), pad64(dv)) == 64 else 2
+    consumers = 3 if plain_scores and max(pad64(head_dim), pad64(dv)) == 64 else 2
     t = Tile(head_dim, 64 * consumers, 80 if wide else 128, 4 * (1 + consumers), 2, "sm90", True,
              0 if dv == head_dim else dv, persist=pad64(dv) <= 128)
     if t.smem_bytes <= SMEM_MAX_SM90:
@@ -77,11 +79,12 @@ def sm90_tile(head_dim: int, value_dim: int | None = None) -> Tile | None:
     return t if pad64(dv) <= pad64(head_dim) and t.smem_bytes <= SMEM_MAX_SM90 else None
 
 
-def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None) -> Tile:
-    """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dims; else FA2-class."""
+def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None, plain_scores: bool = False) -> Tile:
+    """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dims; else FA2-class.
+    `plain_scores`: the program has no mask and the default score (sm90_tile says why that matters)."""
     dv = head_dim if value_dim is None else value_dim
     if arch == "sm_90a":
-        t = sm90_tile(head_dim, dv)
+        t = sm90_tile(head_dim, dv, plain_scores)
         if t is not None:
             return t
     if dv != head_dim:
