@@ -55,7 +55,7 @@ def main() -> None:
             ref = None
             for spec in a.tiles.split(";"):
                 over = overrides(spec)
-                tiles.sm90_tile = lambda d, dv=None, over=over: (lambda t: t and replace(t, **over))(original(d, dv))
+                tiles.sm90_tile = lambda *args, over=over: (lambda t: t and replace(t, **over))(original(*args))
                 try:
                     f = tc.compile(SPECS[name], fallback="raise")
                     out = f(q, k, v, *extra)
