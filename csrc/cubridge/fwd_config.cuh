@@ -57,8 +57,7 @@ template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false,
 // after the epilogue), the mbarriers and one int per row (empty-row flags).
 // Persistent: one CTA per SM walks the tiles (lower/tiles.py chooses it with
 // the launch grid).
-template <int D, int DV, int BM, int BN, int Stages, int OwnO, int Persistent, bool LazyRescale = true,
-          int L2GroupMB = 24>
+template <int D, int DV, int BM, int BN, int Stages, int OwnO, int Persistent, bool LazyRescale = true>
 struct Sm90Tile {
   static constexpr int kHeadDim = D;
   static constexpr int kValueDim = DV;
@@ -71,9 +70,6 @@ struct Sm90Tile {
   static constexpr bool kOwnO = OwnO != 0;
   static constexpr bool kPersistent = Persistent != 0;
   static constexpr bool kLazyRescale = LazyRescale;
-  // Tiles are numbered in groups of (batch, head) pairs whose K and V take at most this many bytes,
-  // so the CTAs running at one time share them in L2.
-  static constexpr long long kL2GroupBytes = (long long)L2GroupMB << 20;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg budgets: the producer keeps 24 registers a thread, the consumers share the rest of
   // the 64K register file (in steps of 8, at most 240).

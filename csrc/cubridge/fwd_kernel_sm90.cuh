@@ -85,7 +85,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // Tile numbering: (batch, head) pairs in groups whose K and V fit in L2 together (the CTAs
   // running at one time share them), and within a group the heaviest (last) query tiles first.
   const int n_m = (sq + BM - 1) / BM, n_hb = static_cast<int>(a.Hq * a.B), n_tiles = n_m * n_hb;
-  const long long fit = Cfg::kL2GroupBytes / (2ll * (D + DV) * (skv > 0 ? skv : 1));
+  constexpr long long kL2Budget = 24ll << 20;  // bytes of K and V one group may keep in L2
+  const long long fit = kL2Budget / (2ll * (D + DV) * (skv > 0 ? skv : 1));
   const int group = fit < 1 ? 1 : fit > n_hb ? n_hb : static_cast<int>(fit);
   int h = 0, b = 0, hk = 0, q_lo = 0, q_hi = 0;
   auto enter = [&](int tile) {

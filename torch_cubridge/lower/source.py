@@ -40,7 +40,7 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
         return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.dv}, {tile.block_m}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, "
-                f"{int(tile.persistent)}{'' if tile.l2_group_mb == 24 else f', true, {tile.l2_group_mb}'}>;",
+                f"{int(tile.persistent)}>;",
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]

@@ -18,7 +18,6 @@ class Tile:
     own_o: bool = False  # sm90: O staged in its own buffer, so the next tile's Q loads during the epilogue
     value_dim: int = 0  # V's head dim where it differs from Q's and K's (sm90 only); 0: the same
     persist: bool = False  # sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent)
-    l2_group_mb: int = 24  # sm90: K and V of the (batch, head) pairs numbered together (Sm90Tile's L2GroupMB)
 
     @property
     def dv(self) -> int:
