@@ -144,7 +144,7 @@ def main() -> None:
 
     if os.environ.get("OUT"):
         result = {"device": dev, "arch": arch, "torch": torch.__version__, "n": n,
-                  "compile_s": compile_s, "launch": rows, "auto_backend": L.resolve_auto_backend()}
+                  "compile_s": compile_s, "launch": rows, "auto_backend": L.auto_backend()}
         path = Path(os.environ["OUT"]) / "launch_overhead.json"
         path.write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")

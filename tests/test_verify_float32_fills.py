@@ -88,8 +88,11 @@ def test_a_program_with_a_wrong_scale_is_rejected():
     assert not rep.ok
 
 
-def test_the_float32_spec_must_leave_the_same_rows_undefined():
-    """A float32 run that defines a row the float64 run leaves NaN decides nothing."""
+def test_the_float32_spec_decides_rows_only_float64_leaves_undefined():
+    """BLOOM's and Gemma 2's fill, finfo(dtype).min before softmax(dtype=torch.float32): made in float64 it
+    overflows float32 to -inf, so float64 leaves fully masked rows NaN that float32 (every real dtype, and
+    the program) defines. The float32 run then decides, everywhere; a float32 run that leaves undefined a
+    row the float64 run defines decides nothing."""
     args = _args(gpt2_bool, S=8)
     p = tc.transfer(gpt2_bool, *args)
     bound = bind_example(gpt2_bool, args, {})
@@ -101,7 +104,18 @@ def test_the_float32_spec_must_leave_the_same_rows_undefined():
         return out
     got = torch.full_like(args[0], 0.5).double()
     ref = spec(*(a.double() if a.is_floating_point() else a for a in args))
-    assert not vcpu.judge(spec, p, bound, got, ref)[2]
+    assert vcpu.judge(spec, p, bound, got, ref) == (0.0, 0.0, True, "float32")
+    wrong = got.clone()
+    wrong[:, :, 0] = 0.7  # the row float32 defines, answered differently
+    assert not vcpu.judge(spec, p, bound, wrong, ref)[2]
+
+    def nan32(q, k, v, keep):  # NaN in row 0 in float32 only
+        out = torch.full_like(q, 0.5)
+        if q.dtype == torch.float32:
+            out[:, :, 0] = float("nan")
+        return out
+    ref64 = torch.full_like(got, 0.5)
+    assert not vcpu.judge(nan32, p, bound, wrong, ref64)[2]
     # the same, with the NaN in both runs: float64 decides (0.5 is not the contract's 0), still rejected
     both = lambda q, k, v, keep: spec(q.double(), k, v, keep).to(q.dtype)
     assert not vcpu.judge(both, p, bound, got, ref)[2]

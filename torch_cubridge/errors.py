@@ -11,3 +11,8 @@ class UnsupportedSpec(Exception):
         self.node: str | None = None   # the captured graph's node it refused, where known
         super().__init__(f"{op}: {reason}" if op else reason)
 
+
+class HeldTensorRefused(UnsupportedSpec):
+    """A side of q.k is a tensor the function holds outside its arguments (a bound method's parameter):
+    the cause a refusal reports ahead of the first walk's reason."""
+

@@ -107,6 +107,9 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     try:
         with mode:
             gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
+            if writes_through_view(gm):  # traced again with the write made a value (slice_scatter, ...)
+                gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
+                             tracing_mode="real")(*fakes)
     except UnsupportedSpec:
         raise
     except Exception as e:  # data-dependent control flow and friends surface here
@@ -121,6 +124,26 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     cpaths = {k: owners[t.data_ptr()] for k, t in consts.items()
               if isinstance(t, torch.Tensor) and t.data_ptr() in owners}
     return Captured(gm, signature_of(fn), paths, bound, consts, cpaths)
+
+
+def writes_through_view(gm: torch.fx.GraphModule) -> bool:
+    """Whether an in-place op writes into a view of another tensor (`mask[:G] = True`, `m[a:b, a:b] = 0`).
+    The graph then records the write on the view's node only, and later reads of the base would miss
+    it; functionalization turns it into a value (slice_scatter, select_scatter, ...). An in-place op on
+    the base itself needs none of that: its node is what later reads refer to."""
+    def is_view(n: torch.fx.Node) -> bool:
+        t = n.target
+        return isinstance(t, torch._ops.OpOverload) and t._schema.returns \
+            and t._schema.returns[0].alias_info is not None and not t._schema.returns[0].alias_info.is_write
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not n.args:
+            continue
+        writes = t._schema.arguments and t._schema.arguments[0].alias_info is not None \
+            and t._schema.arguments[0].alias_info.is_write
+        if writes and isinstance(n.args[0], torch.fx.Node) and is_view(n.args[0]):
+            return True
+    return False
 
 
 def _last_frame(e: BaseException) -> str:

@@ -49,6 +49,11 @@ TILES = {32: Tile(32, 128, 64, 4, 2), 64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 
 SMEM_MAX_SM90 = 232448  # bytes of shared memory one CTA may use on Hopper
 
 
+def value_dim_of(head_dim: int, value_dim: int | None) -> int:
+    """V's head dim: the query's unless given (the one place that rule lives)."""
+    return head_dim if value_dim is None else value_dim
+
+
 def pad64(n: int) -> int:
     """A head dim padded to whole 64-column TMA chunks (Sm90Tile::kPadD)."""
     return -(-n // 64) * 64
@@ -66,7 +71,7 @@ def sm90_tile(head_dim: int, value_dim: int | None = None, plain_scores: bool = 
     room (not D 256). Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the
     tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next
     tile's Q waits for the epilogue anyway."""
-    dv = head_dim if value_dim is None else value_dim
+    dv = value_dim_of(head_dim, value_dim)
     if not all(n % 8 == 0 and 8 <= n <= 256 for n in (head_dim, dv)):
         return None
     wide = max(pad64(head_dim), pad64(dv)) > 128
@@ -82,7 +87,7 @@ def sm90_tile(head_dim: int, value_dim: int | None = None, plain_scores: bool = 
 def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None, plain_scores: bool = False) -> Tile:
     """The Hopper kernel where the arch has wgmma (sm_90a) and a tile fits the head dims; else FA2-class.
     `plain_scores`: the program has no mask and the default score (sm90_tile says why that matters)."""
-    dv = head_dim if value_dim is None else value_dim
+    dv = value_dim_of(head_dim, value_dim)
     if arch == "sm_90a":
         t = sm90_tile(head_dim, dv, plain_scores)
         if t is not None:

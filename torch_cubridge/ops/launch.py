@@ -9,8 +9,9 @@ Two launch paths share the same module handling:
   "ctypes"      cuLaunchKernel straight from libcuda.so.1
   "cuda-python" cuda.bindings.driver.cuLaunchKernel
 backend="auto" launches through ctypes at once and moves to cuda-python, measured faster per call
-(see AUTO_ORDER), once its driver module has been imported on a helper thread: that import costs a
-new process ~50 ms, which a warm first call must not wait for.
+(benchmarks/launch_overhead.py, H200: its Cython wrapper converts the 11 arguments faster than ctypes'
+argtypes do), once its driver module has been imported on a helper thread: that import costs a new
+process ~50 ms, which a warm first call must not wait for.
 Context setup, error names and parameter introspection always go through
 ctypes on libcuda, which every CUDA driver installs.
 """
@@ -23,10 +24,6 @@ from typing import Sequence
 
 import torch
 
-# "auto" takes the first of these that loads. Measured per call on an H200
-# (benchmarks/launch_overhead.py): cuda-python's Cython wrapper converts the
-# 11 arguments faster than ctypes' argtypes do.
-AUTO_ORDER = ("cuda-python", "ctypes")
 BACKENDS = ("auto", "ctypes", "cuda-python")
 
 _CUDA_SUCCESS = 0
@@ -169,6 +166,11 @@ def _start_driver_import() -> None:
             _driver_thread.start()
 
 
+def auto_backend() -> str:
+    """The path backend="auto" launches through now: cuda-python once its driver module is imported."""
+    return "cuda-python" if _driver_mod is not None else "ctypes"
+
+
 def _cuda_python_call(drv):
     """cuLaunchKernel through cuda-python, returning the CUresult as an int."""
     launch = drv.cuLaunchKernel
@@ -179,18 +181,6 @@ def _cuda_python_call(drv):
         return _CUDA_SUCCESS if err == ok else int(err)
 
     return call
-
-
-def resolve_auto_backend() -> str:
-    for name in AUTO_ORDER:
-        if name == "ctypes":
-            return name
-        try:
-            _cuda_python_driver()
-            return name
-        except CudaDriverError:
-            continue
-    return "ctypes"
 
 
 class _Loaded:
@@ -215,12 +205,9 @@ class CubinKernel:
             raise ValueError(f"backend {backend!r}; expected one of {BACKENDS}")
         self._upgrade = False  # auto: ctypes until cuda-python's driver module is there
         if backend == "auto":
-            if AUTO_ORDER[0] == "cuda-python":
-                _start_driver_import()
-                self._upgrade = _driver_mod is None
-                backend = "ctypes" if self._upgrade else "cuda-python"
-            else:
-                backend = resolve_auto_backend()
+            _start_driver_import()
+            self._upgrade = _driver_mod is None
+            backend = "ctypes" if self._upgrade else "cuda-python"
         if threads <= 0 or smem_bytes < 0:
             raise ValueError(f"bad launch shape: threads={threads}, smem_bytes={smem_bytes}")
         self.cubin = bytes(cubin)

@@ -21,6 +21,7 @@ from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_prologue
 from ..lower import Lowered
+from ..lower.tiles import value_dim_of
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
@@ -39,7 +40,7 @@ class KernelRunner:
         self.kernel = kernel
         self.aux = aux or {}  # helper kernels by role (kernel.load_kernel)
         self.head_dim = head_dim
-        self.value_dim = head_dim if value_dim is None else value_dim
+        self.value_dim = value_dim_of(head_dim, value_dim)
         self.info = info
         self.fmt = params_format(low.params)
         self.dtype = getattr(torch, low.dtype)

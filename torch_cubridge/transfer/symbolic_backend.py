@@ -6,7 +6,7 @@ layouts, loads) -> extract_mask -> lift_literals -> classify blocks.
 from __future__ import annotations
 
 from ..capture.trace import Captured
-from ..errors import UnsupportedSpec
+from ..errors import HeldTensorRefused, UnsupportedSpec
 from ..ir.expr import loads
 from ..ir.program import Program
 from .assemble import assemble
@@ -39,7 +39,7 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
             try:
                 return _transfer_once(cap, prologue, not_score, walker, held)
             except UnsupportedSpec as e:
-                first = e if getattr(e, "held", False) else first or e
+                first = e if isinstance(e, HeldTensorRefused) else first or e
                 tried = walker[0].score_node if walker else None
                 if not prologue or tried is None or tried in not_score:
                     break

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ...errors import UnsupportedSpec
+from ...errors import HeldTensorRefused, UnsupportedSpec
 from ...ir.expr import Expr, const, load, loads, walk
 from ..prologue import cone_of
 from .distance import distance_chain, index_of
@@ -103,10 +103,8 @@ class OffScorePath:
             if not self.prologue.reads_arguments_only(chain[-1]):
                 # a tensor baked into the program would serve stale values (and drop its gradient)
                 # once the module's parameter changes: read it per call through an argument instead
-                e = UnsupportedSpec("a side of q.k is a tensor the function holds outside its arguments "
-                                    "(a bound method's parameter?); pass the module as an argument", op="matmul")
-                e.held = True  # the reason a refusal reports, rather than the first walk's
-                raise e
+                raise HeldTensorRefused("a side of q.k is a tensor the function holds outside its arguments "
+                                        "(a bound method's parameter?); pass the module as an argument", op="matmul")
             self._make_at(chain)
 
     def _make_at(self, chain: list[Node]) -> None:
