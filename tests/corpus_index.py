@@ -16,8 +16,8 @@ REFUSED: list[Case] = [c for m in _MODULES for c in getattr(m, "REFUSED", [])]
 NOT_YET: dict[str, str] = {
     "gym_softcap_grok_gqa": "GQA written as a grouped 5-D einsum over q.view(B, Hkv, g, T, D): the query "
                             "heads' split into (kv head, group) is not recognised as a head map",
-    "model_whisper_openai": "q, k, v passed as [B, S, H*D] and split into heads inside the spec",
-    "model_mpt_alibi": "q, k, v passed as [B, S, H*D] and split into heads inside the spec",
     "model_longformer_band": "padded query rows' probabilities zeroed after the softmax (an op on the probabilities)",
-    "model_cohere_qk_norm": "per-head LayerNorm weights [H, D]: the spec raises at the verifier's probe head count",
+    "model_cohere_qk_norm": "k is made by the prologue (a per-head LayerNorm) after repeat_kv, at the query's head "
+                            "count, while v keeps its own: K and V would reach the kernel with different head "
+                            "counts (verification fails)",
 }

@@ -16,3 +16,12 @@ class HeldTensorRefused(UnsupportedSpec):
     """A side of q.k is a tensor the function holds outside its arguments (a bound method's parameter):
     the cause a refusal reports ahead of the first walk's reason."""
 
+
+
+class SplitLayoutRefused(UnsupportedSpec):
+    """An operand's argument packs dims the spec splits apart (heads and head dim as one [.., H*D] dim):
+    the walk may run again with the argument's split view made by the prologue (`input` names it)."""
+
+    def __init__(self, reason: str, op: str | None = None, input: str = "") -> None:
+        super().__init__(reason, op)
+        self.input = input

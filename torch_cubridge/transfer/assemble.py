@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedSpec
+from ..errors import SplitLayoutRefused, UnsupportedSpec
 from ..ir.expr import Expr, call, const, rewrite, substitute, var, walk
 from ..ir.program import ExtraTensor, Operand, Output
 from .symbolic.simplify import simplify
@@ -51,9 +51,15 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     named = [d for d in dims if d is not None]
     # rank 3: [heads, seq, dim], or [batch, seq, dim] for keys shared by every head (MQA, "bjd")
     names = ["b", "h", "s", "d"] if len(ld.args) == 4 else ["b", "s", "d"] if "b" in named else ["h", "s", "d"]
-    if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
-        raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
-    dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
+    try:
+        if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
+            raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
+        dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
+    except UnsupportedSpec:
+        if not step and any(ix.op not in ("var", "const") for ix in ld.args):  # dims packed in the argument
+            raise SplitLayoutRefused(f"{name} packs dims the spec splits apart (heads with the head dim?)",
+                                     op=name, input=ld.attr) from None
+        raise
     op = Operand(f"prologue:{step}", tuple(dims), step) if step else Operand(paths[ld.attr], tuple(dims))
     return op, {d: ix for d, ix in zip(dims, ld.args) if d in ("b", "h")}
 

@@ -6,7 +6,7 @@ layouts, loads) -> extract_mask -> lift_literals -> classify blocks.
 from __future__ import annotations
 
 from ..capture.trace import Captured
-from ..errors import HeldTensorRefused, UnsupportedSpec
+from ..errors import HeldTensorRefused, SplitLayoutRefused, UnsupportedSpec
 from ..ir.expr import loads
 from ..ir.program import Program
 from .assemble import assemble
@@ -26,18 +26,27 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
     on, the walk runs again with that matmul left to the prologue (an MLP over positions fed by
     weight arguments comes before q.k), a few times at most. If every such walk fails and the spec
     holds tensors of its own, the walks run once more letting one side of q.k be such a tensor (a
-    module's latent query, made by the prologue). A refusal reports the first walk's reason, or the
-    held-operand walk's where that names the cause (a tensor baked in from outside the arguments).
+    module's latent query, made by the prologue). An argument that packs dims the spec splits apart
+    ([B, S, H*D] viewed as [B, S, H, D]) is taken again as its split view, made by the prologue (a view,
+    no copy). A refusal reports the first walk's reason, or the held-operand walk's where that names
+    the cause (a tensor baked in from outside the arguments).
     """
     first: UnsupportedSpec | None = None
     for held in (False, True):  # then: q.k may have a side the function holds (a module's latent query)
         if held and (not prologue or not cap.constants):
             break
         not_score: set[str] = set()
+        split: set[str] = set()
         for _ in range(4):
             walker: list[Walker] = []
             try:
-                return _transfer_once(cap, prologue, not_score, walker, held)
+                return _transfer_once(cap, prologue, not_score, walker, held, split)
+            except SplitLayoutRefused as e:
+                first = first or e
+                if not prologue or e.input in split:
+                    break
+                split.add(e.input)  # again, with that argument's split view made by the prologue
+                continue
             except UnsupportedSpec as e:
                 first = e if isinstance(e, HeldTensorRefused) else first or e
                 tried = walker[0].score_node if walker else None
@@ -49,7 +58,7 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
 
 
 def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_out: list,
-                   held: bool = False) -> Program:
+                   held: bool = False, split: frozenset[str] | set[str] = frozenset()) -> Program:
     ctx = Ctx()
     inputs, paths, consts = {}, {}, {}
     for path in cap.tensor_paths:
@@ -72,6 +81,7 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     walker = Walker(ctx, inputs, pro)
     walker.not_score = set(not_score)
     walker.held_operand = held
+    walker.split_inputs = set(split)
     walker_out.append(walker)
     result = walker.run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
     parts = assemble(ctx, result, paths, _q_dtype(ctx), cap.signature, consts)

@@ -144,6 +144,9 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         # that baked example values into itself must disagree with the spec here
         follow = _follow_dims(p, loaded[path]) if path in loaded else {
             i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
+        # a dim follows its size only where the example's has that size: a buffer longer than the
+        # sequence (a causal mask of the model's context, sliced by the spec) keeps its length
+        follow = {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
         shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
         if not values:
             out[path] = torch.empty(shape, dtype=ex.dtype)

@@ -43,6 +43,7 @@ class Walker(OffScorePath):
         self.not_score: set[str] = set()   # matmuls an earlier walk took for q.k and failed with
         self.held_operand = False  # q.k may have one side the function holds itself (symbolic_transfer)
         self.score_node: str | None = None
+        self.split_inputs: set[str] = set()  # arguments whose split views the prologue makes (symbolic_transfer)
 
     def arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -65,9 +66,17 @@ class Walker(OffScorePath):
             if name.rstrip("_") in _RANDOM:
                 raise UnsupportedSpec("random numbers (dropout in training?) cannot be compiled", op=f"aten.{name}")
         ph = iter(placeholders)
+        split_from: set[Node] = set()
         for node in gm.graph.nodes:
             if node.op == "placeholder":
-                self.env[node] = self.inputs[next(ph)]
+                name = next(ph)
+                self.env[node] = self.inputs[name]
+                self.from_call.add(node)
+                if name in self.split_inputs:
+                    split_from.add(node)
+            elif node.op == "call_function" and split_from and self.prologue is not None \
+                    and node.args and node.args[0] in split_from and _op_name(node) in ("view", "reshape", "_unsafe_view"):
+                self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
             elif node.op == "get_attr":
                 self.env[node] = self.inputs[consts[node.target]]
@@ -407,3 +416,7 @@ class Walker(OffScorePath):
 
 def _has_s(x: Sym) -> bool:
     return x.expr is not None and any(n.op == "var" and n.attr == "s" for n in walk(x.expr))
+
+
+def _op_name(node: Node) -> str:
+    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
