@@ -29,3 +29,10 @@ SPEC_SERVES_IN_BF16: dict[str, str] = {
                     "window's keys only, in bfloat16 over every key; verification (float64, then float32) "
                     "refuses the program's mean over every key",
 }
+
+# What a refusal of a non-softmax attention must name: the real cause, not an op met on the way.
+REFUSAL_CAUSE: dict[str, str] = {
+    "gym_refuse_sigmoid_attention": "neither q.k nor softmax",
+    "gym_refuse_linear_attention": "neither q.k nor softmax",
+    "gym_refuse_diff_attention": "applied to the probs",  # two softmaxes subtracted (was: nan_to_num had no rule)
+}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from corpus_index import CASES, NOT_YET, REFUSED
+from corpus_index import CASES, NOT_YET, REFUSAL_CAUSE, REFUSED
 from helpers import first, rel_err, to64
 
 
@@ -28,5 +28,5 @@ def test_corpus_case_transfers_and_matches_spec(case):
 
 @pytest.mark.parametrize("case", REFUSED, ids=[c.name for c in REFUSED])
 def test_corpus_non_softmax_attention_is_refused(case):
-    with pytest.raises(tc.UnsupportedSpec):
+    with pytest.raises(tc.UnsupportedSpec, match=REFUSAL_CAUSE.get(case.name)):
         tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))

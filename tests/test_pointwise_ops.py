@@ -1,4 +1,4 @@
-"""Pointwise ops beyond the first zoo (sin, cos, exp2, log2, log1p, expm1, reciprocal, sign): each
+"""Pointwise ops beyond the first zoo (sin, cos, exp2, log2, log1p, expm1, reciprocal, sign, nan_to_num): each
 transfers, its program matches the spec in float64, and its CUDA lowering compiles."""
 import math
 import shutil
@@ -48,7 +48,14 @@ def sign_causal_reciprocal(q, k, v):
     return s.masked_fill(torch.sign(i - j) < 0, float("-inf")).softmax(-1) @ v
 
 
-SPECS = [cos_sin_bias, exp2_alibi, log_distance, sign_causal_reciprocal]
+def nan_to_num_causal(q, k, v):
+    """Differential attention's guard (unilm): NaN and infinities in the scores replaced before the mask."""
+    i, j = _ij(q, k)
+    s = torch.nan_to_num(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5)
+    return (s + torch.zeros_like(s).masked_fill(j > i, float("-inf"))).softmax(-1) @ v
+
+
+SPECS = [cos_sin_bias, exp2_alibi, log_distance, sign_causal_reciprocal, nan_to_num_causal]
 
 
 @pytest.mark.parametrize("fn", SPECS, ids=[f.__name__ for f in SPECS])

@@ -177,6 +177,9 @@ class Walker(OffScorePath):
             return combine(ctx, BINARY[name], xs, dtype, op)
         if name == "where":
             return combine(ctx, "where", [self.sym(x) for x in a[:3]], dtype, op)
+        if name == "nan_to_num":
+            return self.nan_to_num(self.sym(a[0]), *(list(a[1:]) + [kw.get(k) for k in ("nan", "posinf", "neginf")
+                                                                  ][len(a) - 1:]), dtype=dtype, op=op)
         if name == "masked_fill":
             x, m, v = self.sym(a[0]), self.sym(a[1]), self.sym(a[2])
             return combine(ctx, "where", [m, v, x], dtype, op)
@@ -314,6 +317,20 @@ class Walker(OffScorePath):
         if e.payload["of"] is not s.payload["of"]:
             raise UnsupportedSpec("normalising by the sum of another row", op=op)
         return self.softmax(Sym(e.axes, None, e.dtype, "shifted", {"of": e.payload["of"]}), -1, e.dtype, op)
+
+    def nan_to_num(self, x: Sym, nan: Any = None, posinf: Any = None, neginf: Any = None, *,
+                   dtype: torch.dtype, op: str) -> Sym:
+        """torch.nan_to_num: NaN to `nan` (0), +-inf to `posinf`/`neginf` (the dtype's largest finite values)."""
+        big = torch.finfo(dtype).max if dtype.is_floating_point else 0
+        for test, val in (("ne", 0.0 if nan is None else nan), ("posinf", big if posinf is None else posinf),
+                          ("neginf", -big if neginf is None else neginf)):
+            if test == "ne":  # x != x only for NaN
+                hit = combine(self.ctx, "ne", [x, x], torch.bool, op)
+            else:
+                inf = lift_scalar(float("inf") if test == "posinf" else float("-inf"), dtype)
+                hit = combine(self.ctx, "eq", [x, inf], torch.bool, op)
+            x = combine(self.ctx, "where", [hit, lift_scalar(val, dtype), x], dtype, op)
+        return x
 
     def clamp(self, x: Sym, lo: Any, hi: Any, dtype: torch.dtype, op: str) -> Sym:
         if lo is not None:
