@@ -17,9 +17,6 @@ NOT_YET: dict[str, str] = {
     "gym_softcap_grok_gqa": "GQA written as a grouped 5-D einsum over q.view(B, Hkv, g, T, D): the query "
                             "heads' split into (kv head, group) is not recognised as a head map",
     "model_longformer_band": "padded query rows' probabilities zeroed after the softmax (an op on the probabilities)",
-    "model_cohere_qk_norm": "k is made by the prologue (a per-head LayerNorm) after repeat_kv, at the query's head "
-                            "count, while v keeps its own: K and V would reach the kernel with different head "
-                            "counts (verification fails)",
 }
 
 # Served on the CPU at float32 but refused at bfloat16 (the spec serves those calls), and why.

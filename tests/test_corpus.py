@@ -17,7 +17,11 @@ def test_corpus_case_transfers_and_matches_spec(case):
     prog = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
     torch.manual_seed(1)
     args = case.make(2, 4, 2, 70, 64, torch.float32)  # new values at the program's shape
-    got, ref = first(prog.run(*args)), first(case.fn(*to64(args)))
+    got = first(prog.run(*args))
+    try:
+        ref = first(case.fn(*to64(args)))
+    except RuntimeError:  # a spec that cannot run in float64 (finfo(float64).min into a float32 tensor: Cohere)
+        ref = first(case.fn(*args))
     if torch.isnan(ref).any():
         # a finfo(dtype).min fill that float64 overflows to -inf under softmax(dtype=float32) (BLOOM):
         # every real dtype defines those rows, so the spec in the inputs' own float32 decides

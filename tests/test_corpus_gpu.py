@@ -33,7 +33,10 @@ def test_corpus_served_by_kernel(case, D):
         with torch.no_grad():
             out = first(f(*_cuda(args)))
         assert f.served["spec"] == 0 and f.served["kernel"] == seed + 1, [e.reasons or e.reason for e in f.entries()]
-        ref = first(case.fn(*to64(_cpu(args))))
+        try:
+            ref = first(case.fn(*to64(_cpu(args))))
+        except RuntimeError:  # a spec that cannot run in float64 (see test_corpus.py)
+            ref = torch.full((1,), float("nan"))
         if torch.isnan(ref).any():  # float64 overflows a finfo(dtype).min fill (see test_corpus.py)
             ref = first(case.fn(*(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                                   for a in _cpu(args))))

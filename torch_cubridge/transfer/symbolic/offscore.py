@@ -126,7 +126,10 @@ class OffScorePath:
             sym = self.env.get(chain[-1])
             if not isinstance(sym, Sym) or sym.kind != "value" or sym.expr is None:
                 continue
-            merged = any(len(ax) != 1 for ax in sym.axes)  # pages x page size as one key dim
+            # pages x page size as one key dim: a merged axis whose every digit the value reads (a head
+            # axis repeated for GQA, (kv head, group) with the group broadcast, reads one digit only)
+            used = {n.attr for n in walk(sym.expr) if n.op == "var"}
+            merged = any(len(ax) != 1 and all(a in used for a in ax) for ax in sym.axes)
             if merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
 
