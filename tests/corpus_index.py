@@ -14,8 +14,6 @@ REFUSED: list[Case] = [c for m in _MODULES for c in getattr(m, "REFUSED", [])]
 
 # Softmax attentions of the corpus that are not served yet, and why (the README's status table lists them).
 NOT_YET: dict[str, str] = {
-    "gym_softcap_grok_gqa": "GQA written as a grouped 5-D einsum over q.view(B, Hkv, g, T, D): the query "
-                            "heads' split into (kv head, group) is not recognised as a head map",
     "model_longformer_band": "padded query rows' probabilities zeroed after the softmax (an op on the probabilities)",
 }
 

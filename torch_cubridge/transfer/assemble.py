@@ -89,6 +89,7 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     vld = ctx.facts["output"]["v"]
     probs: Sym = ctx.facts["output"]["probs"]
     qld, kld, vld, chunk = _fold_chunks(ctx, qld, kld, vld)
+    qld, kld, vld = _fold_grouped_heads(ctx, qld, kld, vld)
     q, qb = _operand(ctx, qld, "query", paths)
     # batch roles from the query's layout; a size-1 atom keeps a role it has (any reads the same)
     for nm, ix in qb.items():
@@ -137,6 +138,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
                                   arg=path, value=None if path else consts[t].tolist()))
     odims = []
     for d in out.axes:
+        whole = ctx.digits_of(d[0], d[1]) if len(d) == 2 else None
+        d = (whole,) if whole else d  # (kv head, group) merged back: the query head
         # a size-1 atom without a role is a unit axis: named with the others left over, below
         rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _OUT_DIM or ctx.sizes[a] > 1]
         if "q" in rs:  # (chunk, position in chunk) merged back: the query position
@@ -190,6 +193,37 @@ def _fold_chunks(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr,
 
 def _atom(name: str) -> Expr:
     return Expr("var", (), name)
+
+
+def _fold_grouped_heads(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr, Expr]:
+    """GQA written by splitting the query heads into (kv head, group) (Grok-1: q.view(B, Hkv, g, T, D)
+    against k [B, Hkv, S, D]): q reads head x * g + y, k and v read head x. The query head becomes one
+    atom h with x = h // g and y = h % g, so the key's and value's head index is h // g (a group map)
+    and a bias indexed by x or y reads it through h."""
+    def digits(ld: Expr) -> tuple[int, str, str, int] | None:
+        for i, ix in enumerate(ld.args):
+            lin = _linear(ix)
+            if lin is None or len(lin) != 2:
+                continue
+            inner = [a for a, c in lin.items() if c == 1]
+            outer = [a for a, c in lin.items() if inner and a != inner[0] and c == ctx.sizes.get(inner[0])]
+            if inner and outer and ctx.sizes[inner[0]] > 1 and ctx.sizes[outer[0]] > 1:
+                return i, outer[0], inner[0], lin[outer[0]]
+        return None
+    found = digits(qld)
+    if found is None:
+        return qld, kld, vld
+    i, x, y, g = found
+    bare = {ix.attr for ld in (kld, vld) for ix in ld.args if ix.op == "var"}
+    reads = {n.attr for ld in (kld, vld) for n in walk(ld) if n.op == "var"}
+    if x not in bare or y in reads:
+        return qld, kld, vld
+    h = ctx.atom(ctx.sizes[x] * g)
+    ctx.split(h, x, y)
+    qld = Expr(qld.op, qld.args[:i] + (Expr("var", (), h),) + qld.args[i + 1:], qld.attr)
+    head = call("floordiv", Expr("var", (), h), const(g))
+    kld, vld = (substitute(ld, {x: head}) for ld in (kld, vld))
+    return qld, kld, vld
 
 
 def _linear(e: Expr) -> dict[str, int] | None:
