@@ -128,8 +128,14 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     # then every other decision the spec's Python made
     facts = [sympy.Eq(s, env.replace(s)) for s in owner if env.replace(s) != s]
     facts += [g.expr for g in env.guards if not _is_equality(g.expr)]
+    # a stride's own symbol: decisions about memory layout (a stride against a size), which the program
+    # does not make (it reads every tensor through its strides); pinning the sizes they name would make
+    # a packed continuous-batching mask ([1, 1, Q, K], stride K) pin the key length every step
+    strides = {s for s, srcs in env.var_to_sources.items() if any(".stride()" in _source_name(src) for src in srcs)}
     out: list[Expr] = []
     for f in facts:
+        if f.free_symbols & strides:
+            continue
         try:
             out.append(_to_expr(f, where))
         except _Opaque:  # pin what it speaks of
@@ -142,6 +148,12 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
                     p, d = owner[orig]
                     out.append(call("eq", where[orig], const(int(bound[p].shape[d]))))
     return _unique(out)
+
+
+def _source_name(src: Any) -> str:
+    """A symbol's source as text (`name` is a method in some torch versions, a property in others)."""
+    n = getattr(src, "name", "")
+    return str(n() if callable(n) else n)
 
 
 def _is_equality(e: sympy.Basic) -> bool:

@@ -3,6 +3,7 @@
     import torch_cubridge.integrations.transformers as tcx
     tcx.register()                                   # adds "cubridge" to AttentionInterface
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="cubridge")
+    tcx.register_continuous_batching()               # generate_batch of models loaded with "eager"
 
 Each attention module is served by its own model file's `eager_attention_forward`
 (so softcaps, sinks and scalings are exactly the model's), compiled with
@@ -50,8 +51,30 @@ def eager_function(cls: type) -> Callable:
 _building: dict[str, Any] | None = None  # set by build_model_ahead: calls build kernels, then run eager
 
 
+# continuous batching's bookkeeping, which the paged cache reads and the attention maths does not
+_CB_KWARGS = ("cache", "read_index", "write_index", "block_table", "cu_seq_lens_q", "cu_seq_lens_k",
+              "max_length_q", "max_length_k", "logits_indices", "logits_processor_args", "k_cache", "v_cache")
+
+
+def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
+                      kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Continuous batching (generate_batch, ContinuousBatchingManager) passes the new keys and values
+    and its paged cache: the cache takes them and gives back every key and value of the packed
+    sequences, the eager contract ("paged|eager"); the mask it built keeps each sequence to its own."""
+    cache = kwargs.get("cache")
+    if cache is None or type(cache).__name__ != "PagedAttentionCache":
+        return key, value, kwargs
+    kwargs = dict(kwargs)
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    if kwargs.get("block_table") is not None:  # the flash contract: keys left in the pages, no mask
+        raise ValueError("continuous batching's block-table (flash) contract is not served by cubridge; "
+                         "register it as 'paged|eager' (register_continuous_batching)")
+    return key, value, {k: v for k, v in kwargs.items() if k not in _CB_KWARGS}
+
+
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+    key, value, kwargs = _from_paged_cache(module, key, value, kwargs)
     if _building is not None:
         return _build_call(module, query, key, value, attention_mask, **kwargs)
     c = _compiled.get(module)
@@ -76,6 +99,21 @@ def register(name: str = NAME) -> str:
     except ImportError:  # transformers before masking_utils builds eager's 4-D mask for any name
         return name
     AttentionMaskInterface.register(name, eager_mask)
+    return name
+
+
+PAGED_NAME = "paged|eager"  # a name continuous batching accepts (with "sdpa" and flash ones)
+
+
+def register_continuous_batching(name: str = PAGED_NAME) -> str:
+    """Serve transformers' continuous batching (generate_batch, ContinuousBatchingManager, `transformers
+    serve`) through cubridge. Continuous batching accepts only "paged|eager", "sdpa" or a flash name, and
+    switches a model loaded with "eager" to "paged|eager": registering there makes every such model's
+    batched generation call the compiled attention, which takes the paged cache's keys and values and
+    the mask continuous batching builds (packed sequences, each attending to its own). Replaces
+    transformers' own "paged|eager" function in this process."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(name, cubridge_attention_forward)
     return name
 
 
