@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from corpus_index import CASES, NOT_YET, REFUSAL_CAUSE, REFUSED
-from helpers import first, rel_err, to64
+from corpus_index import CASES, NOT_YET, REFUSAL_CAUSE, REFUSED, reference
+from helpers import first, rel_err
 
 
 def _marks(name):
@@ -17,16 +17,7 @@ def test_corpus_case_transfers_and_matches_spec(case):
     prog = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
     torch.manual_seed(1)
     args = case.make(2, 4, 2, 70, 64, torch.float32)  # new values at the program's shape
-    got = first(prog.run(*args))
-    try:
-        ref = first(case.fn(*to64(args)))
-    except RuntimeError:  # a spec that cannot run in float64 (finfo(float64).min into a float32 tensor: Cohere)
-        ref = first(case.fn(*args))
-    if torch.isnan(ref).any():
-        # a finfo(dtype).min fill that float64 overflows to -inf under softmax(dtype=float32) (BLOOM):
-        # every real dtype defines those rows, so the spec in the inputs' own float32 decides
-        ref = first(case.fn(*args))
-        assert not torch.isnan(ref).any()
+    got, ref = first(prog.run(*args)), reference(case, args)
     assert rel_err(got, ref) < 2e-5
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from corpus_index import CASES, NOT_YET, SPEC_SERVES_IN_BF16
-from helpers import first, rel_err, to64
+from corpus_index import CASES, NOT_YET, SPEC_SERVES_IN_BF16, reference
+from helpers import first, rel_err
 
 pytestmark = pytest.mark.gpu
 SERVED = [c for c in CASES if c.name not in NOT_YET and c.name not in SPEC_SERVES_IN_BF16]
@@ -33,11 +33,5 @@ def test_corpus_served_by_kernel(case, D):
         with torch.no_grad():
             out = first(f(*_cuda(args)))
         assert f.served["spec"] == 0 and f.served["kernel"] == seed + 1, [e.reasons or e.reason for e in f.entries()]
-        try:
-            ref = first(case.fn(*to64(_cpu(args))))
-        except RuntimeError:  # a spec that cannot run in float64 (see test_corpus.py)
-            ref = torch.full((1,), float("nan"))
-        if torch.isnan(ref).any():  # float64 overflows a finfo(dtype).min fill (see test_corpus.py)
-            ref = first(case.fn(*(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                                  for a in _cpu(args))))
+        ref = reference(case, _cpu(args))
         assert rel_err(out.float().cpu(), ref) < 1e-2
