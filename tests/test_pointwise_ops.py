@@ -55,7 +55,14 @@ def nan_to_num_causal(q, k, v):
     return (s + torch.zeros_like(s).masked_fill(j > i, float("-inf"))).softmax(-1) @ v
 
 
-SPECS = [cos_sin_bias, exp2_alibi, log_distance, sign_causal_reciprocal, nan_to_num_causal]
+def nan_to_num_fills(q, k, v):
+    """nan_to_num with its fills given, positionally and by keyword; the -inf mask becomes a finite fill."""
+    i, j = _ij(q, k)
+    s = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(j > i + 3, float("-inf"))
+    return torch.nan_to_num(s, 0.0, posinf=1e4, neginf=-3.0).softmax(-1) @ v
+
+
+SPECS = [cos_sin_bias, exp2_alibi, log_distance, sign_causal_reciprocal, nan_to_num_causal, nan_to_num_fills]
 
 
 @pytest.mark.parametrize("fn", SPECS, ids=[f.__name__ for f in SPECS])

@@ -17,7 +17,6 @@ class HeldTensorRefused(UnsupportedSpec):
     the cause a refusal reports ahead of the first walk's reason."""
 
 
-
 class SplitLayoutRefused(UnsupportedSpec):
     """An operand's argument packs dims the spec splits apart (heads and head dim as one [.., H*D] dim):
     the walk may run again with the argument's split view made by the prologue (`input` names it)."""

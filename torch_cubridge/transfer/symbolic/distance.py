@@ -13,7 +13,7 @@ import torch
 from torch.fx import Node
 
 from ...ir.expr import Expr, call, const
-from .sym import Sym
+from .sym import Sym, packet_name
 
 # Besides the ops torch tags pointwise: ops that compute each element of the result from the same
 # element of their inputs without the tag (casts, *_like, where, comparisons, division)
@@ -22,10 +22,6 @@ _ELEMENTWISE = {
     "div", "true_divide", "floor_divide", "remainder", "fmod", "alias", "lift_fresh_copy", "detach",
     "scalar_tensor", "clone",
 }
-
-
-def _name(n: Node) -> str:
-    return getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
 
 
 def difference(s: Sym) -> int:
@@ -48,7 +44,7 @@ def _scalar(x: object) -> bool:
 def _elementwise(n: Node, fed: set[Node]) -> bool:
     """n computes each element from the same element of its inputs in `fed`: the others are scalars,
     or the table a gather reads through them."""
-    name = _name(n)
+    name = packet_name(n)
     if name in _ELEMENTWISE or torch.Tag.pointwise in getattr(n.target, "tags", ()):
         return all(a in fed or _scalar(a) for a in n.all_input_nodes)
     if name == "index":  # table[idx]: one index, on the table's first dim

@@ -17,10 +17,10 @@ from ...ir.expr import Expr, call, const, walk
 from ..prologue import Prologue
 from . import views
 from .contract import contract
-from .offscore import PENDING, OffScorePath
+from .offscore import PENDING, OffScorePath, merges_dims
 from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
 from .simplify import simplify
-from .sym import Ctx, Sym, input_sym  # noqa: F401  (input_sym: the backend's too)
+from .sym import Ctx, Sym, input_sym, packet_name  # noqa: F401  (input_sym: the backend's too)
 
 _RANDOM = {"native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", "randint", "normal",
            "uniform", "exponential", "random", "multinomial", "randperm"}
@@ -62,7 +62,7 @@ class Walker(OffScorePath):
 
     def run(self, gm: torch.fx.GraphModule, placeholders: list[str], consts: dict[str, str]) -> Any:
         for node in gm.graph.nodes:  # randomness anywhere makes the whole function non-deterministic
-            name = getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+            name = packet_name(node)
             if name.rstrip("_") in _RANDOM:
                 raise UnsupportedSpec("random numbers (dropout in training?) cannot be compiled", op=f"aten.{name}")
         ph = iter(placeholders)
@@ -75,7 +75,7 @@ class Walker(OffScorePath):
                 if name in self.split_inputs:
                     split_from.add(node)
             elif node.op == "call_function" and split_from and self.prologue is not None \
-                    and node.args and node.args[0] in split_from and _op_name(node) in ("view", "reshape", "_unsafe_view"):
+                    and node.args and node.args[0] in split_from and merges_dims(node):
                 self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
             elif node.op == "get_attr":
@@ -177,9 +177,9 @@ class Walker(OffScorePath):
             return combine(ctx, BINARY[name], xs, dtype, op)
         if name == "where":
             return combine(ctx, "where", [self.sym(x) for x in a[:3]], dtype, op)
-        if name == "nan_to_num":
-            return self.nan_to_num(self.sym(a[0]), *(list(a[1:]) + [kw.get(k) for k in ("nan", "posinf", "neginf")
-                                                                  ][len(a) - 1:]), dtype=dtype, op=op)
+        if name == "nan_to_num":  # nan_to_num(x, nan, posinf, neginf), positionally or by keyword
+            fills = {**dict(zip(("nan", "posinf", "neginf"), a[1:])), **kw}
+            return self.nan_to_num(self.sym(a[0]), fills.get("nan"), fills.get("posinf"), fills.get("neginf"), dtype, op)
         if name == "masked_fill":
             x, m, v = self.sym(a[0]), self.sym(a[1]), self.sym(a[2])
             return combine(ctx, "where", [m, v, x], dtype, op)
@@ -318,18 +318,16 @@ class Walker(OffScorePath):
             raise UnsupportedSpec("normalising by the sum of another row", op=op)
         return self.softmax(Sym(e.axes, None, e.dtype, "shifted", {"of": e.payload["of"]}), -1, e.dtype, op)
 
-    def nan_to_num(self, x: Sym, nan: Any = None, posinf: Any = None, neginf: Any = None, *,
-                   dtype: torch.dtype, op: str) -> Sym:
+    def nan_to_num(self, x: Sym, nan: Any, posinf: Any, neginf: Any, dtype: torch.dtype, op: str) -> Sym:
         """torch.nan_to_num: NaN to `nan` (0), +-inf to `posinf`/`neginf` (the dtype's largest finite values)."""
         big = torch.finfo(dtype).max if dtype.is_floating_point else 0
-        for test, val in (("ne", 0.0 if nan is None else nan), ("posinf", big if posinf is None else posinf),
-                          ("neginf", -big if neginf is None else neginf)):
-            if test == "ne":  # x != x only for NaN
-                hit = combine(self.ctx, "ne", [x, x], torch.bool, op)
-            else:
-                inf = lift_scalar(float("inf") if test == "posinf" else float("-inf"), dtype)
-                hit = combine(self.ctx, "eq", [x, inf], torch.bool, op)
-            x = combine(self.ctx, "where", [hit, lift_scalar(val, dtype), x], dtype, op)
+
+        def put(hit: Sym, val: Any, x: Sym) -> Sym:
+            return combine(self.ctx, "where", [hit, lift_scalar(val, dtype), x], dtype, op)
+        x = put(combine(self.ctx, "ne", [x, x], torch.bool, op), 0.0 if nan is None else nan, x)  # only NaN != NaN
+        for inf, fill, default in ((float("inf"), posinf, big), (float("-inf"), neginf, -big)):
+            x = put(combine(self.ctx, "eq", [x, lift_scalar(inf, dtype)], torch.bool, op),
+                    default if fill is None else fill, x)
         return x
 
     def clamp(self, x: Sym, lo: Any, hi: Any, dtype: torch.dtype, op: str) -> Sym:
@@ -433,7 +431,3 @@ class Walker(OffScorePath):
 
 def _has_s(x: Sym) -> bool:
     return x.expr is not None and any(n.op == "var" and n.attr == "s" for n in walk(x.expr))
-
-
-def _op_name(node: Node) -> str:
-    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")

@@ -16,7 +16,7 @@ from ...errors import HeldTensorRefused, UnsupportedSpec
 from ...ir.expr import Expr, const, load, loads, walk
 from ..prologue import cone_of
 from .distance import distance_chain, index_of
-from .sym import Sym, input_sym
+from .sym import Sym, input_sym, packet_name
 
 
 class OffScorePath:
@@ -77,13 +77,13 @@ class OffScorePath:
 
     def _attention_op(self, n: Node) -> bool:
         """q.k, softmax or P.v itself: never the prologue's (a refusal there must stand)."""
-        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        name = packet_name(n)
         return name in ("_softmax", "softmax", "_safe_softmax", "_log_softmax", "logsumexp") or self.may_be_score(n)
 
     def may_be_score(self, n: Node) -> bool:
         """n is a matmul of two values read from the call (a matmul of positions by weights is an MLP)
         that no earlier walk took for q.k and failed with."""
-        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+        name = packet_name(n)
         if name not in ("bmm", "mm", "matmul", "baddbmm", "addmm") or n.name in self.not_score:
             return False
         pair = _operands(n)
@@ -179,7 +179,7 @@ _VIEWS = {"view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "
 
 def _operands(n: Node) -> tuple:
     """The two factors of a matmul node (addmm's and baddbmm's first argument is the bias)."""
-    name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+    name = packet_name(n)
     return tuple(n.args[1:3] if name in ("baddbmm", "addmm") else n.args[:2])
 
 
@@ -192,19 +192,19 @@ def _to_merge(x: Node) -> list[Node]:
     """x and the views above it that merge or split dims (bmm's [B*H, S, D]), up to the last value the
     spec itself shaped: the chain, that value last."""
     chain = [x]
-    while _view_op(chain[-1]) and _merging(chain[-1]) and isinstance(chain[-1].args[0], Node) \
+    while _view_op(chain[-1]) and merges_dims(chain[-1]) and isinstance(chain[-1].args[0], Node) \
             and chain[-1].args[0].op == "call_function":
         chain.append(chain[-1].args[0])
     return chain
 
 
-def _merging(n: Node) -> bool:
+def merges_dims(n: Node) -> bool:
     """A view that may merge or split dims (the rest keep each dim's identity)."""
-    return getattr(getattr(n.target, "overloadpacket", None), "__name__", "") in ("view", "reshape", "_unsafe_view")
+    return packet_name(n) in ("view", "reshape", "_unsafe_view")
 
 
 def _view_op(n: Node) -> bool:
-    name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
+    name = packet_name(n)
     return n.op == "call_function" and name in _VIEWS and bool(n.args)
 
 

@@ -21,6 +21,11 @@ from .simplify import simplify
 Axes = tuple[tuple[str, ...], ...]
 
 
+def packet_name(node: Any) -> str:
+    """An FX node's aten op without its overload ("bmm" for aten.bmm.default); "" for anything else."""
+    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+
+
 @dataclass
 class Sym:
     axes: Axes
