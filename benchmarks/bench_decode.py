@@ -26,6 +26,13 @@ def gqa_decode(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
+def paged_gqa_decode(q, k_pages, v_pages, block_table):
+    """The same attention with the cache in pages [N, Hkv, P, D] read through a block table (vLLM style)."""
+    k = k_pages[block_table].permute(0, 2, 1, 3, 4).flatten(2, 3)
+    v = v_pages[block_table].permute(0, 2, 1, 3, 4).flatten(2, 3)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
 def bench(fn) -> float:
     from triton.testing import do_bench
     return do_bench(fn, warmup=25, rep=200, return_mode="median")  # milliseconds
@@ -75,28 +82,104 @@ def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     return row
 
 
+def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int, contiguous_ms: float) -> dict:
+    """Paged decode (Sq 1) against the contiguous kernel's time at the same shape (same run)."""
+    dev, dt = "cuda", torch.bfloat16
+    per = Skv // P
+    n = B * per + 7
+    q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
+    kp, vp = (torch.randn(n, Hkv, P, D, device=dev, dtype=dt) for _ in range(2))
+    table = torch.randperm(n, device=dev)[:B * per].reshape(B, per)
+    nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * D)
+    row = {"B": B, "H": H, "Hkv": Hkv, "Sq": 1, "Skv": Skv, "D": D, "page": P, "bytes": nbytes}
+    f = tc.compile(paged_gqa_decode, fallback="raise")
+    out = f(q, kp, vp, table)
+    r = f.kernels()[-1]
+    row["kernel"] = r.low.tile.kernel + ("-paged" if r.low.paged else "")
+    ref = paged_gqa_decode(q.double(), kp.double(), vp.double(), table)
+    row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
+    row["ours_ms"] = bench(lambda: f(q, kp, vp, table))
+    row["spec_ms"] = bench(lambda: paged_gqa_decode(q, kp, vp, table))  # PyTorch gathers, then SDPA
+    row["contiguous_ms"] = contiguous_ms
+    row["ours_tbs"] = nbytes / (row["ours_ms"] * 1e-3) / 1e12
+    row["paged_over_contiguous"] = contiguous_ms / row["ours_ms"]
+    return row
+
+
+def ab(configs: str, lengths: list[int]) -> list[dict]:
+    """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;..." sets the K/V
+    ring depth (DecodeTile) and the split rule's CTAs per multiprocessor (ops/runner.py)."""
+    from dataclasses import replace
+    import torch_cubridge.lower.source as source
+    import torch_cubridge.ops.runner as runner
+    base_tile, base_ctas = source.decode_tile, runner.DECODE_CTAS_PER_SM
+    out = []
+    for Skv in lengths:
+        dev, dt = "cuda", torch.bfloat16
+        q = torch.randn(8, 32, 1, 128, device=dev, dtype=dt)
+        k, v = (torch.randn(8, 8, Skv, 128, device=dev, dtype=dt) for _ in range(2))
+        nbytes = 2 * (2 * 8 * 8 * Skv * 128 + 2 * 8 * 32 * 128)
+        for cfg in configs.split(";"):
+            kv = dict(x.split("=") for x in cfg.split(",")) if cfg.strip() else {}
+            st, ctas = int(kv.get("stages", 2)), int(kv.get("ctas", base_ctas))
+            source.decode_tile = lambda d, st=st: replace(base_tile(d), stages=st)
+            runner.DECODE_CTAS_PER_SM = ctas
+            try:
+                f = tc.compile(gqa_decode, fallback="raise")
+                o = f(q, k, v)
+                ref = gqa_decode(q.double(), k.double(), v.double())
+                ms = bench(lambda: f(q, k, v))
+                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "ms": ms,
+                             "tbs": nbytes / (ms * 1e-3) / 1e12,
+                             "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
+            finally:
+                source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--lengths", default="4096,32768")
     ap.add_argument("--sq", default="1,4")
+    ap.add_argument("--pages", default="16,256", help="page sizes for the paged rows ('' for none)")
+    ap.add_argument("--ab", default="", help='decode kernel A/B, e.g. "stages=2;stages=3;ctas=3"')
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if a.ab:
+        res = ab(a.ab, [int(x) for x in a.lengths.split(",")])
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "decode_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                                "rows": res}, indent=1))
+        for r in res:
+            print(f"{r['Skv']:6d} stages {r['stages']} ctas/SM {r['ctas_per_sm']}: {r['tbs']:.2f} TB/s")
+        return
     rows = []
     for Sq in map(int, a.sq.split(",")):
         for Skv in map(int, a.lengths.split(",")):
             rows.append(run(8, 32, 8, Sq, Skv, 128))
             print(json.dumps(rows[-1]), flush=True)
+    paged = []
+    for P in [int(x) for x in a.pages.split(",") if x]:
+        for r in [r for r in rows if r["Sq"] == 1]:
+            paged.append(run_paged(8, 32, 8, r["Skv"], 128, P, r["ours_ms"]))
+            print(json.dumps(paged[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "decode.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                         "torch": torch.__version__, "rows": rows}, indent=1))
+                                                         "torch": torch.__version__, "rows": rows,
+                                                         "paged": paged}, indent=1))
     print(f"{'Sq':>3} {'Skv':>6} {'kernel':>7} {'ours TB/s':>9} {'flash':>6} {'cudnn':>6} {'flex':>6} {'/flash':>6} {'/flex':>6}")
     for r in rows:
         g = lambda k: r.get(k) or 0.0  # noqa: E731
         print(f"{r['Sq']:3d} {r['Skv']:6d} {r['kernel']:>7} {g('ours_tbs'):9.2f} {g('sdpa_flash_tbs'):6.2f} "
               f"{g('sdpa_cudnn_tbs'):6.2f} {g('flex_tbs'):6.2f} {g('sdpa_flash_ms') / g('ours_ms'):6.2f} "
               f"{(g('flex_ms') / g('ours_ms')):6.2f}")
+    print(f"{'page':>4} {'Skv':>6} {'kernel':>12} {'TB/s':>6} {'paged/contiguous':>16} {'spec ms':>8}")
+    for r in paged:
+        print(f"{r['page']:4d} {r['Skv']:6d} {r['kernel']:>12} {r['ours_tbs']:6.2f} "
+              f"{r['paged_over_contiguous']:16.3f} {r['spec_ms']:8.3f}")
 
 
 if __name__ == "__main__":

@@ -234,15 +234,16 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .ops.runner import KernelRunner, arch_for
     from .verify.gpu import verify_kernel
     p = res.program
-    dtype, head_dim, value_dim, decode = kernel_choice(p, bound)
+    dtype, head_dim, value_dim, decode, paged = kernel_choice(p, bound)
     device = call_device(bound)
     arch = arch_for(device)
     last = None
     for fast in (True, False):
-        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
+        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
+                    paged=paged is not None)
         kern, info, aux = load_kernel(low, arch)
         info["program"] = res.key
-        runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim)
+        runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim, paged)
         gpu = _device_id(device)
         cubin = info["key"] + ":" + info["sha256"]  # the verdict holds for this binary
         known = verdicts.gpu_verdict(cubin, res.key, gpu)
@@ -269,9 +270,12 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, bool]:
+def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, bool, Any]:
     """(the dtype the kernel computes in, head dim of Q and K, head dim of V, whether the decode kernel
-    serves) for a call; refuses what no kernel takes (a head dim none takes is refused at lowering)."""
+    serves, how it reads paged K and V in place or None) for a call; refuses what no kernel takes (a
+    head dim none takes is refused at lowering). Paged reads hold at the call's shapes: a program with
+    computed operands is guarded to them."""
+    from .ir.paged import paged_operands
     from .ir.bounds import data_dependent_index
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
@@ -286,7 +290,10 @@ def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, boo
     dv = ops["v"].shape[p.v.dims.index("d")]
     # calls with few queries get the split-KV decode kernel where it takes the program
     decode = decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim, dv) is None
-    return DTYPES[q.dtype], head_dim, dv, decode
+    paged = paged_operands(p, bound) if decode else None
+    if paged is not None and decode_refusal(p, head_dim, dv, paged=True) is not None:
+        paged = None  # the prologue gathers the pages, and the plain decode kernel serves
+    return DTYPES[q.dtype], head_dim, dv, decode, paged
 
 
 def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:
@@ -298,10 +305,11 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     progress("capture, transfer and CPU verification")
     res = transfer_stage(fn, bound)
     p = res.program
-    dtype, head_dim, value_dim, decode = kernel_choice(p, bound)  # as a serving process chooses
+    dtype, head_dim, value_dim, decode, paged = kernel_choice(p, bound)  # as a serving process chooses
     out = []
     for fast in (True, False):  # the variants a serving process may try, in its order
-        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim)
+        low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
+                    paged=paged is not None)
         dims = f"head dim {head_dim}" + (f", value head dim {value_dim}" if value_dim != head_dim else "")
         progress(f"building {low.kernel} for {arch} ({dims}{', decode' if decode else ''})")
         _, info, _ = load_kernel(low, arch)  # builds into the cache; nothing is loaded on a GPU

@@ -52,4 +52,22 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   }
 }
 
+// The same rows of an operand kept in pages: row s is row s % page of page page_of(s / page), pages
+// `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
+template <int ROWS, int D, int LDS, int NTHREADS, class T, class PageOf>
+__device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride, int page,
+                                                PageOf page_of, int row0, int nrows, int tid) {
+  constexpr int kChunks = D / 8;
+  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
+  const unsigned s0 = smem_u32(s);
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+    const int idx = tid + i * NTHREADS;
+    const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
+    const bool ok = row < nrows;
+    const T* src = ok ? g + page_of(row / page) * page_stride + static_cast<long long>(row % page) * ld + c * 8 : g;
+    cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
+  }
+}
+
 }  // namespace cubridge

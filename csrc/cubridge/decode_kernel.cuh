@@ -11,10 +11,11 @@
 // memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split]
 // fp32 when n_split > 1 (null otherwise: the CTA writes O itself). counters: one int per
 // (b, blockIdx.y), zero before the launch; the merging CTA sets its own back to zero, so a buffer
-// serves every launch of one stream (and every replay of a CUDA graph).
+// serves every launch of one stream (and every replay of a CUDA graph). pg: K/V pages and block
+// tables, read only where the kernel is built paged (kPaged).
 //
 // Per CTA: Q rows -> shared -> registers; for every non-empty 64-key block of its chunk, all
-// warps load K and V (cp.async, two stages) and warp w takes keys [16w, 16w + 16) with its own
+// warps load K and V (cp.async, a ring of kStages blocks) and warp w takes keys [16w, 16w + 16) with its own
 // online softmax (m, l, O in registers); the four warps merge through shared memory at the end.
 #pragma once
 #include <cuda_bf16.h>
@@ -31,14 +32,35 @@
 
 namespace cubridge {
 
-template <int D>
+// K and V kept in pages (vLLM-style), read in place where the kernel is built paged: key s of
+// sequence b is row s % page of page table[b, s / page]. FwdArgs' k/v then point at the pages, with
+// k_sh/v_sh the pages' head stride and k_ss/v_ss the row stride within a page (k_sb/v_sb unused).
+struct PagedKV {
+  const void* k_table;  // [B, pages per sequence], int32 or int64
+  const void* v_table;
+  long long kt_sb, kt_sp, vt_sb, vt_sp;  // table strides: sequence, page
+  long long k_sp, v_sp;                  // elements from one page to the next
+  long long k_pages, v_pages;            // pages in each buffer
+  long long page;                        // keys per page
+  long long table64;                     // 1: the tables are int64
+};
+
+// A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
+// buffer: an entry the spec itself would reject must not become a wild read.
+__device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
+  long long e = t64 ? __ldg(static_cast<const long long*>(table) + off) : __ldg(static_cast<const int*>(table) + off);
+  if (e < 0) e += n;
+  return e < 0 ? 0 : (e >= n ? n - 1 : e);
+}
+
+template <int D, int ST = 2>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
   static constexpr int kRows = 16;    // packed (head, query) rows per CTA
   static constexpr int kBlockN = 64;  // keys per block: 16 per warp
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = ST;  // K/V blocks in the ring: ST - 1 load while one is used
   static constexpr int kSmemLd = D + 8;
   // Q, the K/V ring; the merge (4 warps x 16 rows x D fp32, then m and l) reuses the ring
   static constexpr int kRingBytes = (kRows + 2 * kStages * kBlockN) * kSmemLd * 2;
@@ -52,13 +74,15 @@ __device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Var
                                             const float* part_o, const float* part_lse, int n_split,
                                             long long row, int lane);
 
-template <class Cfg, class Variant, class T>
+template <class Cfg, class Variant, class T, bool kPaged = false>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
-                                                 float* part_o, float* part_lse, int* counters, int chunk) {
+                                                 float* part_o, float* part_lse, int* counters, int chunk,
+                                                 const PagedKV& pg) {
   constexpr int D = Cfg::kHeadDim, R = Cfg::kRows, BN = Cfg::kBlockN, LDS = Cfg::kSmemLd;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
   constexpr int KC = D / 16, DT = D / 8;
   constexpr bool kRaw = score_is_default<Variant>(0);
+  static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V unpaged");
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
 
@@ -81,8 +105,11 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // @cuir tile axis=q size=kRows
   const int kv_begin = split * chunk, kv_end = imin(kv_begin + chunk, skv);
-  const T* gK = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
-  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+  const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
+  const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
+  const bool t64 = pg.table64 != 0;
+  auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
+  auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
   const int j0 = kv_begin / BN, j1 = (kv_end + BN - 1) / BN;
 
   // The tile's class for keys [kv_lo, kv_hi): every query head of the tile over all Sq queries
@@ -107,12 +134,19 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   auto prefetch = [&](int stage) {
     while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < j1;
-    if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
-    if (ok) load_tile<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pf * BN, kv_end, tid);
+    if constexpr (kPaged) {
+      const int pgn = static_cast<int>(pg.page);
+      if (ok) load_tile_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, pgn, k_page, pf * BN, kv_end, tid);
+      if (ok) load_tile_paged<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pg.v_sp, pgn, v_page, pf * BN, kv_end, tid);
+    } else {
+      if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pf * BN, kv_end, tid);
+    }
     cp_async_commit();
     ++pf;
   };
-  prefetch(0);
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) prefetch(st);
   __syncthreads();
   unsigned qa[1][KC][4];
   load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
@@ -136,8 +170,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     // @cuir skip when=empty
     if (cls == kEmpty) continue;
     // @cuir load tensor=k
-    prefetch(stage ^ 1);
-    cp_async_wait<1>();
+    prefetch(stage == 0 ? ST - 1 : stage - 1);  // the slot the last block used (freed by its barrier)
+    cp_async_wait<ST - 1>();
     __syncthreads();
     // @cuir mma name=qk
     float s[1][2][4];
@@ -163,7 +197,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     // @cuir mma name=pv
     gemm_pv<T, 1, 2, DT, LDS>(o, s, v_lane + stage * BN * LDS * 2);
     __syncthreads();  // every warp is done with this stage before the next prefetch refills it
-    stage ^= 1;
+    stage = stage == ST - 1 ? 0 : stage + 1;
   }
   // @cuir endloop axis=kv
   cp_async_wait<0>();
@@ -255,7 +289,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     val.y = pack2<T>(acc[c + 2] * o_scale, acc[c + 3] * o_scale);
     val.z = pack2<T>(acc[c + 4] * o_scale, acc[c + 5] * o_scale);
     val.w = pack2<T>(acc[c + 6] * o_scale, acc[c + 7] * o_scale);
-    if (Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
+    if (!kPaged && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
     *reinterpret_cast<uint4*>(gO + c) = val;
   }
   // @cuir store tensor=lse when=requested

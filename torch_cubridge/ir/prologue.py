@@ -81,12 +81,30 @@ def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.devi
     return done
 
 
-def run_prologue(p: Program, bound: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The results the program reads (computed operands, extra tensors), by step name, on `device`."""
+def needed_steps(steps: tuple[Step, ...], names: set[str]) -> tuple[Step, ...]:
+    """The steps the named results need, in order."""
+    by_name = {s.name: s for s in steps}
+    keep: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = todo.pop()
+        if n in keep:
+            continue
+        keep.add(n)
+        todo += list(step_refs((by_name[n].args, by_name[n].kwargs)))
+    return tuple(s for s in steps if s.name in keep)
+
+
+def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
+                 in_place: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The results the program reads (computed operands, extra tensors), by step name, on `device`.
+    in_place: operands ("k", "v") the kernel reads where they lie (paged KV), so not computed."""
     if not p.prologue:
         return {}
-    done = run_steps(p.prologue, bound, device, _lengths(p, bound))
-    used = [op.step for op in (p.q, p.k, p.v) if op.step] + [x.step for x in p.extras if x.step]
+    used = [op.step for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step and r not in in_place] + \
+        [x.step for x in p.extras if x.step]
+    steps = needed_steps(p.prologue, set(used)) if in_place else p.prologue
+    done = run_steps(steps, bound, device, _lengths(p, bound))
     return {s: done[s].to(device) for s in used}
 
 

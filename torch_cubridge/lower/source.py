@@ -26,16 +26,18 @@ class Lowered:
     dtype: str
     fast_tanh: bool
     prepass: str | None = None  # kernel name of the block-class pre-pass, when the mask reads data
+    paged: bool = False         # decode: K and V read in place from pages through a block table (ir/paged.py)
 
 
-def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
+def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
-        return [f"using Cfg = cubridge::DecodeTile<{head_dim}>;",
+        return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.stages}>;",
                 f'extern "C" __global__ void __launch_bounds__({tile.threads})',
                 f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
-                "int* counters, long long chunk) {",
-                f"  cubridge::attention_decode<Cfg, Variant, {t}>(a, p, part_o, part_lse, counters, (int)chunk);",
+                "int* counters, long long chunk, cubridge::PagedKV pg) {",
+                f"  cubridge::attention_decode<Cfg, Variant, {t}, {str(paged).lower()}>(a, p, part_o, part_lse, "
+                "counters, (int)chunk, pg);",
                 "}", ""]
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
@@ -50,23 +52,29 @@ def _entry(tile: Tile, head_dim: int, t: str) -> list[str]:
             f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]
 
 
-def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None) -> str | None:
+def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
     """Why the decode kernel cannot serve this program at these head dims; None when it can."""
     if not decode_head_dim(head_dim):
         return f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}"
     if value_dim is not None and value_dim != head_dim:
         return f"the decode kernel takes one head dim for Q, K and V, not {head_dim} and {value_dim}"
+    if paged and p.empty_rows == "mean_v":
+        return "rows with every key masked take the mean of V, which the paged decode kernel does not read"
     return None
 
 
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-          fast_tanh: bool = True, decode: bool = False, value_dim: int | None = None) -> Lowered:
+          fast_tanh: bool = True, decode: bool = False, value_dim: int | None = None,
+          paged: bool = False) -> Lowered:
     """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel.
-    `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that)."""
+    `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that).
+    `paged`: the decode kernel reads K and V from pages through block tables (ir/paged.py)."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
-    why = decode_refusal(p, head_dim, value_dim) if decode else None
+    if paged and not decode:
+        raise UnsupportedSpec("paged K and V are read in place only by the decode kernel", op="lower")
+    why = decode_refusal(p, head_dim, value_dim, paged) if decode else None
     if why:
         raise UnsupportedSpec(why, op="lower")
     if decode and p.block_rule == "prepass":
@@ -102,6 +110,6 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         "",
         variant,
         "",
-    ] + _entry(tile, head_dim, t) + prepass)
+    ] + _entry(tile, head_dim, t, paged) + prepass)
     return Lowered(src, DECODE_NAME if decode else KERNEL_NAME, tile, tuple(fields), scale, dtype, fast,
-                   PREPASS_NAME if prepass else None)
+                   PREPASS_NAME if prepass else None, paged)

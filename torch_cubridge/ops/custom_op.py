@@ -25,6 +25,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[to
 def _(q, k, v, extras, scalars, kernel_id):
     r = _runner(kernel_id)
     (B, H, S, _), _ = canon(q, r.plan.perms[0])
-    dv = canon(v, r.plan.perms[2])[0][3]  # O has V's head dim
+    dv = v.shape[-1] if r.paged is not None else canon(v, r.plan.perms[2])[0][3]  # O has V's head dim
     shape, _ = r.plan.out_layout(B, H, S, dv)
     return q.new_empty(shape)

@@ -12,6 +12,11 @@ from ..lower.variant import ParamField
 FWD_FORMAT = struct.Struct("<5Q12q5qd")
 
 
+# PagedKV: 2 table pointers, 10 integers (csrc/cubridge/decode_kernel.cuh); all zero where unpaged
+PAGED_FORMAT = struct.Struct("<2Q10q")
+NO_PAGES = PAGED_FORMAT.pack(*([0] * 12))
+
+
 def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple, v_st: tuple, o_st: tuple,
                  sizes: tuple[int, int, int, int, int], scale: float) -> bytes:
     """The same FwdArgs from plain ints (the per-call fast path builds no views)."""

@@ -15,6 +15,7 @@ import torch
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
 from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values
+from ..ir.paged import PagedRead
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interval import interval
@@ -26,7 +27,7 @@ from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
-from .pack import pack_fwd_raw, pack_params, params_format
+from .pack import NO_PAGES, PAGED_FORMAT, pack_fwd_raw, pack_params, params_format
 from .tma import no_broadcast, tensor_map
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
@@ -34,8 +35,12 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kern
 
 class KernelRunner:
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
-                 aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None) -> None:
+                 aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None,
+                 paged: tuple[PagedRead, PagedRead] | None = None) -> None:
         self.p = p
+        self.paged = paged  # K and V read in place from pages (low.paged), not gathered by the prologue
+        if (paged is not None) != low.paged:
+            raise ValueError("a paged kernel needs its paged reads, and only it")
         self.low = low
         self.kernel = kernel
         self.aux = aux or {}  # helper kernels by role (kernel.load_kernel)
@@ -79,9 +84,37 @@ class KernelRunner:
 
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
         p = self.p
+        if self.paged is not None:
+            made = run_prologue(p, bound, call_device(bound), in_place=("k", "v"))
+            kv = self._pages(bound)
+            return self._execute(operand_value(bound, p.q, made), kv[0], kv[1], self.plan.perms,
+                                 self._extras(bound, made), bound, poison, paged=kv[2:])
         made = run_prologue(p, bound, call_device(bound)) if p.prologue else {}
         q, k, v = (operand_value(bound, op, made) for op in (p.q, p.k, p.v))
         return self._execute(q, k, v, self.plan.perms, self._extras(bound, made), bound, poison)
+
+    def _pages(self, bound: dict[str, Any]) -> tuple:
+        """(K pages, V pages, their canonical [B, Hkv, S, D] sizes and strides, the PagedKV words): key
+        s of sequence b is row s % P of page table[b, s // P] (ir/paged.py)."""
+        kr, vr = self.paged
+        kp, vp = lookup(bound, kr.pages), lookup(bound, vr.pages)
+        kt, vt = lookup(bound, kr.table), lookup(bound, vr.table)
+        if kt.dtype != vt.dtype or kt.device != kp.device or vt.device != vp.device:
+            raise SpecServes("the block tables differ in dtype or lie on another device than the pages")
+        B, per = kt.shape
+        P = kp.shape[kr.slot_dim]
+
+        def layout(t: torch.Tensor, r: PagedRead) -> tuple:
+            st = t.stride()
+            hkv, sh = (t.shape[r.head_dim], st[r.head_dim]) if r.head_dim is not None else (1, 0)
+            if st[-1] != 1 or t.data_ptr() % 16 or st[0] % 8 or sh % 8 or st[r.slot_dim] % 8:
+                raise SpecServes("the pages' rows are not 16-byte aligned for the paged kernel")
+            return (B, hkv, per * P, t.shape[-1]), (0, sh, st[r.slot_dim], 1)
+
+        words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
+                                  vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P,
+                                  int(kt.dtype == torch.int64))
+        return kp, vp, layout(kp, kr), layout(vp, vr), words, (kt, vt)
 
     def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
@@ -97,10 +130,16 @@ class KernelRunner:
         """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
-        made = run_prologue(self.p, bound, call_device(bound)) if self.p.prologue else {}
-        q, k, v = (operand_value(bound, op, made) for op in (self.p.q, self.p.k, self.p.v))
+        in_place = ("k", "v") if self.paged is not None else ()
+        made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
+        q = operand_value(bound, self.p.q, made)
         ex = self._extras(bound, made)
         extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
+        if self.paged is not None:  # the op takes the pages as k and v, and the tables after the extras
+            k, v = (lookup(bound, r.pages) for r in self.paged)
+            extras += [lookup(bound, r.table) for r in self.paged]
+        else:
+            k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
         out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
@@ -114,6 +153,10 @@ class KernelRunner:
         it = iter(scalars)
         bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
         ex = {x.name: t for x, t in zip(self.p.extras, extras)}
+        if self.paged is not None:
+            (kr, vr), (kt, vt) = self.paged, extras[-2:]
+            kv = self._pages({kr.pages: k, vr.pages: v, kr.table: kt, vr.table: vt})
+            return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
         return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
 
     def _const(self, x: Any, dev: torch.device) -> torch.Tensor:
@@ -124,11 +167,16 @@ class KernelRunner:
 
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
-                 bound: dict | None, poison: bool, raw: bool = False) -> Any:
+                 bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None) -> Any:
+        """paged: K's and V's canonical sizes and strides over their pages, the PagedKV words and the
+        tables (k and v are then the pages)."""
         p = self.p
         (B, H, Sq, D), qs = canon(q, perms[0])
-        (Bk, Hkv, Skv, Dk), ks = canon(k, perms[1])
-        (Bv, Hv, Sv, Dv), vs = canon(v, perms[2])
+        if paged is not None:
+            ((Bk, Hkv, Skv, Dk), ks), ((Bv, Hv, Sv, Dv), vs) = paged[0], paged[1]
+        else:
+            (Bk, Hkv, Skv, Dk), ks = canon(k, perms[1])
+            (Bv, Hv, Sv, Dv), vs = canon(v, perms[2])
         dt = self.dtype
         if q.dtype != dt or k.dtype != dt or v.dtype != dt:
             raise TypeError(f"query/key/value must all be {dt}; got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -140,14 +188,19 @@ class KernelRunner:
         if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
         tma = self.low.tile.kernel == "sm90"
-        if not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
+        if paged is not None:  # the pages are read where they lie (checked in _pages); q may be copied
+            if not _ok(q, qs):
+                q = q.contiguous()
+                qs = canon(q, perms[0])[1]
+        elif not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
                 no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
                 and no_broadcast((B, Hkv, Skv, Dv), vs)):
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
+        hkv_spec = Hkv if paged is None else self.paged[0].heads  # the kernel packs paged heads its own way
         if self._needs_sizes or self._scale_const is None:
-            sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+            sizes = {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv, "D": D}
             for name, val in p.requires:
                 if sizes[name] != val:
                     raise ValueError(f"this program was captured with {name}={val} and is only valid there "
@@ -155,7 +208,7 @@ class KernelRunner:
         scal = self._lit if self._lit is not None else scalar_values(p, bound or {}, sizes)
         tensors = self._tensors(extras, q.device) if p.extras else {}
         if self._sites:
-            self._check_bounds(B, H, Hkv, Sq, Skv, D, scal, tensors)
+            self._check_bounds(B, H, hkv_spec, Sq, Skv, D, scal, tensors)
         if torch.is_grad_enabled() and not raw and (q.requires_grad or k.requires_grad or v.requires_grad or any(
                 t.requires_grad for t in tensors.values())):
             raise NeedsAutograd("the kernel has no backward yet")
@@ -182,7 +235,8 @@ class KernelRunner:
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
             if self.low.tile.kernel == "decode":
-                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream)
+                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream,
+                                    paged[2] if paged is not None else NO_PAGES)
                 return self._result(out, raw)
             nq = -(-Sq // self.low.tile.block_m)
             grid = (nq, H, B)
@@ -205,7 +259,7 @@ class KernelRunner:
         return res
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, di: int,
-                       dev: torch.device, stream: int) -> None:
+                       dev: torch.device, stream: int, pages: bytes) -> None:
         """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the
         last chunk of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
         tile = self.low.tile
@@ -219,8 +273,8 @@ class KernelRunner:
             self._parts = (po, pl)  # alive until the launch is enqueued
             part = (po.data_ptr(), pl.data_ptr(), self._counters(B * Hkv * row_tiles, di, dev, stream))
         bufs = tuple(struct.pack("<Q", x) for x in part)
-        self.kernel.launch((n_split, Hkv * row_tiles, B), blocks + bufs + (struct.pack("<q", per * tile.block_n),),
-                           stream)
+        self.kernel.launch((n_split, Hkv * row_tiles, B),
+                           blocks + bufs + (struct.pack("<q", per * tile.block_n), pages), stream)
 
     def _counters(self, n: int, di: int, dev: torch.device, stream: int) -> int:
         """The split counters of `stream` (zeros; the kernel leaves them zero), at least n of them. One
@@ -307,11 +361,14 @@ def arch_for(device: torch.device) -> str:
     return f"sm_{major}{minor}" if major == 8 else "sm_80"
 
 
+DECODE_CTAS_PER_SM = 2  # the split rule's target (benchmarks/bench_decode.py --ab varies it)
+
+
 def decode_split(ctas: int, n_blk: int, sms: int) -> tuple[int, int]:
     """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: about
     two CTAs per multiprocessor. Measured on the H100 (NOTES v8): filling every resident slot in whole
     waves instead (up to 12 splits of 6 blocks at 4k) was slower, 1.41 against 1.85 TB/s, since each
     split pays its Q load, warp merge and partial write."""
-    n = max(1, min(n_blk, -(-2 * sms // ctas)))
+    n = max(1, min(n_blk, -(-DECODE_CTAS_PER_SM * sms // ctas)))
     per = -(-n_blk // n)
     return -(-n_blk // per), per

@@ -15,7 +15,7 @@ from torch.fx import Node
 
 from ..errors import UnsupportedSpec
 from ..ir.program import Step
-from ..ir.prologue import step_refs
+from ..ir.prologue import needed_steps
 
 
 class Prologue:
@@ -72,15 +72,7 @@ class Prologue:
 
     def needed(self, names: set[str]) -> tuple[Step, ...]:
         """The steps the named results need, in order."""
-        keep = set()
-        todo = list(names)
-        while todo:
-            n = todo.pop()
-            if n in keep:
-                continue
-            keep.add(n)
-            todo += list(step_refs((self.steps[n].args, self.steps[n].kwargs)))
-        return tuple(s for n, s in self.steps.items() if n in keep)
+        return needed_steps(tuple(self.steps.values()), names)
 
     def _enc(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
         if isinstance(x, Node):

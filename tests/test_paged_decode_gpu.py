@@ -1,0 +1,53 @@
+"""On a CUDA device: paged decode specs are served by the decode kernel reading K and V from their
+pages through the block table (no gather), every output against float64."""
+import pytest
+import torch
+
+import paged_specs as ps
+import torch_cubridge as tc
+from helpers import rel_err, to64
+
+pytestmark = pytest.mark.gpu
+
+
+def _serve(fn, args):
+    f = tc.compile(fn, fallback="raise")
+    cuda = tuple(a.cuda() for a in args)
+    out = f(*cuda)
+    torch.cuda.synchronize()
+    assert f.served["spec"] == 0, [e.reasons or e.reason for e in f.entries()]
+    r = f.kernels()[-1]
+    assert r.low.tile.kernel == "decode" and r.low.paged and r.paged is not None
+    ref = fn(*to64(args))
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+    return f, cuda, out
+
+
+@pytest.mark.parametrize("P", [16, 64, 256])
+@pytest.mark.parametrize("D", [64, 128])
+def test_heads_first_pages_with_lengths(P, D):
+    _serve(ps.vllm_heads_first, ps.pages(3, 8, 2, 3000, D, P, torch.bfloat16))
+
+
+def test_slots_first_int32_table_negative_tail_and_a_second_call():
+    args = ps.pages(2, 16, 4, 5000, 128, 16, torch.bfloat16, slots_first=True, table_dtype=torch.int32,
+                    negative_tail=True)
+    f, cuda, _ = _serve(ps.flash_slots_first, args[:4])
+    kp = cuda[1]
+    kp.normal_()  # the cache changes between steps: the kernel reads it again, in place
+    out = f(*cuda)
+    ref = ps.flash_slots_first(*to64(tuple(t.cpu() for t in cuda)))
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+
+
+def test_paged_decode_under_cuda_graph():
+    args = tuple(a.cuda() for a in ps.pages(2, 8, 2, 2000, 128, 16, torch.bfloat16))
+    f = tc.compile(ps.vllm_heads_first, fallback="raise")
+    ref = f(*args).clone()
+    assert f.kernels()[-1].low.paged
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = f(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)

@@ -1,0 +1,63 @@
+"""Paged KV read in place (ir/paged.py): the analysis of a spec's gather chain names the pages' dims
+and the head mapping, and that reading, done by hand, gives the spec's own gathered keys."""
+import pytest
+import torch
+
+import paged_specs as ps
+from torch_cubridge.capture.trace import bind_example
+from torch_cubridge.ir.paged import paged_operands
+from torch_cubridge.pipeline import transfer_stage
+
+
+def _reads(fn, args):
+    bound = bind_example(fn, args, {})
+    return paged_operands(transfer_stage(fn, bound).program, bound)
+
+
+def _by_hand(pages, table, r, B, H, S):
+    """[B, H, S, D] from the pages as the kernel reads them: pages[table[b, s // P], kv_head(h), s % P]."""
+    P = pages.shape[r.slot_dim]
+    s = torch.arange(S)
+    ent = table[:, s // P].long()
+    ent = torch.where(ent < 0, ent + pages.shape[0], ent)
+    hkv = pages.shape[r.head_dim] if r.head_dim is not None else 1
+    h = torch.arange(H)
+    kv_head = h // (H // hkv) if r.head_map == "group" else h % hkv
+    idx = [None] * pages.dim()
+    idx[0] = ent[:, None, :]                                    # [B, 1, S]
+    idx[r.slot_dim] = (s % P)[None, None, :]
+    if r.head_dim is not None:
+        idx[r.head_dim] = kv_head[None, :, None]                # [1, H, 1]
+    idx = [i if i is not None else torch.zeros(1, 1, 1, dtype=torch.long) for i in idx[:-1]]
+    return pages[tuple(idx)].expand(B, H, S, -1)                # [B, H, S, D]
+
+
+@pytest.mark.parametrize("B,H,Hkv,P", [(2, 8, 2, 16), (1, 4, 4, 8), (3, 4, 1, 16)])
+def test_heads_first_pages_are_read_as_the_spec_gathers(B, H, Hkv, P):
+    args = ps.pages(B, H, Hkv, 70, 16, P, torch.float32)
+    got = _reads(ps.vllm_heads_first, args)
+    assert got is not None
+    k, v = got
+    assert (k.pages, v.pages, k.table) == ("k_pages", "v_pages", "block_table")
+    assert k.slot_dim == 2 and k.head_dim == (1 if Hkv > 1 else None) and k.heads == H
+    q, kp, vp, table, _ = args
+    per = table.shape[1]
+    want = kp[table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, 16).repeat_interleave(H // Hkv, dim=1)
+    assert torch.equal(_by_hand(kp, table, k, B, H, per * P), want)
+
+
+def test_slots_first_pages_with_an_int32_table_and_negative_entries():
+    args = ps.pages(2, 8, 2, 64, 16, 16, torch.float32, slots_first=True, table_dtype=torch.int32,
+                    negative_tail=True)
+    q, kp, vp, table, _ = args
+    got = _reads(ps.flash_slots_first, args[:4])
+    assert got is not None
+    k, _ = got
+    assert (k.slot_dim, k.head_dim, k.heads) == (1, 2, 8)  # SDPA's enable_gqa repeats the KV heads
+    want = kp[table.long()].flatten(1, 2).transpose(1, 2).repeat_interleave(4, dim=1)
+    assert torch.equal(_by_hand(kp, table, k, 2, 8, table.shape[1] * 16), want)
+
+
+def test_a_sliced_gather_is_left_to_the_prologue():
+    args = ps.pages(2, 4, 4, 64, 16, 16, torch.float32)
+    assert _reads(ps.sliced_to_length, args[:4]) is None
