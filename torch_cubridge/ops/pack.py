@@ -12,9 +12,9 @@ from ..lower.variant import ParamField
 FWD_FORMAT = struct.Struct("<5Q12q5qd")
 
 
-# PagedKV: 2 table pointers, 10 integers (csrc/cubridge/decode_kernel.cuh); all zero where unpaged
-PAGED_FORMAT = struct.Struct("<2Q10q")
-NO_PAGES = PAGED_FORMAT.pack(*([0] * 12))
+# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/decode_kernel.cuh); all zero where unpaged
+PAGED_FORMAT = struct.Struct("<2Q11q")
+NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
 
 
 def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple, v_st: tuple, o_st: tuple,

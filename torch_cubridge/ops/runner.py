@@ -113,7 +113,7 @@ class KernelRunner:
 
         words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
                                   vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P,
-                                  int(kt.dtype == torch.int64))
+                                  P.bit_length() - 1 if P & (P - 1) == 0 else -1, int(kt.dtype == torch.int64))
         return kp, vp, layout(kp, kr), layout(vp, vr), words, (kt, vt)
 
     def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
