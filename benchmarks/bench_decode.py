@@ -94,7 +94,10 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * D)
     row = {"B": B, "H": H, "Hkv": Hkv, "Sq": 1, "Skv": Skv, "D": D, "page": P, "bytes": nbytes}
     f = tc.compile(paged_gqa_decode, fallback="raise")
+    t0 = time.perf_counter()
     out = f(q, kp, vp, table)
+    torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - t0
     r = f.kernels()[-1]
     row["kernel"] = r.low.tile.kernel + ("-paged" if r.low.paged else "")
     ref = paged_gqa_decode(q.double(), kp.double(), vp.double(), table)
