@@ -41,6 +41,17 @@ def _follow_dims(p: Program, name: str) -> dict[int, str]:
     return out
 
 
+def few_values(ex: torch.Tensor, most: int = 3) -> torch.Tensor | None:
+    """The distinct values of `ex` where it has at most `most` of them (a mask's), else None. A strided
+    sample decides first: sorting every value of a paged KV cache (16M floats) cost 27 s of a 48 s first
+    call on the CPU."""
+    flat = ex.detach().flatten()
+    if flat.numel() > 4096 and flat[:: max(1, flat.numel() // 4096)].unique().numel() > most:
+        return None
+    vals = flat.unique()
+    return vals if vals.numel() <= most else None
+
+
 def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     ex = example.detach().cpu()
     if ex.dtype == torch.bool:
@@ -53,8 +64,8 @@ def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) 
         if ex.dim() and ex.numel() > 1 and bool((ex.diff(dim=-1) >= 0).all()):
             x = x.sort(dim=-1).values  # sorted ids (document masks) stay sorted
         return x.to(ex.dtype)
-    vals = ex.flatten().unique()
-    if 1 <= vals.numel() <= 3 and (vals.isinf().any() or vals.abs().max() > 1e4 or vals.numel() == 1):
+    vals = few_values(ex)
+    if vals is not None and 1 <= vals.numel() and (vals.isinf().any() or vals.abs().max() > 1e4 or vals.numel() == 1):
         pick = torch.randint(0, vals.numel(), shape, generator=gen)
         if vals.numel() > 1:  # keep most entries unmasked, as in the example
             pick = torch.where(torch.rand(shape, generator=gen) < 0.7, torch.full_like(pick, int(vals.abs().argmin())), pick)
@@ -77,8 +88,8 @@ def _is_mask_family(ex: torch.Tensor) -> bool:
         return True
     if not ex.dtype.is_floating_point:
         return False
-    vals = ex.detach().flatten().unique()
-    return 1 <= vals.numel() <= 3 and bool(vals.isinf().any() or vals.abs().max() > 1e4)
+    vals = few_values(ex)
+    return vals is not None and 1 <= vals.numel() and bool(vals.isinf().any() or vals.abs().max() > 1e4)
 
 
 def structured_mask(like: torch.Tensor, q_dim: int, k_dim: int, pattern: int) -> torch.Tensor:
