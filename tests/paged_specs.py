@@ -4,21 +4,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from zoo import paged_decode
 
-def vllm_heads_first(q, k_pages, v_pages, block_table, seq_lens):
-    """Pages [N, Hkv, P, D]; GQA by repeat_interleave; each sequence masked at its own length."""
-    B, H, Sq, D = q.shape
-    Hkv = k_pages.shape[1]
-    k = k_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D).repeat_interleave(H // Hkv, dim=1)
-    v = v_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D).repeat_interleave(H // Hkv, dim=1)
-    keep = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-    return s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+# Pages [N, Hkv, P, D]; GQA by repeat_interleave; each sequence masked at its own length (the zoo's case).
+vllm_heads_first = paged_decode
 
 
 def flash_slots_first(q, k_cache, v_cache, block_table):
     """flash-attn's paged cache, [N, P, Hkv, D], gathered and flattened; SDPA with enable_gqa."""
-    B = block_table.shape[0]
     k = k_cache[block_table].flatten(1, 2).transpose(1, 2)  # [B, Hkv, per * P, D]
     v = v_cache[block_table].flatten(1, 2).transpose(1, 2)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
