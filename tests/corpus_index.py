@@ -16,9 +16,7 @@ CASES: list[Case] = [c for m in _MODULES for c in m.CASES]
 REFUSED: list[Case] = [c for m in _MODULES for c in getattr(m, "REFUSED", [])]
 
 # Softmax attentions of the corpus that are not served yet, and why (the README's status table lists them).
-NOT_YET: dict[str, str] = {
-    "model_longformer_band": "padded query rows' probabilities zeroed after the softmax (an op on the probabilities)",
-}
+NOT_YET: dict[str, str] = {}
 
 # Served on the CPU at float32 but refused at bfloat16 (the spec serves those calls), and why.
 SPEC_SERVES_IN_BF16: dict[str, str] = {

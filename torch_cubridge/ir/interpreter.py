@@ -184,7 +184,16 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
             res = torch.where(empty, v.mean(dim=2, keepdim=True), res)
         _step("store o")
         out[:, :, q0:q1] = res
+    if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)
+        out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, env, B, H, Sq, fdt)
     return _to_output_layout(p, out.to(out_dtype))
+
+
+def row_factor(e: Expr, env: dict[str, Any], B: int, H: int, Sq: int, fdt: torch.dtype) -> torch.Tensor:
+    """A program's row scale as a [B, H, Sq, 1] tensor; env holds sizes, scalars, extras and b, h."""
+    dev = env["b"].device
+    env = dict(env, q=torch.arange(Sq, device=dev).view(1, 1, -1, 1))
+    return torch.as_tensor(evaluate(e, env, fdt), device=dev).to(fdt).expand(B, H, Sq, 1)
 
 
 def _classify(p: Program, env: dict, box: dict, q0: int, q1: int, k0: int, k1: int, fdt: torch.dtype) -> int:

@@ -32,6 +32,8 @@ def format_program(p: Program) -> str:
     lines.append(f"  blocks : {p.block_rule}")
     norm = "softmax" if p.sink is None else f"softmax with sink logit {p.sink}"
     lines.append(f"  normal : {norm}; fully masked rows -> {p.empty_rows}")
+    if p.row_scale is not None:
+        lines.append(f"  rows   : output scaled by {p.row_scale} (PyTorch, after the kernel)")
     o = p.out
     where = f" (element {o.index} of a {o.tuple_len}-tuple)" if o.tuple_len else ""
     lines.append(f"  out    : [{', '.join(o.dims)}] dtype {o.dtype}{where}")

@@ -94,6 +94,8 @@ class Program:
     guards: tuple[Expr, ...] = ()       # predicates over the call (argument sizes and Python values) it holds under
     notes: tuple[str, ...] = ()
     prologue: tuple[Step, ...] = ()     # ops PyTorch runs before the kernel; extras read their results
+    row_scale: Expr | None = None       # over b, h, q: the probabilities scaled (or zeroed) by row after the
+                                        # softmax; the same factor on the output, applied by PyTorch after the kernel
 
     # -- JSON ------------------------------------------------------------
     def to_json(self) -> str:

@@ -48,6 +48,8 @@ def validate(p: Program) -> None:
         _check_expr(p.mask, {*INDEX_VARS, *sizes}, "mask", p)
     if p.sink is not None:
         _check_expr(p.sink, {"b", "h", *sizes}, "sink", p)
+    if p.row_scale is not None:
+        _check_expr(p.row_scale, {"b", "h", "q", *sizes}, "row scale", p)
     for s in p.scalars:
         if s.kind not in ("float", "int"):
             raise InvalidProgram(f"scalar {s.name}: kind {s.kind!r}")

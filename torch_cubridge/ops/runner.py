@@ -18,6 +18,7 @@ from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_valu
 from ..ir.paged import PagedRead
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
+from ..ir.interpreter import row_factor
 from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_prologue
@@ -237,15 +238,31 @@ class KernelRunner:
             if self.low.tile.kernel == "decode":
                 self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream,
                                     paged[2] if paged is not None else NO_PAGES)
-                return self._result(out, raw)
-            nq = -(-Sq // self.low.tile.block_m)
-            grid = (nq, H, B)
-            if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
-                grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
-            self.kernel.launch(grid, blocks, stream)
+            else:
+                nq = -(-Sq // self.low.tile.block_m)
+                grid = (nq, H, B)
+                if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
+                    grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
+                self.kernel.launch(grid, blocks, stream)
         else:
             out.zero_()
+        if p.row_scale is not None:
+            self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
+                                                            "D": D}, scal, tensors)
         return self._result(out, raw)
+
+    def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
+                    tensors: dict) -> None:
+        """The program's row scale on the output, in place, by PyTorch after the kernel (on its stream)."""
+        B, H, Sq, _ = shape
+        dev = out.device
+        env: dict[str, Any] = dict(sizes)
+        env.update({"$" + n: x for n, x in scal.items()})
+        env.update({"@" + n: t for n, t in tensors.items()})
+        env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
+        env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
+        o = out.as_strided(shape, strides)
+        o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
 
     def _result(self, out: torch.Tensor, raw: bool) -> Any:
         p = self.p

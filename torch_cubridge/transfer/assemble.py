@@ -121,10 +121,11 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     rel = ctx.facts.get("chunk_rel", {})  # in-chunk positions, where the spec reads them in the score
     score = canon(substitute(probs.payload["score"].expr, rel) if rel else probs.payload["score"].expr, "score")
     sink = canon(probs.payload.get("sink"), "sink")
+    row_scale = canon(probs.payload.get("row_scale"), "row scale")
     if chunk:  # keys outside the query's chunk are masked
         same = call("eq", call("floordiv", var("q"), const(chunk)), call("floordiv", var("kv"), const(chunk)))
         score = call("where", same, score, const(float("-inf")))
-    used = {n.attr for e in (score, sink) if e is not None for n in walk(e) if n.op == "load"}
+    used = {n.attr for e in (score, sink, row_scale) if e is not None for n in walk(e) if n.op == "load"}
     extras = []
     made = ctx.facts.get("prologue", {})
     for t in sorted(used):
@@ -154,7 +155,7 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
     odims = _name_units(odims, ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):])
     dt = "q" if out.dtype == q_dtype else str(out.dtype).replace("torch.", "")
     return dict(signature=signature, q=q, k=k, v=v, score=score, sink=sink, head_map=head_map,
-                extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index))
+                extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index), row_scale=row_scale)
 
 
 def _fold_chunks(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr, Expr, int]:

@@ -92,7 +92,7 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
         empty = "zero"  # the sink takes all the weight of a fully masked row
     (score, mask, sink), scalars = lift_literals([score, mask, sink])
     rule = "none" if mask is None else ("prepass" if loads(mask) else "interval")
-    used = set().union(*(loads(e) for e in (score, mask, sink) if e is not None))
+    used = set().union(*(loads(e) for e in (score, mask, sink, parts["row_scale"]) if e is not None))
     extras = tuple(x for x in parts.pop("extras") if x.name in used)
     computed = {op.step for op in (parts["q"], parts["k"], parts["v"]) if op.step}
     steps = pro.needed({x.step for x in extras if x.step} | computed) if pro is not None else ()

@@ -174,14 +174,25 @@ class Walker(OffScorePath):
                 return Sym(xs[0].axes, None, xs[0].dtype, "logprobs", {"of": xs[0]})
             if name == "div" and xs[0].kind == "expshift" and xs[1].kind == "rowsum":
                 return self.manual_softmax(xs[0], xs[1], op)
+            if name in ("mul", "div") and xs[0].kind == "probs" and xs[1].kind == "value":
+                f = xs[1] if name == "mul" else combine(ctx, "div", [lift_scalar(1.0, dtype), xs[1]], dtype, op)
+                return self.row_scaled(xs[0], f, op)
+            if name == "mul" and xs[1].kind == "probs" and xs[0].kind == "value":
+                return self.row_scaled(xs[1], xs[0], op)
             return combine(ctx, BINARY[name], xs, dtype, op)
         if name == "where":
-            return combine(ctx, "where", [self.sym(x) for x in a[:3]], dtype, op)
+            c, x, y = (self.sym(t) for t in a[:3])
+            if {x.kind, y.kind} == {"probs", "value"} and _is_zero(x if y.kind == "probs" else y):
+                keep = c if x.kind == "probs" else combine(ctx, "not", [c], torch.bool, op)
+                return self.row_scaled(x if x.kind == "probs" else y, cast(keep, dtype), op)
+            return combine(ctx, "where", [c, x, y], dtype, op)
         if name == "nan_to_num":  # nan_to_num(x, nan, posinf, neginf), positionally or by keyword
             fills = {**dict(zip(("nan", "posinf", "neginf"), a[1:])), **kw}
             return self.nan_to_num(self.sym(a[0]), fills.get("nan"), fills.get("posinf"), fills.get("neginf"), dtype, op)
         if name == "masked_fill":
             x, m, v = self.sym(a[0]), self.sym(a[1]), self.sym(a[2])
+            if x.kind == "probs" and _is_zero(v):  # rows of probabilities zeroed (Longformer's padded queries)
+                return self.row_scaled(x, cast(combine(ctx, "not", [m], torch.bool, op), dtype), op)
             return combine(ctx, "where", [m, v, x], dtype, op)
         if name in ("scalar_tensor", "full", "ones", "zeros", "full_like", "ones_like", "zeros_like",
                     "new_ones", "new_zeros", "new_full", "empty", "empty_like"):
@@ -272,6 +283,19 @@ class Walker(OffScorePath):
             raise UnsupportedSpec("softmax must run over the key axis", op=op)
         return Sym(x.axes if sink is None else x.axes[:-1] + (x.payload.get("full_kv", x.axes[-1]),),
                    None, dtype, "probs", {"score": x, "sink": sink, "sink_col": sink is not None})
+
+    def row_scaled(self, p: Sym, f: Sym, op: str) -> Sym:
+        """The probabilities times a factor that is constant along the key axis: (f P) V = f (P V), so
+        the factor moves to the output (Program.row_scale). A factor that varies along the keys would
+        change the weights the softmax gave, and is refused."""
+        axes, (_, e) = broadcast(self.ctx, [Sym(p.axes, const(0.0), p.dtype), f], op)
+        kv = set(p.axes[-1])
+        if tuple(axes) != tuple(p.axes) or any(n.op == "var" and n.attr in kv for n in walk(e)):
+            raise UnsupportedSpec("the probabilities are scaled or masked along the key axis after the softmax "
+                                  "(only a factor per query row moves to the output)", op=op)
+        old = p.payload.get("row_scale")
+        new = e if old is None else call("mul", old, e)
+        return Sym(p.axes, None, p.dtype, "probs", {**p.payload, "row_scale": simplify(new, self.ctx.ranges())})
 
     def drop_sink_column(self, x: Sym, dim: int, start: Any, end: Any, op: str) -> Sym:
         score = x.payload["score"]
@@ -431,3 +455,8 @@ class Walker(OffScorePath):
 
 def _has_s(x: Sym) -> bool:
     return x.expr is not None and any(n.op == "var" and n.attr == "s" for n in walk(x.expr))
+
+
+def _is_zero(x: Sym) -> bool:
+    """A literal zero (a masked_fill or where filling with 0)."""
+    return x.kind == "value" and x.expr is not None and x.expr.op == "const" and x.expr.attr == 0
