@@ -8,9 +8,12 @@ does not apply); "error" is a failure of the model itself (a model with its own 
 classes raises for a name it does not know).
 
 Usage: python benchmarks/survey_transformers.py [family ...]   (default: the list below)
+       python benchmarks/survey_transformers.py --all            (every causal-LM family of this transformers;
+                                                                  60 s a family at most)
 """
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 
@@ -54,9 +57,27 @@ def main() -> None:
     warnings.simplefilter("ignore")
     tcx.register()
     print(f"transformers {transformers.__version__}")
-    for fam in sys.argv[1:] or FAMILIES:
-        status, why = survey(fam)
+    fams = sys.argv[1:] or FAMILIES
+    if fams == ["--all"]:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        fams = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    counts: dict[str, int] = {}
+    for fam in fams:
+        signal.signal(signal.SIGALRM, _too_long)
+        signal.alarm(60)
+        try:
+            status, why = survey(fam)
+        except TimeoutError:
+            status, why = "error", "took over 60 s"
+        finally:
+            signal.alarm(0)
+        counts[status] = counts.get(status, 0) + 1
         print(f"{fam:18s} {status:8s} {why}", flush=True)
+    print("total: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def _too_long(signum, frame):
+    raise TimeoutError
 
 
 if __name__ == "__main__":

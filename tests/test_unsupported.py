@@ -42,8 +42,8 @@ def not_attention(q, k, v):
     return (q @ k.transpose(-1, -2)) @ v
 
 
-def probs_scaled(q, k, v):
-    return ((q @ k.transpose(-1, -2)).softmax(-1) * 2) @ v
+def probs_scaled(q, k, v):  # per key: the weights the softmax gave change (a per-row factor would be served)
+    return ((q @ k.transpose(-1, -2)).softmax(-1) * torch.linspace(0, 1, k.shape[-2])) @ v
 
 
 def softmax_wrong_axis(q, k, v):
@@ -56,7 +56,7 @@ def softmax_wrong_axis(q, k, v):
     (dropout_training, None, "random"),
     (sdpa_dropout, "scaled_dot_product_attention", "dropout"),
     (not_attention, "torch.bmm at test_unsupported.py", "neither"),
-    (probs_scaled, "torch.mul at test_unsupported.py", "softmax"),
+    (probs_scaled, "torch.mul at test_unsupported.py", "along the key axis"),
     (softmax_wrong_axis, "torch.softmax at test_unsupported.py", "key axis"),
 ])
 def test_refused_with_op_and_reason(fn, op, words):
