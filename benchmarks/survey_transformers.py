@@ -2,7 +2,8 @@
 
 Each family is built tiny from its own config with attn_implementation="cubridge" and runs one prefill;
 every attention call goes through @torch_cubridge.compile (capture, transfer, fp64 verification). A
-family is "ok" when its calls reached the drop-in and none was refused; "refused" prints the first reason;
+family is "no-tiny" when the generic tiny config does not build or eager itself fails with it (not counted);
+"ok" when its calls reached the drop-in and none was refused; "refused" prints the first reason;
 "bypassed": no call reached the drop-in (the model keeps attention code of its own, so attn_implementation
 does not apply); "error" is a failure of the model itself (a model with its own table of attention
 classes raises for a name it does not know).
@@ -37,11 +38,21 @@ def survey(family: str) -> tuple[str, str]:
         except AttributeError:  # a config whose head_dim is derived (falcon)
             kw.pop("head_dim")
             cfg = AutoConfig.for_model(family, **kw)
+    except Exception as e:  # noqa: BLE001
+        return "no-tiny", f"this generic tiny config does not fit the family ({type(e).__name__}: {str(e)[:80]})"
+    ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(0))
+    try:  # eager first: a family the tiny config breaks is not ours to count
+        torch.manual_seed(0)
+        with torch.no_grad():
+            AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()(ids)
+    except Exception as e:  # noqa: BLE001
+        return "no-tiny", f"eager fails with this tiny config too ({type(e).__name__}: {str(e)[:80]})"
+    try:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=tcx.NAME).eval()
         with torch.no_grad():
-            model(torch.randint(0, 128, (1, 24)))
-    except Exception as e:  # noqa: BLE001  (the model itself failed: report it)
+            model(ids)
+    except Exception as e:  # noqa: BLE001  (eager ran, so this failure is the drop-in's or the model's table)
         return "error", f"{type(e).__name__}: {str(e)[:120]}"
     calls = sum(sum(c.served.values()) for c in tcx._compiled.values())
     reasons = [e.reason for c in list(tcx._compiled.values()) for e in c.entries() if e.result is None]

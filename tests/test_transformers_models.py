@@ -54,3 +54,23 @@ def test_more_families_match_eager_teacher_forced(family):
     assert calls >= 2 * len(got), f"{family}: {calls} attention calls reached the drop-in"
     for step, (g, w) in enumerate(zip(got, want)):
         assert float((g - w).norm() / w.norm()) < 1e-5, f"{family} step {step}"
+
+
+@pytest.mark.parametrize("family,extra", [("falcon", {}), ("gptj", {"rotary_dim": 16})])
+def test_models_with_their_own_attention_tables_run_eager(family, extra):
+    """falcon and gptj pick a class from a table of their own by attn_implementation: they used to raise
+    KeyError('cubridge'); they now run their own attention code (eager), logits equal to eager's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=None, bos_token_id=None,
+              eos_token_id=None, **extra)
+    models = []
+    for impl in ("eager", "cubridge"):
+        torch.manual_seed(0)  # each from a config of its own (a shared config shares its implementation)
+        models.append(AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **kw),
+                                                       attn_implementation=impl).eval())
+    ref, ours = models
+    assert ours.config._attn_implementation == "cubridge" and ref.config._attn_implementation == "eager"
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ref(ids).logits, ours(ids).logits)

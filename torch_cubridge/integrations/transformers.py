@@ -93,6 +93,7 @@ def register(name: str = NAME) -> str:
     """
     from transformers import AttentionInterface
     AttentionInterface.register(name, cubridge_attention_forward)
+    _own_tables_run_eager(name)
     try:
         from transformers import AttentionMaskInterface
         from transformers.masking_utils import eager_mask
@@ -100,6 +101,29 @@ def register(name: str = NAME) -> str:
         return name
     AttentionMaskInterface.register(name, eager_mask)
     return name
+
+
+def _own_tables_run_eager(name: str) -> None:
+    """Models that pick an attention class from a table of their own (falcon, gptj, gpt_neo:
+    `FALCON_ATTENTION_CLASSES[config._attn_implementation]`) raised KeyError for `name`. When such a
+    model is built, its file's tables get `name` -> their "eager" class: the model runs its own
+    attention code (no kernel; `benchmarks/survey_transformers.py` lists it as bypassed)."""
+    from transformers import PreTrainedModel
+    init = PreTrainedModel.__init__
+    if getattr(init, "_cubridge_names", None) is not None:
+        init._cubridge_names.add(name)
+        return
+
+    def __init__(self, config, *args, **kwargs):
+        init(self, config, *args, **kwargs)
+        if getattr(config, "_attn_implementation", None) in __init__._cubridge_names:
+            for attr, table in vars(sys.modules.get(type(self).__module__, object)).items():
+                if attr.endswith("_ATTENTION_CLASSES") and isinstance(table, dict) and "eager" in table:
+                    for n in __init__._cubridge_names:
+                        table.setdefault(n, table["eager"])
+    __init__._cubridge_names = {name}
+    __init__.__wrapped__ = init
+    PreTrainedModel.__init__ = __init__
 
 
 PAGED_NAME = "paged|eager"  # a name continuous batching accepts (with "sdpa" and flash ones)
