@@ -518,6 +518,21 @@ def _gpt_oss_hf(B, H, Hkv, S, D, dt):
     return qkv(B, H, Hkv, S, S, D, dt) + (mask.clone(), torch.randn(H, dtype=dt))
 
 
+def granite_swa_attention(query, key, value, attention_mask, sinks):
+    """huggingface/transformers models/granite_swa/modeling_granite_swa.py eager_attention_forward: a per-head
+    sink applied after the attention as sigmoid(logsumexp(logits) - sink), in float32."""
+    key_states = _repeat_kv(key, query.shape[1] // key.shape[1])
+    value_states = _repeat_kv(value, query.shape[1] // key.shape[1])
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * query.shape[-1] ** -0.5
+    attn_weights = attn_weights + attention_mask
+    lse = torch.logsumexp(attn_weights, dim=-1)
+    sink_scale = (lse - sinks.view(1, -1, 1)).to(torch.float32).sigmoid()
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output * sink_scale.unsqueeze(-1).to(attn_output.dtype)
+    return attn_output.transpose(1, 2).contiguous()
+
+
 # ---- Longformer-like local band ------------------------------------------------------------------------------------
 LONGFORMER_ONE_SIDED_WINDOW = 8
 
@@ -700,6 +715,7 @@ CASES: list[Case] = [
     Case("model_gemma2", gemma2_attention, lambda B, H, Hkv, S, D, dt: _gqa(B, H, Hkv, S, D, dt) + (_causal_4d(B, S, dt),)),
     Case("model_gpt_oss_reference", gpt_oss_reference_sdpa, _gpt_oss_ref),
     Case("model_gpt_oss_hf", gpt_oss_hf_attention, _gpt_oss_hf),
+    Case("model_granite_swa_sink", granite_swa_attention, _gpt_oss_hf),
     Case("model_longformer_band", longformer_band_attention,
          lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd") + (_right_padding(B, S),)),
     Case("model_llama_mask_arg", llama_attention, _llama),

@@ -155,6 +155,9 @@ class Walker(OffScorePath):
         if name == "exp" and self.sym(a[0]).kind == "logprobs":  # exp(x - logsumexp(x)) is softmax(x)
             x = self.sym(a[0]).payload["of"]
             return self.softmax(x, -1, dtype, op)
+        if name == "sigmoid" and self.sym(a[0]).kind == "lse_minus":  # sigmoid(lse - c) = sum e^x / (sum e^x + e^c)
+            x = self.sym(a[0])
+            return Sym(x.axes, None, dtype, "sinkscale", x.payload)
         if name in UNARY:
             return combine(ctx, UNARY[name], [self.sym(a[0])], dtype, op)
         if name in BINARY:
@@ -174,6 +177,10 @@ class Walker(OffScorePath):
                 return Sym(xs[0].axes, None, xs[0].dtype, "logprobs", {"of": xs[0]})
             if name == "div" and xs[0].kind == "expshift" and xs[1].kind == "rowsum":
                 return self.manual_softmax(xs[0], xs[1], op)
+            if name == "sub" and xs[0].kind == "rowlse" and xs[1].kind == "value":
+                return self.lse_minus(xs[0], xs[1], op)
+            if name == "mul" and {xs[0].kind, xs[1].kind} == {"attn", "sinkscale"}:
+                return self.sink_from_scale(*sorted(xs, key=lambda x: x.kind != "attn"), op=op)
             if name in ("mul", "div") and xs[0].kind == "probs" and xs[1].kind == "value":
                 f = xs[1] if name == "mul" else combine(ctx, "div", [lift_scalar(1.0, dtype), xs[1]], dtype, op)
                 return self.row_scaled(xs[0], f, op)
@@ -234,7 +241,8 @@ class Walker(OffScorePath):
         if name == "logsumexp":
             x = self.sym(a[0])
             m = self.rowmax(x, a[1], op)
-            return Sym(m.axes, None, m.dtype, "rowlse", {"of": x})
+            keep = a[2] if len(a) > 2 else kw.get("keepdim", False)
+            return Sym(m.axes if keep else m.axes[:-1], None, m.dtype, "rowlse", {"of": x})
         if name == "_log_softmax":
             x = self.sym(a[0])
             self.softmax(x, a[1], dtype, op)  # same checks: over the key axis of a score
@@ -283,6 +291,28 @@ class Walker(OffScorePath):
             raise UnsupportedSpec("softmax must run over the key axis", op=op)
         return Sym(x.axes if sink is None else x.axes[:-1] + (x.payload.get("full_kv", x.axes[-1]),),
                    None, dtype, "probs", {"score": x, "sink": sink, "sink_col": sink is not None})
+
+    def lse_minus(self, lse: Sym, c: Sym, op: str) -> Sym:
+        """logsumexp(score) - c, c constant along the row (a sink logit, as granite_swa writes one)."""
+        axes, (_, e) = broadcast(self.ctx, [Sym(lse.axes, const(0.0), lse.dtype), c], op)
+        if tuple(axes) != tuple(lse.axes):
+            raise UnsupportedSpec("a logsumexp minus a value with more axes than its rows", op=op)
+        return Sym(lse.axes, None, lse.dtype, "lse_minus", {"of": lse.payload["of"], "c": e})
+
+    def sink_from_scale(self, attn: Sym, scale: Sym, op: str) -> Sym:
+        """softmax(x) V * sigmoid(lse(x) - c) = sum e^x V / (sum e^x + e^c): c is a sink logit joining the
+        normaliser (the kernel's sink hook). The scale must be of the score the softmax normalised."""
+        probs: Sym = self.ctx.facts["output"]["probs"]
+        score, of, c = probs.payload["score"], scale.payload["of"], scale.payload["c"]
+        if probs.payload.get("sink") is not None or of.axes != score.axes or of.expr != score.expr:
+            raise UnsupportedSpec("the output scaled by sigmoid(logsumexp - c) of another score", op=op)
+        if len(scale.axes) != len(attn.axes) or scale.axes[-1] != () or tuple(scale.axes[:-1]) != tuple(attn.axes[:-1]):
+            raise UnsupportedSpec("sigmoid(logsumexp - c) not laid along the output's rows", op=op)
+        bad = {n.attr for n in walk(c) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r == "batch"}
+        if bad:
+            raise UnsupportedSpec("the sink logit may depend only on batch and head", op=op)
+        self.ctx.facts["output"]["probs"] = Sym(probs.axes, None, probs.dtype, "probs", {**probs.payload, "sink": c})
+        return attn
 
     def row_scaled(self, p: Sym, f: Sym, op: str) -> Sym:
         """The probabilities times a factor that is constant along the key axis: (f P) V = f (P V), so
