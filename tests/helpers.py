@@ -17,5 +17,15 @@ def to64(args):
     return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
+def graph_replay(f, *args):
+    """f(*args) captured in a CUDA graph and replayed once; the captured output, synchronised."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = f(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def first(x):
     return x[0] if isinstance(x, tuple) else x

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from helpers import rel_err
+from helpers import graph_replay, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -119,9 +119,4 @@ def test_decode_under_cuda_graph():
     f = tc.compile(gqa_bottom_right_window, fallback="raise")
     q, k, v = (t.cuda() for t in _inputs(2, 8, 2, 1, 3000, 128))
     ref = f(q, k, v).clone()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = f(q, k, v)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    assert torch.equal(graph_replay(f, q, k, v), ref)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from helpers import first, rel_err, to64
+from helpers import first, graph_replay, rel_err, to64
 from torch_cubridge.lower.tiles import sm90_tile
 from zoo import CASES
 
@@ -131,12 +131,7 @@ def test_cuda_graph_capture():
     f = tc.compile(case.fn, fallback="raise")
     args = _cuda(case.make(2, 4, 4, 256, 64, torch.bfloat16))
     ref = f(*args).clone()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = f(*args)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    assert torch.equal(graph_replay(f, *args), ref)
 
 
 def test_custom_op_registers_at_the_first_trace_in_a_new_process(tmp_path):

@@ -5,7 +5,7 @@ import torch
 
 import paged_specs as ps
 import torch_cubridge as tc
-from helpers import rel_err, to64
+from helpers import graph_replay, rel_err, to64
 
 pytestmark = pytest.mark.gpu
 
@@ -45,9 +45,4 @@ def test_paged_decode_under_cuda_graph():
     f = tc.compile(ps.vllm_heads_first, fallback="raise")
     ref = f(*args).clone()
     assert f.kernels()[-1].low.paged
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = f(*args)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref)
+    assert torch.equal(graph_replay(f, *args), ref)

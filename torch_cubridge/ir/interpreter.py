@@ -118,13 +118,9 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     k = k[:, hk].to(fdt)  # index by head map (a gather here; the kernel maps indices instead)
     v = v[:, hk].to(fdt)
     q = q.to(fdt)
-    env: dict[str, Any] = dict(sizes)
     scal = scalar_values(p, bound, sizes)
-    env.update({"$" + n: x for n, x in scal.items()})
-    env.update({"@" + n: t for n, t in extra_tensors(p, bound, q.device, made).items()})
     dev = q.device
-    env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
-    env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
+    env = index_env(sizes, scal, extra_tensors(p, bound, dev, made), B, H, dev)
     box = {k2: (float(x), float(x)) for k2, x in sizes.items()}
     box.update({n: (float(x), float(x)) for n, x in scal.items()})
     box.update({"b": (0.0, B - 1.0), "h": (0.0, H - 1.0)})
@@ -187,6 +183,18 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)
         out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, env, B, H, Sq, fdt)
     return _to_output_layout(p, out.to(out_dtype))
+
+
+def index_env(sizes: dict[str, int], scal: dict[str, Any], tensors: dict[str, torch.Tensor], B: int, H: int,
+              dev: torch.device) -> dict[str, Any]:
+    """What expressions read: sizes, "$" scalars, "@" extra tensors, and b, h as [B, 1, 1, 1] and
+    [1, H, 1, 1] index grids (q and kv are added per tile)."""
+    env: dict[str, Any] = dict(sizes)
+    env.update({"$" + n: x for n, x in scal.items()})
+    env.update({"@" + n: t for n, t in tensors.items()})
+    env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
+    return env
 
 
 def row_factor(e: Expr, env: dict[str, Any], B: int, H: int, Sq: int, fdt: torch.dtype) -> torch.Tensor:

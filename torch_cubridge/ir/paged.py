@@ -93,7 +93,6 @@ def _paged(op: Operand, steps: dict[str, Step], bound: dict[str, Any]) -> PagedR
     used = {0, slot[1], d_dim} | ({head_dim} if head_dim is not None else set())
     if used | {i for i, n in enumerate(pages.shape) if n == 1} != set(range(pages.dim())):
         return None  # a pages dim read at a fixed index
-        return None
     return PagedRead(pages_ref[1], table_ref[1], head_dim, slot[1], head_map, heads)
 
 

@@ -18,7 +18,7 @@ from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_valu
 from ..ir.paged import PagedRead
 from ..ir.expr import free_vars
 from ..ir.expr import scalars as scalars_of
-from ..ir.interpreter import row_factor
+from ..ir.interpreter import index_env, row_factor
 from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_prologue
@@ -115,7 +115,7 @@ class KernelRunner:
         words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
                                   vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P,
                                   P.bit_length() - 1 if P & (P - 1) == 0 else -1, int(kt.dtype == torch.int64))
-        return kp, vp, layout(kp, kr), layout(vp, vr), words, (kt, vt)
+        return kp, vp, layout(kp, kr), layout(vp, vr), words
 
     def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
@@ -169,8 +169,8 @@ class KernelRunner:
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
                  bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None) -> Any:
-        """paged: K's and V's canonical sizes and strides over their pages, the PagedKV words and the
-        tables (k and v are then the pages)."""
+        """paged: K's and V's canonical sizes and strides over their pages and the PagedKV words (k and
+        v are then the pages)."""
         p = self.p
         (B, H, Sq, D), qs = canon(q, perms[0])
         if paged is not None:
@@ -255,12 +255,7 @@ class KernelRunner:
                     tensors: dict) -> None:
         """The program's row scale on the output, in place, by PyTorch after the kernel (on its stream)."""
         B, H, Sq, _ = shape
-        dev = out.device
-        env: dict[str, Any] = dict(sizes)
-        env.update({"$" + n: x for n, x in scal.items()})
-        env.update({"@" + n: t for n, t in tensors.items()})
-        env["b"] = torch.arange(B, device=dev).view(B, 1, 1, 1)
-        env["h"] = torch.arange(H, device=dev).view(1, H, 1, 1)
+        env = index_env(sizes, scal, tensors, B, H, out.device)
         o = out.as_strided(shape, strides)
         o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
 
