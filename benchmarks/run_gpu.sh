@@ -13,7 +13,11 @@ nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 MODE=${1:-}
 K=${2:-}
-python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/test_llm_backend.py ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
+# the GPU tests spend most of their time verifying in float64 on the CPU: with pytest-xdist (a wheel
+# carried in .whl) they run in WORKERS processes sharing the one GPU, each with a few CPU threads
+XDIST=""
+if python3 -c "import xdist" 2>/dev/null; then XDIST="-n ${WORKERS:-6} --dist load"; export OMP_NUM_THREADS=2; fi
+python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/test_llm_backend.py $XDIST ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -30
 # CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
 python3 -m pytest tests/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
