@@ -46,3 +46,19 @@ def test_paged_decode_under_cuda_graph():
     ref = f(*args).clone()
     assert f.kernels()[-1].low.paged
     assert torch.equal(graph_replay(f, *args), ref)
+
+
+def test_a_paged_program_held_at_its_shape_verifies_on_the_gpu():
+    """Paged operands are computed, so the program is held at the call's shape and verified there in
+    float64: trials that large run the spec and the interpreter on the call's GPU (the CPU took 35 s of
+    a 4k first call), and the kernel's own check compares there too."""
+    from torch_cubridge.verify.reference import DEVICE_MIN_SCORES
+    args = ps.pages(4, 32, 8, 8192, 128, 16, torch.bfloat16)
+    f, _, _ = _serve(ps.vllm_heads_first, args)
+    e = f.entries()[-1]
+    assert not e.result.generic
+    big = [t for t in e.result.report.trials
+           if t.sizes["B"] * t.sizes["H"] * t.sizes["Sq"] * t.sizes["Skv"] >= DEVICE_MIN_SCORES]
+    assert big and all(t.device.startswith("cuda") and t.ok for t in big), e.result.report.summary()
+    gpu = f.kernels()[-1].info["verification"]
+    assert any(t.device.startswith("cuda") for t in gpu.trials), gpu.summary()

@@ -114,9 +114,11 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
     sizes = sizes_of(p, q, k)
     B, H, Sq, D = q.shape
     Skv = sizes["Skv"]
+    # query head h reads KV head hk[h]: gathered per key block, as the kernel maps indices (a gather of
+    # the whole cache in float64 took 1 GB and most of a paged decode's verification)
     hk = head_index(p, H, sizes["Hkv"]).to(q.device)
-    k = k[:, hk].to(fdt)  # index by head map (a gather here; the kernel maps indices instead)
-    v = v[:, hk].to(fdt)
+    k = k.to(fdt)
+    v = v.to(fdt)
     q = q.to(fdt)
     scal = scalar_values(p, bound, sizes)
     dev = q.device
@@ -146,7 +148,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
                 continue
             _step("load k")
             _step("mma qk")
-            env["s"] = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-1, -2)
+            env["s"] = q[:, :, q0:q1] @ k[:, hk, k0:k1].transpose(-1, -2)
             _step("hook score")
             # the kernel holds each score in float32: a fill such as -1e9 absorbs s * scale there
             # (every masked key of a row gets one value), so the model rounds as the kernel does
@@ -163,7 +165,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
             l = l * alpha + pexp.sum(-1, keepdim=True)
             _step("load v")
             _step("mma pv")
-            acc = acc * alpha + pexp @ v[:, :, k0:k1]
+            acc = acc * alpha + pexp @ v[:, hk, k0:k1]
             m = m_new
         _step("endloop kv")
         _step("hook sink")
@@ -177,7 +179,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
         empty = l == 0
         res = acc / torch.where(empty, torch.ones_like(l), l)
         if p.empty_rows == "mean_v":
-            res = torch.where(empty, v.mean(dim=2, keepdim=True), res)
+            res = torch.where(empty, v.mean(dim=2, keepdim=True)[:, hk], res)
         _step("store o")
         out[:, :, q0:q1] = res
     if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)

@@ -13,7 +13,7 @@ import torch
 
 from ..ir.program import Program
 from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, within_guards
-from .reference import attention_output, run_reference, to64
+from .reference import attention_output, reference_device, run_reference, to64
 
 REL_TOL = 1e-4
 
@@ -27,6 +27,7 @@ class Trial:
     ok: bool
     pattern: int | None = None   # a structured mask case (verify.inputs.structured_mask), or random
     ref_dtype: str = "float64"   # the spec's precision the program was judged against (see judge)
+    device: str = "cpu"          # where the float64 spec ran (verify.reference.reference_device)
 
 
 @dataclass
@@ -42,7 +43,8 @@ class VerifyReport:
             kind = "call's own inputs" if t.pattern == -1 else "" if t.pattern is None else f"mask case {t.pattern}"
             lines.append(f"  B={s['B']} H={s['H']} Sq={s['Sq']} Skv={s['Skv']} D={s['D']} x{t.magnitude:g} {kind}: "
                          f"rel L2 {t.rel_err:.2e}, max {t.max_err:.2e} {'ok' if t.ok else 'MISMATCH'}"
-                         + ("" if t.ref_dtype == "float64" else f" (against the spec in {t.ref_dtype})"))
+                         + ("" if t.ref_dtype == "float64" else f" (against the spec in {t.ref_dtype})")
+                         + ("" if t.device == "cpu" else f" [on {t.device}]"))
         return "\n".join(lines)
 
 
@@ -75,8 +77,8 @@ SMALL_LENGTHS = (16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
 
 def compare(out: torch.Tensor, ref: torch.Tensor, empty_rows: str, rel_tol: float = REL_TOL,
             max_tol: float = 1e-3) -> tuple[float, float, bool]:
-    out = out.detach().double().cpu()
-    ref = ref.detach().double().cpu()
+    ref = ref.detach().double()
+    out = out.detach().to(ref.device, torch.float64)  # where the reference ran (verify.reference)
     if out.shape != ref.shape:
         return float("inf"), float("inf"), False
     nan = torch.isnan(ref)
@@ -111,16 +113,16 @@ def judge(fn: Callable, p: Program, bound: dict[str, Any], got: torch.Tensor, re
     rel, mx, ok = compare(got, ref, p.empty_rows, rel_tol, max_tol)
     if ok:
         return rel, mx, ok, "float64"
-    ref32 = _spec_in_float32(fn, p, bound)
-    if ref32 is None or ref32.shape != ref.shape or (torch.isnan(ref32) & ~torch.isnan(ref.cpu())).any():
+    ref32 = _spec_in_float32(fn, p, bound, ref.device)
+    if ref32 is None or ref32.shape != ref.shape or (torch.isnan(ref32) & ~torch.isnan(ref)).any():
         return rel, mx, False, "float64"
     rel32, mx32, ok32 = compare(got, ref32, p.empty_rows, rel_tol, max_tol)
     return (rel32, mx32, True, "float32") if ok32 else (rel, mx, False, "float64")
 
 
-def _spec_in_float32(fn: Callable, p: Program, bound: dict[str, Any]) -> torch.Tensor | None:
+def _spec_in_float32(fn: Callable, p: Program, bound: dict[str, Any], device: torch.device) -> torch.Tensor | None:
     try:
-        out = attention_output(run_reference(fn, bound, torch.float32), p.out.index, p.out.tuple_len)
+        out = attention_output(run_reference(fn, bound, torch.float32, device), p.out.index, p.out.tuple_len)
     except Exception:  # a spec that cannot run in float32 has only its float64 verdict
         return None
     return out if isinstance(out, torch.Tensor) else None
@@ -147,39 +149,52 @@ def verify_program(fn: Callable, p: Program, example: dict[str, Any], generic: b
                    seed: int = 0) -> VerifyReport:
     rep = VerifyReport(ok=True)
     for i, (sizes, mag, pattern) in enumerate(trials(p, example, verify_shapes(p, example, generic), (1.0, 8.0), 200)):
-        bound = make_inputs(p, example, sizes, seed=1000 * seed + i + 1, magnitude=mag, dtype=torch.float64,
-                            pattern=pattern)
-        # the program sees exactly the spec's float64 inputs: a prologue (RoPE on q) runs on them too
-        bound = {k: to64(v) for k, v in bound.items()}
-        in32 = False
+        dev = reference_device(example, sizes)
         try:
             try:
-                ref = attention_output(run_reference(fn, bound), p.out.index, p.out.tuple_len)
+                trial = _trial(fn, p, example, sizes, mag, pattern, 1000 * seed + i + 1, dev)
             except Exception:
-                # a spec that fixes float32 somewhere (positions made with .float() meeting float64
-                # weights) cannot run in float64: it is judged in float32, program and spec alike
-                bound = make_inputs(p, example, sizes, seed=1000 * seed + i + 1, magnitude=mag,
-                                    dtype=torch.float32, pattern=pattern)
-                bound = {k: to64(v, torch.float32) for k, v in bound.items()}
-                ref = attention_output(run_reference(fn, bound, torch.float32), p.out.index, p.out.tuple_len)
-                in32 = True
-            got = attention_output(p.run(**_kwargs(bound, p)), p.out.index, p.out.tuple_len)
+                if dev.type == "cpu":
+                    raise
+                # a spec that makes CPU tensors of its own, or a device out of memory: the CPU decides
+                trial = _trial(fn, p, example, sizes, mag, pattern, 1000 * seed + i + 1, torch.device("cpu"))
         except Exception as e:  # a program that cannot run at a shape is not verified
             rep.ok = False
             rep.reason = f"({type(e).__name__}: {e})"
             return rep
-        # a mid-sized fill (fp16's -65504) costs the spec's own float32 softmax ~1e-4 of precision
-        # (ulp 2^-8 at 65504); a wrong mask is off by O(1), so 1e-3 still separates the two
-        if in32:
-            rel, mx, ok = compare(got, ref, p.empty_rows, REL_TOL if pattern is None else 1e-3)
-            judged = "float32"
-        else:
-            rel, mx, ok, judged = judge(fn, p, bound, got, ref, rel_tol=REL_TOL if pattern is None else 1e-3)
-        rep.trials.append(Trial(sizes, mag, rel, mx, ok, pattern, judged))
-        rep.ok &= ok
+        rep.trials.append(trial)
+        rep.ok &= trial.ok
     if not rep.ok:
         rep.reason = "(the program disagrees with the spec)"
     return rep
+
+
+def _trial(fn: Callable, p: Program, example: dict[str, Any], sizes: dict[str, int], mag: float,
+           pattern: int | None, seed: int, dev: torch.device) -> Trial:
+    """One trial: inputs drawn at `sizes` on `dev`, the program against the spec there."""
+    bound = make_inputs(p, example, sizes, seed=seed, magnitude=mag, dtype=torch.float64, pattern=pattern, device=dev)
+    # the program sees exactly the spec's float64 inputs: a prologue (RoPE on q) runs on them too
+    bound = {k: to64(v, device=dev) for k, v in bound.items()}
+    in32 = False
+    try:
+        ref = attention_output(run_reference(fn, bound, device=dev), p.out.index, p.out.tuple_len)
+    except Exception:
+        # a spec that fixes float32 somewhere (positions made with .float() meeting float64
+        # weights) cannot run in float64: it is judged in float32, program and spec alike
+        bound = make_inputs(p, example, sizes, seed=seed, magnitude=mag, dtype=torch.float32, pattern=pattern,
+                            device=dev)
+        bound = {k: to64(v, torch.float32, dev) for k, v in bound.items()}
+        ref = attention_output(run_reference(fn, bound, torch.float32, dev), p.out.index, p.out.tuple_len)
+        in32 = True
+    got = attention_output(p.run(**_kwargs(bound, p)), p.out.index, p.out.tuple_len)
+    # a mid-sized fill (fp16's -65504) costs the spec's own float32 softmax ~1e-4 of precision
+    # (ulp 2^-8 at 65504); a wrong mask is off by O(1), so 1e-3 still separates the two
+    if in32:
+        rel, mx, ok = compare(got, ref, p.empty_rows, REL_TOL if pattern is None else 1e-3)
+        judged = "float32"
+    else:
+        rel, mx, ok, judged = judge(fn, p, bound, got, ref, rel_tol=REL_TOL if pattern is None else 1e-3)
+    return Trial(sizes, mag, rel, mx, ok, pattern, judged, str(ref.device))
 
 
 def _kwargs(bound: dict[str, Any], p: Program) -> dict[str, Any]:

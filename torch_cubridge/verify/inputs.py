@@ -53,26 +53,29 @@ def few_values(ex: torch.Tensor, most: int = 3) -> torch.Tensor | None:
 
 
 def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    ex = example.detach().cpu()
+    """A tensor of `shape` on the generator's device, drawn from `example`'s family."""
+    dev = gen.device
+    ex = example.detach()
     if ex.dtype == torch.bool:
         p = float(ex.float().mean()) if ex.numel() else 0.5
         p = min(max(p, 0.15), 0.85)
-        return torch.rand(shape, generator=gen) < p
+        return torch.rand(shape, generator=gen, device=dev) < p
     if not ex.dtype.is_floating_point:
         lo, hi = (int(ex.min()), int(ex.max())) if ex.numel() else (0, 1)
-        x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64)
+        x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64, device=dev)
         if ex.dim() and ex.numel() > 1 and bool((ex.diff(dim=-1) >= 0).all()):
             x = x.sort(dim=-1).values  # sorted ids (document masks) stay sorted
         return x.to(ex.dtype)
     vals = few_values(ex)
     if vals is not None and 1 <= vals.numel() and (vals.isinf().any() or vals.abs().max() > 1e4 or vals.numel() == 1):
-        pick = torch.randint(0, vals.numel(), shape, generator=gen)
+        pick = torch.randint(0, vals.numel(), shape, generator=gen, device=dev)
         if vals.numel() > 1:  # keep most entries unmasked, as in the example
-            pick = torch.where(torch.rand(shape, generator=gen) < 0.7, torch.full_like(pick, int(vals.abs().argmin())), pick)
-        return vals[pick].to(ex.dtype)
+            pick = torch.where(torch.rand(shape, generator=gen, device=dev) < 0.7,
+                               torch.full_like(pick, int(vals.abs().argmin())), pick)
+        return vals.to(dev)[pick].to(ex.dtype)
     std = float(ex.float().std()) if ex.numel() > 1 else 1.0
     mean = float(ex.float().mean()) if ex.numel() else 0.0
-    return (torch.randn(shape, generator=gen) * (std if std > 0 else 1.0) + mean).to(ex.dtype)
+    return (torch.randn(shape, generator=gen, device=dev) * (std if std > 0 else 1.0) + mean).to(ex.dtype)
 
 
 # The fills a mask meets in real code: -inf, finfo.min of each float dtype (transformers' masks),
@@ -96,8 +99,8 @@ def structured_mask(like: torch.Tensor, q_dim: int, k_dim: int, pattern: int) ->
     """A band (bottom-right aligned) of width WINDOWS[pattern % 3], with the first two and the last
     query rows fully masked in even patterns; bool keeps, or 0 kept and FILLS[pattern] masked."""
     Sq, Skv = like.shape[q_dim], like.shape[k_dim]
-    i = torch.arange(Sq)[:, None] + (Skv - Sq)
-    j = torch.arange(Skv)[None, :]
+    i = torch.arange(Sq, device=like.device)[:, None] + (Skv - Sq)
+    j = torch.arange(Skv, device=like.device)[None, :]
     keep = (j <= i) & (j > i - WINDOWS[pattern % len(WINDOWS)])
     if pattern % 2 == 0:
         keep[:2] = False
@@ -108,20 +111,22 @@ def structured_mask(like: torch.Tensor, q_dim: int, k_dim: int, pattern: int) ->
     if like.dtype == torch.bool:
         return keep.clone()
     fill = torch.tensor(FILLS[pattern % len(FILLS)], dtype=torch.float64).to(like.dtype)
-    return torch.zeros(like.shape, dtype=like.dtype).masked_fill(~keep, fill)
+    return torch.zeros(like.shape, dtype=like.dtype, device=like.device).masked_fill(~keep, fill.to(like.device))
 
 
 def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed: int,
                 magnitude: float = 1.0, dtype: torch.dtype | None = None,
-                pattern: int | None = None, values: bool = True) -> dict[str, Any]:
+                pattern: int | None = None, values: bool = True,
+                device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     """A bound-argument dict like `example`, at new sizes and with new values.
 
     pattern: a structured case (see structured_mask) for every mask-like tensor argument that
     follows both the query and the key axis; random redraws otherwise.
     values=False: shapes only (uninitialised tensors), for capture and guards, which read no
     values; drawing them at a 4k call's sizes took seconds per probe.
+    device: where redrawn tensors are made (verify.reference.reference_device).
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     out = dict(example)
     for name, op in (("q", p.q), ("k", p.k), ("v", p.v)):
         if op.step:  # computed by the prologue from arguments redrawn below
@@ -131,7 +136,7 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         if not values:
             out[op.arg] = torch.empty(shape, dtype=dtype or ex.dtype)
             continue
-        t = torch.randn(shape, generator=gen) * magnitude
+        t = torch.randn(shape, generator=gen, device=device) * magnitude
         out[op.arg] = t.to(dtype or ex.dtype)
     copied: dict[str, Any] = {}
     for x in p.extras:

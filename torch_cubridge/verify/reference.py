@@ -1,5 +1,5 @@
-"""The spec evaluated on the CPU: in float64, the ground truth for verification; in float32, the
-kernel's own precision (see verify.cpu.judge)."""
+"""The spec evaluated in float64, the ground truth for verification, or in float32, the kernel's own
+precision (see verify.cpu.judge): on the CPU, or on the call's CUDA device for large trials."""
 from __future__ import annotations
 
 import copy
@@ -8,21 +8,36 @@ from typing import Any, Callable
 import torch
 
 from ..capture.trace import _rebuild_call
+from ..ir.bind import call_device
+
+CPU = torch.device("cpu")
+# Trials with at least this many score elements (B * H * Sq * Skv) run in float64 on the call's CUDA
+# device where it has one: a paged decode held at its shape (B 8, 32 heads, 4k keys) spent 35 s of its
+# first call verifying on the CPU. Smaller trials stay on the CPU, where the float64 maths is the same.
+DEVICE_MIN_SCORES = 1 << 20
 
 
-def to64(v: Any, dtype: torch.dtype = torch.float64) -> Any:
-    """v on the CPU with its floating-point tensors (a module's too) in `dtype`."""
+def reference_device(example: dict[str, Any], sizes: dict[str, int]) -> torch.device:
+    """Where a trial at `sizes` runs its float64 spec and program: the call's CUDA device for large ones."""
+    dev = call_device(example)
+    big = sizes["B"] * sizes["H"] * sizes["Sq"] * sizes["Skv"] >= DEVICE_MIN_SCORES
+    return dev if big and dev.type == "cuda" else CPU
+
+
+def to64(v: Any, dtype: torch.dtype = torch.float64, device: torch.device = CPU) -> Any:
+    """v on `device` with its floating-point tensors (a module's too) in `dtype`."""
     if isinstance(v, torch.nn.Module):
-        return copy.deepcopy(v).cpu().to(dtype)
+        return copy.deepcopy(v).to(device).to(dtype)
     if isinstance(v, torch.Tensor):
-        v = v.detach().cpu()
+        v = v.detach().to(device)
         return v.to(dtype) if v.is_floating_point() else v
     return v
 
 
-def run_reference(fn: Callable, bound: dict[str, Any], dtype: torch.dtype = torch.float64) -> Any:
-    """The spec on the CPU with every floating-point input cast to `dtype` (float64: the ground truth)."""
-    b = {k: to64(v, dtype) for k, v in bound.items()}
+def run_reference(fn: Callable, bound: dict[str, Any], dtype: torch.dtype = torch.float64,
+                  device: torch.device = CPU) -> Any:
+    """The spec on `device` with every floating-point input cast to `dtype` (float64: the ground truth)."""
+    b = {k: to64(v, dtype, device) for k, v in bound.items()}
     args, kwargs = _rebuild_call(fn, b)
     with torch.no_grad():
         return fn(*args, **kwargs)
@@ -32,10 +47,11 @@ def attention_output(result: Any, index: int, tuple_len: int) -> torch.Tensor:
     return result[index] if tuple_len else result
 
 
-def reference_output(fn: Callable, bound: dict[str, Any], index: int, tuple_len: int) -> tuple[torch.Tensor, str]:
+def reference_output(fn: Callable, bound: dict[str, Any], index: int, tuple_len: int,
+                     device: torch.device = CPU) -> tuple[torch.Tensor, str]:
     """(the spec's output, the dtype it ran in): float64, or float32 for a spec that fixes float32
     somewhere (positions made with .float() meeting float64 weights) and so cannot run in float64."""
     try:
-        return attention_output(run_reference(fn, bound), index, tuple_len), "float64"
+        return attention_output(run_reference(fn, bound, device=device), index, tuple_len), "float64"
     except Exception:
-        return attention_output(run_reference(fn, bound, torch.float32), index, tuple_len), "float32"
+        return attention_output(run_reference(fn, bound, torch.float32, device), index, tuple_len), "float32"
