@@ -62,3 +62,34 @@ def test_a_factor_along_the_keys_is_refused():
     args = _args(torch.rand(2, 40) < 0.3)
     with pytest.raises(UnsupportedSpec, match="along the key axis after the softmax"):
         transfer_stage(zeroed_keys, bind_example(zeroed_keys, args, {}))
+
+
+def sink_per_query_column(q, k, v, sinks):
+    """inkling2's eager attention: a sink logit projected from each token ([B, H, Sq, 1]), one more
+    column of the softmax, dropped after it."""
+    s = torch.matmul(q, k.transpose(2, 3)) * 0.25
+    s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    p = torch.softmax(torch.cat([s, sinks], dim=-1).float(), dim=-1)[..., :-1].to(q.dtype)
+    return torch.matmul(p, v)
+
+
+def sink_per_query_sigmoid(q, k, v, c):
+    """The same written as granite_swa writes a sink, with the logit varying over query rows ([B, Sq, H])."""
+    s = q @ k.transpose(-1, -2) / 4
+    o = s.softmax(-1) @ v
+    return o * torch.sigmoid(torch.logsumexp(s, dim=-1, keepdim=True) - c.permute(0, 2, 1)[..., None])
+
+
+@pytest.mark.parametrize("fn,extra", [(sink_per_query_column, torch.randn(2, 3, 40, 1) * 2),
+                                      (sink_per_query_sigmoid, torch.randn(2, 40, 3) * 2)])
+def test_a_sink_per_query_row_scales_the_output_by_the_rows_lse(fn, extra):
+    """A sink c(b, h, q): sum e^x V / (sum e^x + e^c) = O * sigmoid(lse - c), the kernel's LSE read by
+    the row scale; fully masked rows (the first causal rows have few keys) and x8 scores included."""
+    args = _args(extra)
+    res = transfer_stage(fn, bind_example(fn, args, {}))
+    p = res.program
+    assert p.sink is None and p.row_scale is not None and "lse" in str(p.row_scale)
+    assert res.generic and Program.from_json(p.to_json()) == p
+    want = fn(*(a.double() for a in args))
+    assert rel_err(p.run(*(a.double() for a in args)), want) < 1e-6
+

@@ -74,3 +74,35 @@ def test_models_with_their_own_attention_tables_run_eager(family, extra):
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(ref(ids).logits, ours(ids).logits)
+
+
+def _inkling2_pair(device: str = "cpu", dtype: torch.dtype = torch.float32):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    if "inkling2_text" not in CONFIG_MAPPING_NAMES:
+        pytest.skip("this transformers has no inkling2")
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=None,
+              bos_token_id=None, eos_token_id=None)
+    models = []
+    for impl, dt in (("eager", torch.float32), ("cubridge", dtype)):
+        torch.manual_seed(0)  # each from a config of its own (a shared config shares its implementation)
+        models.append(AutoModelForCausalLM.from_config(AutoConfig.for_model("inkling2_text", **kw),
+                                                       attn_implementation=impl).to(device, dt).eval())
+    return models
+
+
+def test_a_sink_projected_from_each_token_transfers(tmp_path):
+    """inkling2 projects a sink logit from every token (per query row): every call transfers, with the
+    sink as a row scale over the kernel's LSE, and the logits equal eager's (a prefill: this tiny config's
+    cache does not generate, eager's neither)."""
+    tcx._compiled.clear()
+    ref, ours = _inkling2_pair()
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, got = ref(ids).logits, ours(ids).logits
+    entries = [e for c in tcx._compiled.values() for e in c.entries()]
+    assert entries and all(e.result is not None and e.result.program.row_scale is not None for e in entries), \
+        [e.reason for e in entries]
+    assert float((got - want).norm() / want.norm()) < 1e-5

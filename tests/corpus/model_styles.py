@@ -533,6 +533,24 @@ def granite_swa_attention(query, key, value, attention_mask, sinks):
     return attn_output.transpose(1, 2).contiguous()
 
 
+def inkling2_attention(query, key, value, attention_mask, sinks):
+    """huggingface/transformers models/inkling2/modeling_inkling2.py eager_attention_forward: a sink logit
+    projected from every token ([B, H, S, 1]) is one more softmax column, dropped afterwards."""
+    key_states = _repeat_kv(key, query.shape[1] // key.shape[1])
+    value_states = _repeat_kv(value, query.shape[1] // key.shape[1])
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * query.shape[-1] ** -0.5
+    attn_weights = attn_weights + attention_mask
+    combined_logits = torch.cat([attn_weights, sinks], dim=-1).float()
+    attn_weights = F.softmax(combined_logits, dim=-1)[..., :-1].to(query.dtype)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous()
+
+
+def _inkling2(B, H, Hkv, S, D, dt):
+    args = _gpt_oss_hf(B, H, Hkv, S, D, dt)
+    return args[:4] + (torch.randn(B, H, S, 1, dtype=dt) * 2,)
+
+
 # ---- Longformer-like local band ------------------------------------------------------------------------------------
 LONGFORMER_ONE_SIDED_WINDOW = 8
 
@@ -716,6 +734,7 @@ CASES: list[Case] = [
     Case("model_gpt_oss_reference", gpt_oss_reference_sdpa, _gpt_oss_ref),
     Case("model_gpt_oss_hf", gpt_oss_hf_attention, _gpt_oss_hf),
     Case("model_granite_swa_sink", granite_swa_attention, _gpt_oss_hf),
+    Case("model_inkling2_token_sink", inkling2_attention, _inkling2),
     Case("model_longformer_band", longformer_band_attention,
          lambda B, H, Hkv, S, D, dt: qkv(B, H, H, S, S, D, dt, "bshd") + (_right_padding(B, S),)),
     Case("model_llama_mask_arg", llama_attention, _llama),

@@ -14,7 +14,10 @@ from typing import Any, Callable
 # Index variables a CuIR expression may read. `s` is the raw q.k dot product.
 INDEX_VARS = ("b", "h", "q", "kv")
 SIZE_VARS = ("B", "H", "Hkv", "Sq", "Skv", "D")
-VARS = ("s",) + INDEX_VARS + SIZE_VARS
+# The variable a row scale reads for its row's natural-log LSE of the scores, which the kernel writes
+# (Program.row_scale; a sink logit per query row).
+ROW_LSE = "lse"
+VARS = ("s",) + INDEX_VARS + SIZE_VARS + (ROW_LSE,)
 
 # FLOAT_UNARY: float results, in fp32 on the kernel as in the interpreter
 FLOAT_UNARY = {"tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "sin", "cos", "exp2", "log2", "log1p", "expm1",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .bind import bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
-from .expr import FLOAT_UNARY, Expr
+from .expr import FLOAT_UNARY, ROW_LSE, Expr
 from .interval import classify_tile
 from .prologue import run_prologue
 
@@ -129,6 +129,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
 
     Dv = v.shape[-1]  # the value head dim may differ from the query's
     out = torch.zeros(B, H, Sq, Dv, dtype=fdt, device=dev)
+    lse = torch.empty(B, H, Sq, 1, dtype=fdt, device=dev)  # of the scores alone, before any sink
     for q0 in range(0, Sq, BLOCK_M):
         _step("tile q")
         _step("load q")
@@ -168,6 +169,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
             acc = acc * alpha + pexp @ v[:, hk, k0:k1]
             m = m_new
         _step("endloop kv")
+        lse[:, :, q0:q1] = m + torch.log(l)  # -inf for an empty row
         _step("hook sink")
         if p.sink is not None:
             sink = torch.as_tensor(evaluate(p.sink, env, fdt)).to(fdt).expand(B, H, 1, 1)
@@ -183,7 +185,7 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
         _step("store o")
         out[:, :, q0:q1] = res
     if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)
-        out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, env, B, H, Sq, fdt)
+        out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, dict(env, **{ROW_LSE: lse}), B, H, Sq, fdt)
     return _to_output_layout(p, out.to(out_dtype))
 
 
@@ -200,7 +202,8 @@ def index_env(sizes: dict[str, int], scal: dict[str, Any], tensors: dict[str, to
 
 
 def row_factor(e: Expr, env: dict[str, Any], B: int, H: int, Sq: int, fdt: torch.dtype) -> torch.Tensor:
-    """A program's row scale as a [B, H, Sq, 1] tensor; env holds sizes, scalars, extras and b, h."""
+    """A program's row scale as a [B, H, Sq, 1] tensor; env holds sizes, scalars, extras, b, h and, where
+    the scale reads it, the rows' LSE ([B, H, Sq, 1])."""
     dev = env["b"].device
     env = dict(env, q=torch.arange(Sq, device=dev).view(1, 1, -1, 1))
     return torch.as_tensor(evaluate(e, env, fdt), device=dev).to(fdt).expand(B, H, Sq, 1)

@@ -11,7 +11,14 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .expr import CANON, Expr  # noqa: F401  (CANON re-exported)
+from .expr import CANON, ROW_LSE, Expr, call, var  # noqa: F401  (CANON re-exported)
+
+
+def row_sink(c: Expr, row_scale: Expr | None) -> Expr:
+    """The row scale that adds sink logit c (per b, h and q) to the normaliser, after `row_scale`:
+    sum e^x V / (sum e^x + e^c) = (sum e^x V / sum e^x) * sigmoid(lse - c)."""
+    f = call("sigmoid", call("sub", var(ROW_LSE), c))
+    return f if row_scale is None else call("mul", row_scale, f)
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,8 @@ class Program:
     guards: tuple[Expr, ...] = ()       # predicates over the call (argument sizes and Python values) it holds under
     notes: tuple[str, ...] = ()
     prologue: tuple[Step, ...] = ()     # ops PyTorch runs before the kernel; extras read their results
-    row_scale: Expr | None = None       # over b, h, q: the probabilities scaled (or zeroed) by row after the
-                                        # softmax; the same factor on the output, applied by PyTorch after the kernel
+    row_scale: Expr | None = None       # over b, h, q (and ROW_LSE): the probabilities scaled (or zeroed) by row
+                                        # after the softmax; the same factor on the output, applied by PyTorch after the kernel
 
     # -- JSON ------------------------------------------------------------
     def to_json(self) -> str:

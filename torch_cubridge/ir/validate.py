@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .program import Program
 
-from .expr import BINARY, INDEX_VARS, SIZE_VARS, UNARY, Expr, free_vars, walk
+from .expr import BINARY, INDEX_VARS, ROW_LSE, SIZE_VARS, UNARY, Expr, free_vars, walk
 from .expr import CANON
 from .prologue import step_refs
 
@@ -49,7 +49,7 @@ def validate(p: Program) -> None:
     if p.sink is not None:
         _check_expr(p.sink, {"b", "h", *sizes}, "sink", p)
     if p.row_scale is not None:
-        _check_expr(p.row_scale, {"b", "h", "q", *sizes}, "row scale", p)
+        _check_expr(p.row_scale, {"b", "h", "q", ROW_LSE, *sizes}, "row scale", p)
     for s in p.scalars:
         if s.kind not in ("float", "int"):
             raise InvalidProgram(f"scalar {s.name}: kind {s.kind!r}")

@@ -16,7 +16,7 @@ from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
 from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values
 from ..ir.paged import PagedRead
-from ..ir.expr import free_vars
+from ..ir.expr import ROW_LSE, free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interpreter import index_env, row_factor
 from ..ir.interval import interval
@@ -54,6 +54,7 @@ class KernelRunner:
         self._consts: dict[tuple, torch.Tensor] = {}
         self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
         self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
+        self._row_lse = p.row_scale is not None and ROW_LSE in free_vars(p.row_scale)  # the kernel writes it
         # what a call must work out, decided once: most programs need none of it per call
         self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars) and not p.prologue
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
@@ -220,9 +221,12 @@ class KernelRunner:
         if poison:
             out.fill_(float("nan"))
         scale = self._scale_const if self._scale_const is not None else self._scale(sizes, scal)
+        # [B, H, Sq] natural-log LSE for a row scale that reads it; every key empty: -inf, as the kernel writes
+        lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device) if self._row_lse else None
         if Sq and Skv:
             stream = torch._C._cuda_getCurrentRawStream(di)
-            fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0), qs[:3], ks[:3],
+            fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                0 if lse is None else lse.data_ptr()), qs[:3], ks[:3],
                                vs[:3], lay[1][:3], (B, H, Hkv, Sq, Skv), scale)
             if self._params_const is not None:
                 params = self._params_const
@@ -248,14 +252,16 @@ class KernelRunner:
             out.zero_()
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
-                                                            "D": D}, scal, tensors)
+                                                            "D": D}, scal, tensors, lse)
         return self._result(out, raw)
 
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
-                    tensors: dict) -> None:
+                    tensors: dict, lse: torch.Tensor | None) -> None:
         """The program's row scale on the output, in place, by PyTorch after the kernel (on its stream)."""
         B, H, Sq, _ = shape
         env = index_env(sizes, scal, tensors, B, H, out.device)
+        if lse is not None:
+            env[ROW_LSE] = lse.unsqueeze(-1)
         o = out.as_strided(shape, strides)
         o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ..capture.trace import Captured
 from ..errors import HeldTensorRefused, SplitLayoutRefused, UnsupportedSpec
-from ..ir.expr import loads
-from ..ir.program import Program
+from ..ir.expr import free_vars, loads
+from ..ir.program import Program, row_sink
 from .assemble import assemble
 from .masks import extract_mask
 from .prologue import Prologue
@@ -90,6 +90,9 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     sink = parts.pop("sink")
     if sink is not None:
         empty = "zero"  # the sink takes all the weight of a fully masked row
+        if "q" in free_vars(sink):  # per query row: sum e^x V / (sum e^x + e^c) = O sigmoid(lse - c)
+            parts["row_scale"] = row_sink(sink, parts["row_scale"])
+            sink = None
     (score, mask, sink), scalars = lift_literals([score, mask, sink])
     rule = "none" if mask is None else ("prepass" if loads(mask) else "interval")
     used = set().union(*(loads(e) for e in (score, mask, sink, parts["row_scale"]) if e is not None))

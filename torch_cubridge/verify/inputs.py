@@ -30,7 +30,7 @@ def operand_shape(op: Operand, sizes: dict[str, int], role: str) -> tuple[int, .
 def _follow_dims(p: Program, name: str) -> dict[int, str]:
     """dim -> size var for dims of an extra tensor indexed by a bare b/h/q/kv."""
     out: dict[int, str] = {}
-    for e in (p.score, p.mask, p.sink):
+    for e in (p.score, p.mask, p.sink, p.row_scale):
         if e is None:
             continue
         for n in walk(e):

@@ -308,9 +308,7 @@ class Walker(OffScorePath):
             raise UnsupportedSpec("the output scaled by sigmoid(logsumexp - c) of another score", op=op)
         if len(scale.axes) != len(attn.axes) or scale.axes[-1] != () or tuple(scale.axes[:-1]) != tuple(attn.axes[:-1]):
             raise UnsupportedSpec("sigmoid(logsumexp - c) not laid along the output's rows", op=op)
-        bad = {n.attr for n in walk(c) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r == "batch"}
-        if bad:
-            raise UnsupportedSpec("the sink logit may depend only on batch and head", op=op)
+        self._check_sink(c, op)
         self.ctx.facts["output"]["probs"] = Sym(probs.axes, None, probs.dtype, "probs", {**probs.payload, "sink": c})
         return attn
 
@@ -326,6 +324,13 @@ class Walker(OffScorePath):
         old = p.payload.get("row_scale")
         new = e if old is None else call("mul", old, e)
         return Sym(p.axes, None, p.dtype, "probs", {**p.payload, "row_scale": simplify(new, self.ctx.ranges())})
+
+    def _check_sink(self, sink: Expr, op: str) -> None:
+        """A sink logit is one per row: over batch and head (the kernel's sink hook) or the query row too
+        (inkling2 projects it from each token), which moves to the output as sigmoid(lse - c)."""
+        rows = {a for a, r in self.ctx.roles.items() if r in ("batch", "q")}
+        if {n.attr for n in walk(sink) if n.op == "var" and self.ctx.sizes.get(n.attr) != 1} - rows:
+            raise UnsupportedSpec("the sink logit may depend only on batch, head and query row", op=op)
 
     def drop_sink_column(self, x: Sym, dim: int, start: Any, end: Any, op: str) -> Sym:
         score = x.payload["score"]
@@ -343,9 +348,7 @@ class Walker(OffScorePath):
         lead = Sym(col.axes[:-1] + ((),), col.expr, col.dtype)
         axes, exprs = broadcast(self.ctx, [Sym(score.axes[:-1] + ((),), const(0.0), score.dtype), lead], op)
         sink = exprs[1]
-        bad = {n.attr for n in walk(sink) if n.op == "var"} - {a for a, r in self.ctx.roles.items() if r == "batch"}
-        if bad:
-            raise UnsupportedSpec("the sink logit may depend only on batch and head", op=op)
+        self._check_sink(sink, op)
         full = (self.ctx.atom(self.ctx.dim_size(score.axes[-1]) + 1),)
         return Sym(score.axes[:-1] + (full,), None, score.dtype, "catsink",
                    {"score": score, "sink": sink, "full_kv": full})
