@@ -13,6 +13,8 @@ layers. What cannot be compiled runs eager.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import weakref
 from typing import Any, Callable
@@ -56,25 +58,40 @@ _CB_KWARGS = ("cache", "read_index", "write_index", "block_table", "cu_seq_lens_
               "max_length_q", "max_length_k", "logits_indices", "logits_processor_args", "k_cache", "v_cache")
 
 
-def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
-                      kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+@functools.lru_cache(maxsize=None)
+def _update_takes_kwargs(cache_type: type) -> bool:
+    return "kwargs" in inspect.signature(cache_type.update).parameters
+
+
+def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor, mask: Any,
+                      kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, Any, dict[str, Any]]:
     """Continuous batching (generate_batch, ContinuousBatchingManager) passes the new keys and values
     and its paged cache: the cache takes them and gives back every key and value of the packed
-    sequences, the eager contract ("paged|eager"); the mask it built keeps each sequence to its own."""
+    sequences, the eager contract ("paged|eager"); the mask it built keeps each sequence to its own.
+    transformers 5.2x's cache takes the kwargs and returns [1, Hkv, S, D]; 5.17's takes the read and
+    write indices and returns [S, Hkv, D], with the masks in a dict by layer type."""
     cache = kwargs.get("cache")
     if cache is None or type(cache).__name__ != "PagedAttentionCache":
-        return key, value, kwargs
+        return key, value, mask, kwargs
     kwargs = dict(kwargs)
-    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    if _update_takes_kwargs(type(cache)):
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    else:
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                                  read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+        key, value = key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0)
+    if isinstance(mask, dict):
+        window = getattr(module, "sliding_window", 1)
+        mask = mask["full_attention" if window in (1, None) else "sliding_attention"]
     if kwargs.get("block_table") is not None:  # the flash contract: keys left in the pages, no mask
         raise ValueError("continuous batching's block-table (flash) contract is not served by cubridge; "
                          "register it as 'paged|eager' (register_continuous_batching)")
-    return key, value, {k: v for k, v in kwargs.items() if k not in _CB_KWARGS}
+    return key, value, mask, {k: v for k, v in kwargs.items() if k not in _CB_KWARGS}
 
 
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
-    key, value, kwargs = _from_paged_cache(module, key, value, kwargs)
+    key, value, attention_mask, kwargs = _from_paged_cache(module, key, value, attention_mask, kwargs)
     if _building is not None:
         return _build_call(module, query, key, value, attention_mask, **kwargs)
     c = _compiled.get(module)
