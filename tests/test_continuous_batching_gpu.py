@@ -16,9 +16,12 @@ NEAR_TIE = 0.25  # bf16 logits of this model differ by ~0.05 between two correct
 
 
 def _generated(model, prompts, gc):
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    # a small paged cache: by default it takes 90% of free GPU memory, and the next run finds none
+    cb = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model.generate_batch(inputs=prompts, generation_config=gc).values()
+        out = model.generate_batch(inputs=prompts, generation_config=gc, continuous_batching_config=cb).values()
     return {tuple(v.prompt_ids): list(v.generated_tokens) for v in out}  # by prompt: request ids are a counter
 
 
