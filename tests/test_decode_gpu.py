@@ -120,3 +120,37 @@ def test_decode_under_cuda_graph():
     q, k, v = (t.cuda() for t in _inputs(2, 8, 2, 1, 3000, 128))
     ref = f(q, k, v).clone()
     assert torch.equal(graph_replay(f, q, k, v), ref)
+
+
+def packed_additive(query, key, value, attention_mask):
+    """A continuous-batching decode step: one query row per sequence, packed, an additive mask over the
+    keys of every sequence (transformers' paged eager)."""
+    key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    w = torch.matmul(query, key.transpose(2, 3)) * query.shape[-1] ** -0.5 + attention_mask
+    return torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype), value)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.bfloat16).min, -1e9])
+def test_rows_of_finite_fills_are_uniform_across_splits(fill):
+    """A row with every key filled by a finite value is uniform in the spec (the fill absorbs the scores
+    in float32). Across the splits a max times log2(e) overflowed at finfo.min (the row came out 0), and
+    a -1e9 row lost each split's sum in its LSE (splits weighted alike): continuous batching's decode
+    steps failed GPU verification on the H100 until the splits kept max and sum apart."""
+    g = torch.Generator().manual_seed(0)
+    lens = [50, 3000, 20, 1029]
+    S = sum(lens)
+    q = torch.randn(1, 8, len(lens), 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, S, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    mask = torch.full((1, 1, len(lens), S), fill, dtype=torch.bfloat16)
+    s0 = 0
+    for i, n in enumerate(lens):
+        if i != 2:  # the third row keeps no key: every score is the fill
+            mask[..., i, s0:s0 + n] = 0
+        s0 += n
+    f = tc.compile(packed_additive, fallback="raise")
+    out = f(*(t.cuda() for t in (q, k, v, mask)))
+    assert f.served["spec"] == 0 and f.kernels()[-1].low.tile.kernel == "decode"
+    ref = packed_additive(q.float(), k.float(), v.float(), mask.float())  # float32: the fills absorb
+    assert rel_err(out.float().cpu(), ref) < 1e-2
+    assert rel_err(out[:, :, 2].float().cpu(), v.float().mean(2).repeat_interleave(4, 1)) < 1e-2

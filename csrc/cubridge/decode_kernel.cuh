@@ -8,8 +8,9 @@
 // them, so there is no second kernel and no gap between two launches.
 //
 // Launch: grid = (n_split, Hkv * row_tiles, B), block = 128 threads (4 warps), dynamic shared
-// memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split]
-// fp32 when n_split > 1 (null otherwise: the CTA writes O itself). counters: one int per
+// memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split, 2]
+// fp32 when n_split > 1 (part_lse: each split's max in score units and its sum, kept apart: a
+// log2 LSE m * log2e + log2(l) overflows at a finfo.min fill and loses l at a -1e9 one) (null otherwise: the CTA writes O itself). counters: one int per
 // (b, blockIdx.y), zero before the launch; the merging CTA sets its own back to zero, so a buffer
 // serves every launch of one stream (and every replay of a CUDA graph). pg: K/V pages and block
 // tables, read only where the kernel is built paged (kPaged).
@@ -113,7 +114,7 @@ struct DecodeTile {
 template <class Variant, class T, int D>
 __device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
                                             const float* part_o, const float* part_lse, int n_split,
-                                            long long row, int lane);
+                                            float factor, long long row, int lane);
 
 template <class Cfg, class Variant, class T, bool kPaged = false>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
@@ -254,7 +255,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       dst[1] = o[0][dt][2 * hf + 1];
     }
     if (lane % 4 == 0) {
-      mm[warp * R + r] = m[hf] * factor;  // log2 units; -inf stays -inf
+      mm[warp * R + r] = m[hf];  // score units: scaled only after a difference, as softmax_rows does
       ml[warp * R + r] = lw;
     }
   }
@@ -273,7 +274,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   float wgt[Cfg::kWarps], lsum = 0.f;
 #pragma unroll
   for (int w = 0; w < Cfg::kWarps; ++w) {
-    wgt[w] = m2 == neg_inf() ? 0.f : fast_exp2(mm[w * R + r] - m2);
+    wgt[w] = m2 == neg_inf() ? 0.f : fast_exp2((mm[w * R + r] - m2) * factor);
     lsum = fmaf(ml[w * R + r], wgt[w], lsum);
   }
   float acc[CW];
@@ -284,13 +285,16 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     for (int w = 0; w < Cfg::kWarps; ++w) acc[c] = fmaf(mo[(w * R + r) * D + c0 + c], wgt[w], acc[c]);
   }
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
-  if (n_split > 1) {  // partial: normalised over this chunk, with its log2 LSE; the sink joins later
+  if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
     if (valid) {
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
       float* dst = part_o + (row * n_split + split) * D + c0;
 #pragma unroll
       for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
-      if (tid % 8 == 0) part_lse[row * n_split + split] = lsum > 0.f ? m2 + fast_log2(lsum) : neg_inf();
+      if (tid % 8 == 0) {
+        part_lse[2 * (row * n_split + split)] = lsum > 0.f ? m2 : neg_inf();
+        part_lse[2 * (row * n_split + split) + 1] = lsum;
+      }
     }
     // The last split of this tile to finish merges all of them: the partials are made visible
     // before the count, and read after it past L1 (combine_row's __ldcg).
@@ -307,7 +311,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     __threadfence();
     for (int rr = warp; rr < R; rr += Cfg::kWarps)
       if (r_lo + rr < rows)
-        combine_row<Variant, T, D>(a, p, part_o, part_lse, n_split,
+        combine_row<Variant, T, D>(a, p, part_o, part_lse, n_split, factor,
                                    (static_cast<long long>(b) * a.Hq + head_of(rr)) * a.Sq + query_of(rr), lane);
     return;
   }
@@ -315,7 +319,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir store tensor=o
   const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
-  finish_stats(m2, lsum, sink2, o_scale, lse);
+  finish_stats(m2 * factor, lsum, sink2, o_scale, lse);
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss + c0;
   const T* gVh = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
 #pragma unroll
@@ -332,34 +336,36 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;
 }
 
-// Merge the splits of one (b, h, q) row, one warp: O = sum_i 2^(lse_i) o_i / (sum_i 2^(lse_i) + sink).
+// Merge the splits of one (b, h, q) row, one warp: with M the largest split max and
+// w_i = l_i 2^((m_i - M) factor), O = sum_i w_i o_i / (sum_i w_i + sink).
 template <class Variant, class T, int D>
 __device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
                                             const float* part_o, const float* part_lse, int n_split,
-                                            long long row, int lane) {
+                                            float factor, long long row, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int CW = (D + 31) / 32;
   const int q = static_cast<int>(row % a.Sq), h = static_cast<int>(row / a.Sq % a.Hq);
   const int b = static_cast<int>(row / (a.Sq * a.Hq));
+  const float* ml = part_lse + 2 * row * n_split;  // (max, sum) per split
   float m2 = neg_inf();
-  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, __ldcg(part_lse + row * n_split + i));
+  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, __ldcg(ml + 2 * i));
   for (int o = 16; o > 0; o /= 2) m2 = fmaxf(m2, __shfl_xor_sync(~0u, m2, o));
+  auto weight = [&](int i) {  // 0 for a split with every key masked
+    const float x = __ldcg(ml + 2 * i);
+    return x == neg_inf() ? 0.f : __ldcg(ml + 2 * i + 1) * fast_exp2((x - m2) * factor);
+  };
   float l = 0.f;
-  for (int i = lane; i < n_split; i += 32) {
-    const float x = __ldcg(part_lse + row * n_split + i);
-    l += m2 == neg_inf() ? 0.f : fast_exp2(x - m2);
-  }
+  for (int i = lane; i < n_split; i += 32) l += weight(i);
   for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(~0u, l, o);
   const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
-  finish_stats(m2, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink) in units of 2^m2
+  finish_stats(m2 * factor, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink)
   float acc[CW];
 #pragma unroll
   for (int c = 0; c < CW; ++c) acc[c] = 0.f;
   for (int i = 0; i < n_split; ++i) {
-    const float x = __ldcg(part_lse + row * n_split + i);
-    if (x == neg_inf()) continue;
-    const float w = fast_exp2(x - m2);
+    const float w = weight(i);
+    if (w == 0.f) continue;
     const float* src = part_o + (row * n_split + i) * D;
 #pragma unroll
     for (int c = 0; c < CW; ++c)

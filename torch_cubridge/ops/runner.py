@@ -287,7 +287,7 @@ class KernelRunner:
         part = (0, 0, 0)
         if n_split > 1:
             po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
-            pl = torch.empty(B * H * Sq * n_split, dtype=torch.float32, device=dev)
+            pl = torch.empty(B * H * Sq * n_split * 2, dtype=torch.float32, device=dev)  # (max, sum) per split
             self._parts = (po, pl)  # alive until the launch is enqueued
             part = (po.data_ptr(), pl.data_ptr(), self._counters(B * Hkv * row_tiles, di, dev, stream))
         bufs = tuple(struct.pack("<Q", x) for x in part)
