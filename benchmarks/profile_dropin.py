@@ -1,0 +1,39 @@
+"""Where the drop-in's host time goes in decode: cProfile over generate's decode steps of a 2-layer
+llama (llama-8B-like layers) with every call served by the kernel; prints the top entries."""
+import cProfile
+import pstats
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_generate as bg  # noqa: E402
+import torch_cubridge.integrations.transformers as tcx  # noqa: E402
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    tcx.register()
+    model = bg.model_8_layers()
+    ids = torch.randint(1, 32000, (1, 4096)).cuda()
+    for impl in ("sdpa", tcx.NAME):
+        model.set_attn_implementation(impl)
+        bg._generate(model, ids, 3)
+        t = [bg._timed(model, ids, n) for n in (1, 33)]
+        print(impl, f"per decode step {(t[1] - t[0]) / 32 * 1e3:.2f} ms", flush=True)
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    bg._generate(model, ids, 33)
+    pr.disable()
+    print("profiled", time.perf_counter() - t0)
+    st = pstats.Stats(pr)
+    st.sort_stats("tottime").print_stats(25)
+    st.sort_stats("cumulative").print_stats("torch_cubridge", 30)
+
+
+if __name__ == "__main__":
+    main()
