@@ -41,15 +41,35 @@ def _follow_dims(p: Program, name: str) -> dict[int, str]:
     return out
 
 
+def _sample(ex: torch.Tensor, n: int = 1 << 16) -> torch.Tensor:
+    """A strided sample of `ex`'s values: statistics for a redraw need no pass over a 16 GB mask."""
+    flat = ex.detach().flatten()
+    return flat[:: max(1, flat.numel() // n)]
+
+
 def few_values(ex: torch.Tensor, most: int = 3) -> torch.Tensor | None:
     """The distinct values of `ex` where it has at most `most` of them (a mask's), else None. A strided
-    sample decides first: sorting every value of a paged KV cache (16M floats) cost 27 s of a 48 s first
-    call on the CPU."""
+    sample decides first (sorting every value of a paged KV cache, 16M floats, cost 27 s of a 48 s first
+    call on the CPU), then every value is checked against the sample's in chunks (a unique over a
+    [8, 1, 32k, 32k] mask asked the GPU for 7 GiB)."""
     flat = ex.detach().flatten()
-    if flat.numel() > 4096 and flat[:: max(1, flat.numel() // 4096)].unique().numel() > most:
+    vals = _sample(flat, 4096).unique()
+    if vals.numel() > most:
         return None
-    vals = flat.unique()
-    return vals if vals.numel() <= most else None
+    step = 1 << 24
+    for i in range(0, flat.numel(), step):
+        part = flat[i:i + step]
+        if not torch.isin(part, vals).all():
+            vals = torch.cat([vals, part[~torch.isin(part, vals)].unique()]).unique()
+            if vals.numel() > most:
+                return None
+    return vals
+
+
+def _rows(ex: torch.Tensor, n: int = 256) -> torch.Tensor:
+    """At most n rows (last dim) of `ex`, spread over it: whether ids are sorted along the last dim."""
+    rows = ex.reshape(-1, ex.shape[-1])
+    return rows[:: max(1, rows.shape[0] // n)]
 
 
 def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
@@ -57,13 +77,13 @@ def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) 
     dev = gen.device
     ex = example.detach()
     if ex.dtype == torch.bool:
-        p = float(ex.float().mean()) if ex.numel() else 0.5
+        p = float(_sample(ex).float().mean()) if ex.numel() else 0.5
         p = min(max(p, 0.15), 0.85)
         return torch.rand(shape, generator=gen, device=dev) < p
     if not ex.dtype.is_floating_point:
         lo, hi = (int(ex.min()), int(ex.max())) if ex.numel() else (0, 1)
         x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64, device=dev)
-        if ex.dim() and ex.numel() > 1 and bool((ex.diff(dim=-1) >= 0).all()):
+        if ex.dim() and ex.numel() > 1 and bool((_rows(ex).diff(dim=-1) >= 0).all()):
             x = x.sort(dim=-1).values  # sorted ids (document masks) stay sorted
         return x.to(ex.dtype)
     vals = few_values(ex)
@@ -73,8 +93,8 @@ def redraw(example: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) 
             pick = torch.where(torch.rand(shape, generator=gen, device=dev) < 0.7,
                                torch.full_like(pick, int(vals.abs().argmin())), pick)
         return vals.to(dev)[pick].to(ex.dtype)
-    std = float(ex.float().std()) if ex.numel() > 1 else 1.0
-    mean = float(ex.float().mean()) if ex.numel() else 0.0
+    std = float(_sample(ex).float().std()) if ex.numel() > 1 else 1.0
+    mean = float(_sample(ex).float().mean()) if ex.numel() else 0.0
     return (torch.randn(shape, generator=gen, device=dev) * (std if std > 0 else 1.0) + mean).to(ex.dtype)
 
 
