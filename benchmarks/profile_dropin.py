@@ -1,4 +1,4 @@
-"""Where the drop-in's host time goes in decode: cProfile over generate's decode steps of a 2-layer
+"""Where the drop-in's host time goes in decode (--first: in the first generate of a process): cProfile over generate's decode steps of a 2-layer
 llama (llama-8B-like layers) with every call served by the kernel; prints the top entries."""
 import collections
 import cProfile
@@ -21,6 +21,17 @@ def main() -> None:
     tcx.register()
     model = bg.model_8_layers()
     ids = torch.randint(1, 32000, (1, 4096)).cuda()
+    if "--first" in sys.argv:  # the first generate of a process: capture, transfer, verification, builds
+        model.set_attn_implementation(tcx.NAME)
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.enable()
+        bg._generate(model, ids, 2)
+        pr.disable()
+        print("first generate", time.perf_counter() - t0)
+        pstats.Stats(pr).sort_stats("cumulative").print_stats("torch_cubridge", 45)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+        return
     for impl in ("sdpa", tcx.NAME):
         model.set_attn_implementation(impl)
         bg._generate(model, ids, 3)
