@@ -13,7 +13,7 @@ import torch
 
 from ..ir.program import Program
 from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, within_guards
-from .reference import attention_output, reference_device, run_reference, to64
+from .reference import attention_output, module_copies, reference_device, run_reference, to64
 
 REL_TOL = 1e-4
 
@@ -147,6 +147,11 @@ def trials(p: Program, example: dict[str, Any], shapes: list[dict[str, int]], ma
 
 def verify_program(fn: Callable, p: Program, example: dict[str, Any], generic: bool = True,
                    seed: int = 0) -> VerifyReport:
+    with module_copies():
+        return _verify_program(fn, p, example, generic, seed)
+
+
+def _verify_program(fn: Callable, p: Program, example: dict[str, Any], generic: bool, seed: int) -> VerifyReport:
     rep = VerifyReport(ok=True)
     for i, (sizes, mag, pattern) in enumerate(trials(p, example, verify_shapes(p, example, generic), (1.0, 8.0), 200)):
         dev = reference_device(example, sizes)

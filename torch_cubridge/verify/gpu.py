@@ -16,7 +16,7 @@ from ..ir.program import Program
 from ..lower.tiles import DECODE_MAX_QUERIES, decode_call
 from .cpu import Trial, VerifyReport, compare, judge, trials
 from .inputs import example_sizes, make_inputs, within_guards
-from .reference import CPU, attention_output, reference_device, reference_output
+from .reference import CPU, attention_output, module_copies, reference_device, reference_output
 
 REL_TOL = 1e-2
 # The call's own inputs are checked against a float64 reference of the whole call: up to 2^26
@@ -50,8 +50,9 @@ def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
     for k, v in bound.items():
         if isinstance(v, torch.Tensor):
             out[k] = v.to(device)
-        elif isinstance(v, torch.nn.Module):
-            out[k] = copy.deepcopy(v).to(device)  # never move the caller's module
+        elif isinstance(v, torch.nn.Module):  # read where it lies; a copy moves, never the caller's module
+            on = all(t.device == device for t in (*v.parameters(), *v.buffers()))
+            out[k] = v if on else copy.deepcopy(v).to(device)
         else:
             out[k] = v
     return out
@@ -60,6 +61,12 @@ def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
 def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
                   dtype: torch.dtype, device: torch.device, seed: int = 0) -> VerifyReport:
     """`example` is the first real call's own arguments (on the device): they are the first trial."""
+    with module_copies():
+        return _verify_kernel(run_bound, fn, p, example, dtype, device, seed)
+
+
+def _verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
+                   dtype: torch.dtype, device: torch.device, seed: int) -> VerifyReport:
     rep = VerifyReport(ok=True)
     ex = example_sizes(p, example)
     cases: list[tuple[dict[str, Any], dict[str, int], float, int | None]] = []
