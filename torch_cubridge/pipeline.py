@@ -78,8 +78,17 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
         candidates, used = _transfer(fn, bound, backend, llm_options, cap)
+        # Modules that differ only in attributes the trace never read (a model's layers: layer_idx) give
+        # one graph; where this module's own transfer gives a program (guards included) verified for
+        # such a module, that verdict holds here: its guards came from this module's trace.
+        tkey = spec_hash(cap, module_values=False) if any(isinstance(v, torch.nn.Module) for v in bound.values()) else None
         reports = []
         for prog, generic in candidates:
+            shared = verdicts.recall_trace(tkey, prog.to_json()) if tkey else None
+            if shared is not None:
+                verdicts.remember_program(key, prog.to_json(), generic, used)
+                report = VerifyReport(ok=True, reason="(verified for a module of the same trace and guards)")
+                return Transferred(prog, cap, generic, report, shared, used)
             reports.append(verify_program(fn, prog, bound, generic))
             if reports[-1].ok:
                 break
@@ -94,6 +103,8 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
         raise UnsupportedSpec("the transferred program failed verification against the spec\n" + report.summary(),
                               op="verify")
     verdicts.remember_program(key, prog.to_json(), generic, used)
+    if tkey:
+        verdicts.remember_trace(tkey, prog.to_json(), key)
     if where:
         verdicts.remember_warm(*where, spec_key=key)
     return Transferred(prog, cap, generic, report, key, used)

@@ -16,7 +16,7 @@ from typing import Any
 from .. import config
 from . import default_cache
 
-_PROGRAM, _GPU, _WARM = "prog-", "gpuok-", "warm-"
+_PROGRAM, _GPU, _WARM, _TRACE = "prog-", "gpuok-", "warm-", "trace-"
 
 
 def _digest(*parts: str) -> str:
@@ -69,6 +69,17 @@ def recall_warm(code_key: str, signature: str) -> str | None:
 
 def remember_warm(code_key: str, signature: str, spec_key: str) -> None:
     _remember(_WARM, {"spec_key": spec_key}, code_key, signature)
+
+
+def recall_trace(trace_key: str, program_json: str) -> str | None:
+    """The spec hash under which this exact program (guards included) was verified for a module whose
+    trace was this graph (pipeline.transfer_stage)."""
+    rec = _recall(_TRACE, trace_key, program_json)
+    return str(rec["spec_key"]) if rec and "spec_key" in rec else None
+
+
+def remember_trace(trace_key: str, program_json: str, spec_key: str) -> None:
+    _remember(_TRACE, {"spec_key": spec_key}, trace_key, program_json)
 
 
 def gpu_verdict(kernel_key: str, spec_key: str, device: str) -> bool | None:

@@ -13,12 +13,12 @@ from ..version import __version__
 from .trace import Captured
 
 
-def _value_text(v: Any) -> str:
+def _value_text(v: Any, module_values: bool = True) -> str:
     if isinstance(v, torch.Tensor):
         return f"T{tuple(v.shape)}{v.dtype}"
     if isinstance(v, torch.nn.Module):
         simple = {k: x for k, x in sorted(vars(v).items()) if isinstance(x, (int, float, bool, str))}
-        return f"M{type(v).__name__}{simple}"
+        return f"M{type(v).__name__}{simple if module_values else ''}"
     return repr(v)
 
 
@@ -33,7 +33,9 @@ def package_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def spec_hash(cap: Captured, target: str = "") -> str:
+def spec_hash(cap: Captured, target: str = "", module_values: bool = True) -> str:
+    """module_values=False: the trace hash, blind to module arguments' plain attributes (layer_idx): the
+    modules of a model's layers give one trace hash where their traces are one graph."""
     h = hashlib.sha256()
     h.update(f"torch_cubridge {__version__} {package_digest()} torch {torch.__version__} target={target}\n".encode())
     h.update(cap.graph.code.encode())  # canonical aten graph; literals included
@@ -43,5 +45,5 @@ def spec_hash(cap: Captured, target: str = "") -> str:
         h.update(str((tuple(t.shape), t.dtype)).encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     for path, v in sorted(cap.example.items()):
-        h.update(f"{path}={_value_text(v)}\n".encode())
+        h.update(f"{path}={_value_text(v, module_values)}\n".encode())
     return h.hexdigest()[:32]
