@@ -4,6 +4,7 @@ included) that another layer's passed verification with, that verdict serves; an
 reads keeps the verifications apart."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import rel_err
@@ -12,6 +13,12 @@ from torch_cubridge.ir.guards import bound_failing
 from torch_cubridge.pipeline import transfer_stage
 
 SHARED = "same trace and guards"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Verdicts of this test only: tests in other processes (xdist) share a trace with these layers."""
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
 
 
 class Layer(torch.nn.Module):
