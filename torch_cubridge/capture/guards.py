@@ -12,7 +12,6 @@ is a guard too.
 """
 from __future__ import annotations
 
-import types
 from typing import Any, Callable
 
 import sympy
@@ -108,78 +107,12 @@ def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
     return gm, env, owner
 
 
-# size_guards results by everything the symbolic trace saw: the function, the tensors' sizes, strides and
-# dtypes, plain arguments, and of each module argument the attributes it read. A model's layers differ in
-# attributes their attention never reads (layer_idx): the trace (0.9 s a layer on the CPU) runs once.
-_MEMO: dict[tuple, list[tuple[tuple, Any]]] = {}
-_PLAIN = (int, float, bool, str, type(None))
-
-
 def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
                 ) -> tuple[Expr, ...] | None:
     """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
 
     seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
     """
-    base = _memo_key(fn, bound, seq_dims)
-    if base is None:
-        return _size_guards(fn, bound, seq_dims)
-    for reads, res in _MEMO.get(base, ()):
-        if all(_same(_read(bound[p], n), v) for p, n, v in reads):
-            return res
-    reads: list[tuple[str, str]] = []
-    try:
-        watched = {p: _reading(v, p, reads) if isinstance(v, torch.nn.Module) else v for p, v in bound.items()}
-    except Exception:  # a class that cannot be subclassed here: no memo
-        return _size_guards(fn, bound, seq_dims)
-    res = _size_guards(fn, watched, seq_dims)
-    seen = tuple(dict.fromkeys(reads))
-    entries = _MEMO.setdefault(base, [])
-    if len(_MEMO) < 512 and len(entries) < 8:
-        entries.append((tuple((p, n, _read(bound[p], n)) for p, n in seen), res))
-    return res
-
-
-def _memo_key(fn: Callable, bound: dict[str, Any], seq_dims: tuple) -> tuple | None:
-    """What the trace depends on besides module attributes, or None where an argument has no such key."""
-    parts = []
-    for p, v in sorted(bound.items()):
-        if isinstance(v, torch.Tensor):
-            parts.append((p, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad))
-        elif isinstance(v, torch.nn.Module):
-            parts.append((p, type(v)))
-        elif isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v)):
-            parts.append((p, type(v), v))
-        else:
-            return None
-    return (fn, seq_dims, tuple(parts))
-
-
-def _read(m: Any, name: str) -> Any:
-    v = getattr(m, name, _read)  # (_read itself stands for "no such attribute")
-    return v.__func__ if isinstance(v, types.MethodType) and v.__self__ is m else v
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal plain values; otherwise the same object (a config every layer shares)."""
-    return (type(a) is type(b) and a == b) if isinstance(b, _PLAIN) else a is b
-
-
-def _reading(m: torch.nn.Module, path: str, reads: list) -> torch.nn.Module:
-    """A stand-in for module m that records which attributes the spec reads (and reads them from m). An
-    instance of a subclass of m's class: isinstance holds; a spec testing `type(module) is` would not."""
-    def get(self: Any, name: str) -> Any:
-        reads.append((path, name))
-        return getattr(m, name)
-
-    def put(self: Any, name: str, value: Any) -> None:
-        setattr(m, name, value)
-    cls = type(m)
-    return object.__new__(type("Reading" + cls.__name__, (cls,), {"__getattribute__": get, "__setattr__": put}))
-
-
-def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
-                 ) -> tuple[Expr, ...] | None:
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
     traced = symbolic_trace(fn, bound, paths)
     if traced is None:  # code only a static trace survives: the caller pins every size
