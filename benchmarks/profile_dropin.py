@@ -16,6 +16,16 @@ import bench_generate as bg  # noqa: E402
 import torch_cubridge.integrations.transformers as tcx  # noqa: E402
 
 
+def _profiled(what: str, run) -> pstats.Stats:
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    run()
+    pr.disable()
+    print(what, time.perf_counter() - t0)
+    return pstats.Stats(pr)
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     tcx.register()
@@ -23,14 +33,9 @@ def main() -> None:
     ids = torch.randint(1, 32000, (1, 4096)).cuda()
     if "--first" in sys.argv:  # the first generate of a process: capture, transfer, verification, builds
         model.set_attn_implementation(tcx.NAME)
-        pr = cProfile.Profile()
-        t0 = time.perf_counter()
-        pr.enable()
-        bg._generate(model, ids, 2)
-        pr.disable()
-        print("first generate", time.perf_counter() - t0)
-        pstats.Stats(pr).sort_stats("cumulative").print_stats("torch_cubridge", 45)
-        pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+        st = _profiled("first generate", lambda: bg._generate(model, ids, 2))
+        st.sort_stats("cumulative").print_stats("torch_cubridge", 45)
+        st.sort_stats("tottime").print_stats(15)
         return
     for impl in ("sdpa", tcx.NAME):
         model.set_attn_implementation(impl)
@@ -53,13 +58,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for where, n in seen.most_common(12):
         print(f"sync x{n}: {where}")
-    pr = cProfile.Profile()
-    t0 = time.perf_counter()
-    pr.enable()
-    bg._generate(model, ids, 33)
-    pr.disable()
-    print("profiled", time.perf_counter() - t0)
-    st = pstats.Stats(pr)
+    st = _profiled("profiled", lambda: bg._generate(model, ids, 33))
     st.sort_stats("tottime").print_stats(25)
     st.sort_stats("cumulative").print_stats("torch_cubridge", 30)
 
