@@ -22,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from ..ir.expr import Expr, arg, call, const, dim
 from .trace import spec_over
+from .tracememo import memoised
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _CMP = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt", sympy.LessThan: "le",
@@ -112,7 +113,13 @@ def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, 
     """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
 
     seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
+    The trace runs once per code, shapes and module attributes read (`tracememo`).
     """
+    return memoised(fn, bound, seq_dims, lambda b: _size_guards(fn, b, seq_dims))
+
+
+def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
+                 ) -> tuple[Expr, ...] | None:
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
     traced = symbolic_trace(fn, bound, paths)
     if traced is None:  # code only a static trace survives: the caller pins every size

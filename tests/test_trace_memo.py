@@ -1,0 +1,112 @@
+"""The size-guard memo: one symbolic trace per code, shapes and module attributes read.
+
+A hit must give exactly the guards a fresh trace gives; a module attribute the spec reads, a size, a
+plain argument or the code changing must miss; reads the key cannot hold (a submodule call) must not
+be memoised at all.
+"""
+import math
+
+import pytest
+import torch
+
+from torch_cubridge.capture import guards, tracememo
+from torch_cubridge.capture.trace import bind_example
+
+SEQ = (("q", 2), ("k", 2))
+
+
+class Attn(torch.nn.Module):
+    def __init__(self, layer_idx: int, window: int = 8, scaling: float = 0.125) -> None:
+        super().__init__()
+        self.layer_idx, self.window, self.scaling = layer_idx, window, scaling
+        self.norm = torch.nn.Identity()
+
+
+def windowed(module, q, k, v):
+    assert isinstance(module, Attn)  # a stand-in must still pass isinstance
+    s = q @ k.transpose(-1, -2) * module.scaling
+    S = q.shape[-2]
+    if S > module.window:  # a branch on a size against a module attribute
+        i = torch.arange(S)
+        s = s.masked_fill((i[:, None] - i[None, :]).abs() > module.window, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def with_submodule(module, q, k, v):
+    s = module.norm(q) @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    tracememo.clear()
+    count = []
+    real = guards._size_guards
+
+    def counted(*a, **kw):
+        count.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(guards, "_size_guards", counted)
+    yield count
+    tracememo.clear()
+
+
+def bound(fn, module, S=16, H=2):
+    q, k, v = (torch.randn(1, H, S, 8) for _ in range(3))
+    return bind_example(fn, (module, q, k, v), {})
+
+
+def fresh(fn, b):
+    return guards._size_guards(fn, b, SEQ)
+
+
+def test_layers_differing_in_unread_attributes_share_one_trace(traces):
+    first = guards.size_guards(windowed, bound(windowed, Attn(0)), SEQ)
+    second = guards.size_guards(windowed, bound(windowed, Attn(5)), SEQ)
+    assert len(traces) == 1
+    assert second == first == fresh(windowed, bound(windowed, Attn(5)))
+    assert first  # the branch on S > window is a guard
+
+
+@pytest.mark.parametrize("change", ["window", "scaling", "size", "missing"])
+def test_what_the_trace_saw_changing_traces_again(traces, change):
+    guards.size_guards(windowed, bound(windowed, Attn(0)), SEQ)
+    m = Attn(1, window=32 if change == "window" else 8, scaling=0.5 if change == "scaling" else 0.125)
+    if change == "missing":
+        del m.window
+        m.__dict__["scaling"] = 0.125
+        # the spec fails there, so the trace does (None: the caller pins every size)
+        assert guards.size_guards(windowed, bound(windowed, m), SEQ) is None
+        assert len(traces) == 2
+        return
+    b = bound(windowed, m, S=24 if change == "size" else 16)
+    got = guards.size_guards(windowed, b, SEQ)
+    assert len(traces) == 2
+    assert got == fresh(windowed, b)
+
+
+def test_window_attribute_changes_the_guards(traces):
+    short = guards.size_guards(windowed, bound(windowed, Attn(0, window=8)), SEQ)
+    long = guards.size_guards(windowed, bound(windowed, Attn(0, window=32)), SEQ)
+    assert short != long  # S > 8 against S <= 32: a memo ignoring the attribute would return `short`
+
+
+def test_a_submodule_call_is_not_memoised(traces):
+    for i in range(2):
+        guards.size_guards(with_submodule, bound(with_submodule, Attn(i)), SEQ)
+    assert len(traces) == 2
+
+
+def test_rebinding_a_global_the_spec_reads_traces_again(traces):
+    ns: dict = {"torch": torch, "W": 8}
+    exec("def spec(q, k, v):\n"
+         "    s = q @ k.transpose(-1, -2)\n"
+         "    if q.shape[-2] > W:\n"
+         "        s = s * 0.5\n"
+         "    return torch.softmax(s, -1) @ v\n", ns)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    b = bind_example(ns["spec"], (q, k, v), {})
+    a = guards.size_guards(ns["spec"], b, SEQ)
+    ns["W"] = 32
+    c = guards.size_guards(ns["spec"], b, SEQ)
+    assert len(traces) == 2 and a != c
