@@ -114,33 +114,41 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
 
 
 def ab(configs: str, lengths: list[int]) -> list[dict]:
-    """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;..." sets the K/V
-    ring depth (DecodeTile) and the split rule's CTAs per multiprocessor (ops/runner.py)."""
+    """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
+    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py) or a fixed number
+    of splits; SDPA-flash is timed at each length in the same process."""
     from dataclasses import replace
     import torch_cubridge.lower.source as source
     import torch_cubridge.ops.runner as runner
-    base_tile, base_ctas = source.decode_tile, runner.DECODE_CTAS_PER_SM
+    base_tile, base_ctas, base_split = source.decode_tile, runner.DECODE_CTAS_PER_SM, runner.decode_split
     out = []
     for Skv in lengths:
         dev, dt = "cuda", torch.bfloat16
         q = torch.randn(8, 32, 1, 128, device=dev, dtype=dt)
         k, v = (torch.randn(8, 8, Skv, 128, device=dev, dtype=dt) for _ in range(2))
         nbytes = 2 * (2 * 8 * 8 * Skv * 128 + 2 * 8 * 32 * 128)
+        ms = bench(lambda: sdpa("flash", q, k, v))
+        out.append({"Skv": Skv, "impl": "sdpa_flash", "ms": ms, "tbs": nbytes / (ms * 1e-3) / 1e12})
+        print(json.dumps(out[-1]), flush=True)
         for cfg in configs.split(";"):
             kv = dict(x.split("=") for x in cfg.split(",")) if cfg.strip() else {}
             st, ctas = int(kv.get("stages", 2)), int(kv.get("ctas", base_ctas))
             source.decode_tile = lambda d, st=st: replace(base_tile(d), stages=st)
             runner.DECODE_CTAS_PER_SM = ctas
+            n = int(kv.get("splits", 0))
+            if n:
+                runner.decode_split = lambda c, n_blk, sms, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
             try:
                 f = tc.compile(gqa_decode, fallback="raise")
                 o = f(q, k, v)
                 ref = gqa_decode(q.double(), k.double(), v.double())
                 ms = bench(lambda: f(q, k, v))
-                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "ms": ms,
+                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "ms": ms,
                              "tbs": nbytes / (ms * 1e-3) / 1e12,
                              "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
             finally:
                 source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
+                runner.decode_split = base_split
             print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -164,7 +172,8 @@ def main() -> None:
         (Path(a.out) / "decode_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                 "rows": res}, indent=1))
         for r in res:
-            print(f"{r['Skv']:6d} stages {r['stages']} ctas/SM {r['ctas_per_sm']}: {r['tbs']:.2f} TB/s")
+            what = r.get("impl") or f"stages {r['stages']} ctas/SM {r['ctas_per_sm']} splits {r['splits']}"
+            print(f"{r['Skv']:6d} {what}: {r['tbs']:.2f} TB/s")
         return
     rows = []
     for Sq in [int(x) for x in a.sq.split(",") if x]:

@@ -67,7 +67,7 @@ def run(model, impl: str, B: int, ctx: int, new: int) -> dict:
 
 
 def _served() -> collections.Counter:
-    return sum((c.served for c in tcx._compiled.values()), start=collections.Counter())
+    return sum((c.served for c in tcx.tables()), start=collections.Counter())
 
 
 def main() -> None:

@@ -54,9 +54,9 @@ def survey(family: str) -> tuple[str, str]:
             model(ids)
     except Exception as e:  # noqa: BLE001  (eager ran, so this failure is the drop-in's or the model's table)
         return "error", f"{type(e).__name__}: {str(e)[:120]}"
-    calls = sum(sum(c.served.values()) for c in tcx._compiled.values())
-    reasons = [e.reason for c in list(tcx._compiled.values()) for e in c.entries() if e.result is None]
-    tcx._compiled.clear()
+    calls = sum(sum(c.served.values()) for c in tcx.tables())
+    reasons = [e.reason for c in tcx.tables() for e in c.entries() if e.result is None]
+    tcx.clear_tables()
     if not calls:  # no attention call reached the drop-in: the model keeps its own attention code
         return "bypassed", "no attention call went through attn_implementation (the model's own attention code)"
     return ("refused", reasons[0][:200]) if reasons else ("ok", f"{calls} calls")

@@ -35,7 +35,7 @@ def test_generate_batch_matches_transformers_paged_eager(paged_eager_restored):
     with pytest.warns(RuntimeWarning, match="CUDA is not available"):  # on the CPU the verified spec runs
         got = {k: v.generated_tokens for k, v in ours.generate_batch(inputs=prompts, generation_config=gc).items()}
     assert got == want
-    tables = [c for m, c in tcx._compiled.items() if any(m is x for x in ours.modules())]
+    tables = [c for m, c in tcx.table_items() if any(m is x for x in ours.modules())]
     assert len(tables) == 2 and all(sum(c.served.values()) == 5 for c in tables)  # prefill + 4 steps, every layer
     for c in tables:  # one program for the prefill, one for every decode step, each generic in the lengths
         assert all(e.result is not None for e in c.entries()) and len(c.entries()) == 2

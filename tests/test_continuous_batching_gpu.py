@@ -44,7 +44,7 @@ def test_generate_batch_on_the_gpu_is_served_by_kernels():
     prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
     gc = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     want = _generated(ref, prompts, gc)
-    tcx._compiled.clear()
+    tcx.clear_tables()
     try:
         tcx.register_continuous_batching()
         ours = build("llama", "eager", torch.bfloat16, "cuda", **kw)
@@ -52,9 +52,9 @@ def test_generate_batch_on_the_gpu_is_served_by_kernels():
         got = _generated(ours, prompts, gc)
     finally:
         AttentionInterface.register("paged|eager", original)
-    served = sum((c.served for m, c in tcx._compiled.items() if any(m is x for x in ours.modules())),
+    served = sum((c.served for m, c in tcx.table_items() if any(m is x for x in ours.modules())),
                  start=collections.Counter())
-    reasons = [r for c in tcx._compiled.values() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
+    reasons = [r for c in tcx.tables() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
     assert served["kernel"] > 0 and served["spec"] == 0, (served, "\n".join(reasons))
     assert set(got) == set(want) and len(want) == len(prompts)
     ref_plain = build("llama", "eager", torch.bfloat16, "cuda", **kw)

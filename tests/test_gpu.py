@@ -225,7 +225,7 @@ def _eager_vs_ours(family: str, padded: bool, steps: int, **overrides) -> list[f
     import torch_cubridge.integrations.transformers as tcx
     from tiny_models import forced_step_logits, greedy_tokens, inputs, pair
     tcx.register()
-    tcx._compiled.clear()
+    tcx.clear_tables()
     ref, ours = pair(family, torch.bfloat16, "cuda", head_dim=64, hidden_size=256, intermediate_size=256,
                      **overrides)
     ids, mask = inputs(B=2, S=150, pad=37, device="cuda")
@@ -235,8 +235,8 @@ def _eager_vs_ours(family: str, padded: bool, steps: int, **overrides) -> list[f
         tokens = greedy_tokens(ref, ids, mask, steps=steps)
         want = forced_step_logits(ref, ids, mask, tokens)
         got = forced_step_logits(ours, ids, mask, tokens)
-    served = sum((c.served for c in tcx._compiled.values()), start=collections.Counter())
-    reasons = [r for c in tcx._compiled.values() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
+    served = sum((c.served for c in tcx.tables()), start=collections.Counter())
+    reasons = [r for c in tcx.tables() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
     assert served["kernel"] > 0 and served["spec"] == 0, (served, reasons[:3])
     errs = [float((g - w).norm() / w.norm()) for g, w in zip(got, want)]
     assert len(errs) == steps

@@ -34,13 +34,13 @@ def test_model_with_cubridge_attention_matches_eager(family):
     ids, mask = inputs()
     want, got = _logits(ref, ids, mask), _logits(ours, ids, mask)
     assert float((got - want).norm() / want.norm()) < 1e-5
-    tables = [tcx._compiled.get(layer.self_attn) for layer in ours.model.layers]
-    assert all(t is not None for t in tables) and len({id(t) for t in tables}) == len(tables)
+    tables = [t for layer in ours.model.layers for t in tcx.tables(layer.self_attn)]
+    assert len(tables) == len(ours.model.layers) and len({id(t) for t in tables}) == len(tables)
     for t in tables:
         assert sum(t.served.values()) == 1  # this module's one call went through its table
         for entry in t.entries():
             assert entry.result is not None, entry.reason  # the model's attention transferred to CuIR
-    assert not any(tcx._compiled.get(layer.self_attn) for layer in ref.model.layers)  # eager is eager
+    assert not any(tcx.tables(layer.self_attn) for layer in ref.model.layers)  # eager is eager
 
 
 def test_model_traces_under_torch_compile_fullgraph():

@@ -287,12 +287,9 @@ def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, boo
     head dim none takes is refused at lowering). Paged reads hold at the call's shapes: a program with
     computed operands is guarded to them."""
     from .ir.paged import paged_operands
-    from .ir.bounds import data_dependent_index
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
     from .ops.runner import DTYPES
-    if data_dependent_index(p):  # such a program is served by the spec
-        raise UnsupportedSpec("an extra tensor is indexed by data; its reads cannot be bounded", op="kernel")
     ops = operand_shapes(p, bound)
     q = ops["q"]
     if q.dtype not in DTYPES:

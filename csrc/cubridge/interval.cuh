@@ -87,4 +87,11 @@ template <class I> __device__ __forceinline__ I py_mod(I x, I d) {
   return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
 }
 
+// An index read from data (bias[ids[q], ids[kv]]): negative counts from the end, as torch indexing
+// does, and the result is clamped into [0, n) so a read is never wild (ir/bounds.py).
+__device__ __forceinline__ long long cb_index(long long i, long long n) {
+  if (i < 0) i += n;
+  return i < 0 ? 0 : (i >= n ? n - 1 : i);
+}
+
 }  // namespace cubridge

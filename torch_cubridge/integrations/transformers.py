@@ -69,14 +69,17 @@ def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.T
     and its paged cache: the cache takes them and gives back every key and value of the packed
     sequences, the eager contract ("paged|eager"); the mask it built keeps each sequence to its own.
     transformers 5.2x's cache takes the kwargs and returns [1, Hkv, S, D]; 5.17's takes the read and
-    write indices and returns [S, Hkv, D], with the masks in a dict by layer type."""
+    write indices and returns [S, Hkv, D], with the masks in a dict by layer type; 5.24 passes no cache,
+    the keys and values being every key already. The bookkeeping kwargs (lengths that change every step)
+    are dropped: the eager function does not read them, and as Python values they would pin a program."""
     cache = kwargs.get("cache")
-    if cache is None or type(cache).__name__ != "PagedAttentionCache":
+    paged = cache is not None and type(cache).__name__ == "PagedAttentionCache"
+    if not paged and not any(k in kwargs for k in ("cu_seq_lens_q", "read_index", "block_table")):
         return key, value, mask, kwargs
     kwargs = dict(kwargs)
-    if _update_takes_kwargs(type(cache)):
+    if paged and _update_takes_kwargs(type(cache)):
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
-    else:
+    elif paged:
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                                   read_index=kwargs["read_index"], write_index=kwargs["write_index"])
         key, value = key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0)
@@ -89,16 +92,77 @@ def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.T
     return key, value, mask, {k: v for k, v in kwargs.items() if k not in _CB_KWARGS}
 
 
+_compiled_causal: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=None)
+def causal_spec(eager: Callable) -> Callable:
+    """The model's eager function under the causal mask that a None mask stands for.
+
+    The mask function registered with the drop-in skips the mask where transformers' SDPA path does
+    (no padding, and a prefill whose causal pattern is torch's top-left one), and a None mask then
+    means what it means to SDPA: causal (top-left) for more than one query of a causal module. This
+    spec builds that mask from the positions, as eager's mask would hold it (0 and finfo.min), so the
+    program reads no mask tensor and the kernel skips the masked tiles."""
+    def causal_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                 value: torch.Tensor, attention_mask: None, **kwargs: Any):
+        i = torch.arange(query.shape[-2], device=query.device)
+        j = torch.arange(key.shape[-2], device=query.device)
+        zero = torch.zeros((), dtype=query.dtype, device=query.device)
+        mask = torch.where(j[None, :] <= i[:, None], zero, torch.finfo(query.dtype).min)
+        return eager(module, query, key, value, mask[None, None], **kwargs)
+    causal_attention_forward.__name__ = f"causal_{getattr(eager, '__name__', 'attention')}"
+    return causal_attention_forward
+
+
+def _is_causal_call(module: torch.nn.Module, query: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> bool:
+    """SDPA's reading of a call (transformers' sdpa_attention_forward): a None mask is causal for
+    more than one query where the call or the module says the attention is causal."""
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    return mask is None and query.shape[-2] > 1 and bool(causal)
+
+
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
     key, value, attention_mask, kwargs = _from_paged_cache(module, key, value, attention_mask, kwargs)
+    causal = _is_causal_call(module, query, attention_mask, kwargs)
     if _building is not None:
-        return _build_call(module, query, key, value, attention_mask, **kwargs)
-    c = _compiled.get(module)
+        return _build_call(module, query, key, value, attention_mask, causal, **kwargs)
+    table = _compiled_causal if causal else _compiled
+    c = table.get(module)
     if c is None:
-        c = _compiled[module] = compile(_eager_for(module))
+        c = table[module] = compile(causal_spec(_eager_for(module)) if causal else _eager_for(module))
     out, _ = c(module, query, key, value, attention_mask, **kwargs)
     return out, None
+
+
+def tables(module: torch.nn.Module | None = None) -> list[CompiledAttention]:
+    """The compiled tables of one attention module, or of every module: one for calls with a mask
+    and one for causal calls without (causal_spec)."""
+    if module is not None:
+        return [t[module] for t in (_compiled, _compiled_causal) if module in t]
+    return list(_compiled.values()) + list(_compiled_causal.values())
+
+
+def table_items() -> list[tuple[torch.nn.Module, CompiledAttention]]:
+    return list(_compiled.items()) + list(_compiled_causal.items())
+
+
+def clear_tables() -> None:
+    _compiled.clear()
+    _compiled_causal.clear()
+
+
+def skipping_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
+    """eager's 4-D float mask, or None where transformers' SDPA mask is None (the caller allows the
+    causal skip, no token is padded, and the pattern is torch's causal one: see causal_spec)."""
+    from transformers.masking_utils import sdpa_mask
+    kwargs.setdefault("allow_is_causal_skip", True)
+    mask = sdpa_mask(*args, **kwargs)
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
 
 
 def register(name: str = NAME) -> str:
@@ -116,7 +180,11 @@ def register(name: str = NAME) -> str:
         from transformers.masking_utils import eager_mask
     except ImportError:  # transformers before masking_utils builds eager's 4-D mask for any name
         return name
-    AttentionMaskInterface.register(name, eager_mask)
+    import inspect as _inspect
+    from transformers.masking_utils import sdpa_mask
+    # a transformers whose sdpa_mask cannot skip keeps eager's mask (every call reads it as data)
+    skips = "allow_is_causal_skip" in _inspect.signature(sdpa_mask).parameters
+    AttentionMaskInterface.register(name, skipping_mask if skips else eager_mask)
     return name
 
 
@@ -162,13 +230,13 @@ def register_continuous_batching(name: str = PAGED_NAME) -> str:
 
 
 def _build_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, **kwargs: Any):
+                attention_mask: torch.Tensor | None, causal: bool, **kwargs: Any):
     """Build mode: verify this call's spec and build its kernels into the cache, then compute it eager."""
     from ..capture.trace import bind_example
     from ..errors import UnsupportedSpec
     from ..pipeline import build_ahead
     assert _building is not None
-    fn = _eager_for(module)
+    fn = causal_spec(_eager_for(module)) if causal else _eager_for(module)
     args = (module, query, key, value, attention_mask)
     try:
         for b in build_ahead(fn, bind_example(fn, args, kwargs), _building["arch"], _building["progress"]):

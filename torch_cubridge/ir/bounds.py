@@ -4,6 +4,11 @@ The kernel reads extra tensors through raw pointers, so every index the
 program can form over the whole problem must lie inside the tensor. Interval
 analysis over b, h, q, kv gives the range; the spec's own indexing would
 have failed (or wrapped a negative index) outside it.
+
+An index that itself reads a tensor (`bias[ids[q], ids[kv]]`) has no static bound: the kernel wraps
+it as torch indexing does (a negative index counts from the end) and clamps it into the tensor
+(`cb_index`), so a read is never wild. Where the spec's own indexing is in range, that is exactly
+the spec's read; an index the spec would reject reads the nearest element instead of raising.
 """
 from __future__ import annotations
 
@@ -23,9 +28,14 @@ def load_sites(p: Program) -> list[tuple[str, int, Expr]]:
     return sites
 
 
-def data_dependent_index(p: Program) -> bool:
-    """An index that itself reads a tensor has no static bound."""
-    return any(any(n.op == "load" for n in walk(ix)) for _, _, ix in load_sites(p))
+def reads_data(ix: Expr) -> bool:
+    """An index that itself reads a tensor: no static bound, clamped in the kernel."""
+    return any(n.op == "load" for n in walk(ix))
+
+
+def data_indexed_dims(p: Program) -> set[tuple[str, int]]:
+    """(extra tensor, dim) pairs some read indexes by data: the kernel needs their sizes to clamp."""
+    return {(name, d) for name, d, ix in load_sites(p) if reads_data(ix)}
 
 
 def out_of_bounds(sites: list[tuple[str, int, Expr]], sizes: dict[str, int], scalars: dict[str, float],
@@ -36,6 +46,8 @@ def out_of_bounds(sites: list[tuple[str, int, Expr]], sizes: dict[str, int], sca
     env.update({k: (float(v), float(v)) for k, v in sizes.items()})
     env.update({k: (float(v), float(v)) for k, v in scalars.items()})
     for name, dim, ix in sites:
+        if reads_data(ix):  # wrapped and clamped by the kernel
+            continue
         lo, hi = interval(ix, env)
         n = shapes[name][dim]
         if lo < 0 or hi > n - 1:

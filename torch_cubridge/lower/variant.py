@@ -18,7 +18,7 @@ from .cexpr import CExpr, ctype
 class ParamField:
     """One 8-byte field of Params: a tensor pointer, a stride of it, or a scalar."""
     name: str
-    kind: str          # ptr | stride | f64 | i64 | rt_ptr | rt_i64 (runtime: the block table)
+    kind: str          # ptr | stride | size | f64 | i64 | rt_ptr | rt_i64 (runtime: the block table)
     source: str        # extra tensor name or scalar name
     dim: int = -1
 
@@ -43,10 +43,13 @@ def _walk(e: Expr):
 
 
 def param_fields(p: Program) -> list[ParamField]:
+    from ..ir.bounds import data_indexed_dims
+    clamped = data_indexed_dims(p)  # the kernel clamps these reads into the tensor: it needs the size
     out = []
     for x in p.extras:
         out.append(ParamField(x.name, "ptr", x.name))
         out += [ParamField(f"{x.name}_s{d}", "stride", x.name, d) for d in range(x.rank)]
+        out += [ParamField(f"{x.name}_n{d}", "size", x.name, d) for d in range(x.rank) if (x.name, d) in clamped]
     for s in p.scalars:
         out.append(ParamField(s.name, "f64" if s.kind == "float" else "i64", s.name))
     if p.block_rule == "prepass":

@@ -39,6 +39,8 @@ def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dic
             vals.append(tensors[f.source].data_ptr())
         elif f.kind == "stride":
             vals.append(tensors[f.source].stride(f.dim))
+        elif f.kind == "size":
+            vals.append(tensors[f.source].shape[f.dim])
         elif f.kind == "f64":
             vals.append(float(scalars[f.source]))
         elif f.kind in ("rt_ptr", "rt_i64"):
