@@ -271,7 +271,9 @@ def test_transformers_model_under_torch_compile_calls_the_kernel():
     from tiny_models import inputs, pair
     tcx.register()
     ref, ours = pair("llama", torch.bfloat16, "cuda", head_dim=64, hidden_size=256, intermediate_size=256)
-    ids, mask = inputs(B=2, S=150, pad=0, device="cuda")
+    # padded: under torch.compile transformers builds the 4-D mask (it cannot read the padding while
+    # tracing), so the eager call must take the mask path too for its kernel to be the one looked up
+    ids, mask = inputs(B=2, S=150, pad=7, device="cuda")
     graphs = []
 
     def keep(gm, example_inputs):
@@ -285,6 +287,25 @@ def test_transformers_model_under_torch_compile_calls_the_kernel():
     calls = [n for g in graphs for n in g.graph.nodes if "cubridge" in str(n.target)]
     assert calls, "the compiled model traced the spec, not the kernel"
     assert float((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+
+
+def test_transformers_model_compiled_after_an_unpadded_eager_call_traces_the_spec():
+    """An unpadded eager call skips the mask (a causal program); under torch.compile transformers builds
+    the mask, a kind of call no eager call verified: the trace takes the spec, with no error."""
+    import warnings
+    import torch_cubridge.integrations.transformers as tcx
+    from tiny_models import inputs, pair
+    tcx.register()
+    ref, ours = pair("llama", torch.bfloat16, "cuda", head_dim=64, hidden_size=256, intermediate_size=256)
+    ids, mask = inputs(B=2, S=150, pad=0, device="cuda")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(ids, attention_mask=mask).logits
+        eager = ours(ids, attention_mask=mask).logits
+        got = torch.compile(ours, fullgraph=True, backend="eager")(ids, attention_mask=mask).logits
+    assert any(t.served["kernel"] for t in tcx.tables())  # the eager call: the causal program's kernel
+    for out in (eager, got):
+        assert float((out.float() - want.float()).norm() / want.float().norm()) < 2e-2
 
 
 def test_inputs_requiring_grad_go_through_the_spec():

@@ -95,7 +95,9 @@ def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.T
 _compiled_causal: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
 
 
-@functools.lru_cache(maxsize=None)
+_causal_specs: dict[Callable, Callable] = {}
+
+
 def causal_spec(eager: Callable) -> Callable:
     """The model's eager function under the causal mask that a None mask stands for.
 
@@ -112,7 +114,7 @@ def causal_spec(eager: Callable) -> Callable:
         mask = torch.where(j[None, :] <= i[:, None], zero, torch.finfo(query.dtype).min)
         return eager(module, query, key, value, mask[None, None], **kwargs)
     causal_attention_forward.__name__ = f"causal_{getattr(eager, '__name__', 'attention')}"
-    return causal_attention_forward
+    return _causal_specs.setdefault(eager, causal_attention_forward)  # one per eager function: memos key on it
 
 
 def _is_causal_call(module: torch.nn.Module, query: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> bool:
@@ -132,7 +134,13 @@ def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     table = _compiled_causal if causal else _compiled
     c = table.get(module)
     if c is None:
-        c = table[module] = compile(causal_spec(_eager_for(module)) if causal else _eager_for(module))
+        fn = causal_spec(_eager_for(module)) if causal else _eager_for(module)
+        if torch.compiler.is_compiling():
+            # no eager call verified a kernel for this kind of call (under torch.compile transformers
+            # builds the mask that an eager call without padding skips): the trace takes the spec
+            out, _ = fn(module, query, key, value, attention_mask, **kwargs)
+            return out, None
+        c = table[module] = compile(fn)
     out, _ = c(module, query, key, value, attention_mask, **kwargs)
     return out, None
 

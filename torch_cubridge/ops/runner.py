@@ -383,10 +383,12 @@ DECODE_CTAS_PER_SM = 2  # the split rule's target (benchmarks/bench_decode.py --
 
 
 def decode_split(ctas: int, n_blk: int, sms: int) -> tuple[int, int]:
-    """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: about
-    two CTAs per multiprocessor. Measured on the H100 (NOTES v8): filling every resident slot in whole
+    """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: at most
+    two CTAs per multiprocessor, rounded down (64 tiles on 132 SMs: 4 splits, 256 CTAs, against 5 and 320,
+    which put three on some SMs and two on others: 1.96 against 1.88 TB/s at 4k, 2.77 against 2.69 at
+    32k, H100, NOTES v17). Measured on the H100 (NOTES v8): filling every resident slot in whole
     waves instead (up to 12 splits of 6 blocks at 4k) was slower, 1.41 against 1.85 TB/s, since each
     split pays its Q load, warp merge and partial write."""
-    n = max(1, min(n_blk, -(-DECODE_CTAS_PER_SM * sms // ctas)))
+    n = max(1, min(n_blk, DECODE_CTAS_PER_SM * sms // ctas))
     per = -(-n_blk // n)
     return -(-n_blk // per), per

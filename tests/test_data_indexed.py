@@ -1,0 +1,84 @@
+"""Extra tensors read at an index read from data (`table[types[b, q], types[b, kv]]`).
+
+Such a read has no static bound, so the kernel wraps a negative index as torch indexing does and
+clamps it into the tensor (`cubridge::cb_index`); the runner's bounds check skips those sites and
+still checks the rest. The transfer leaves these gathers to PyTorch (the prologue), so the program
+here is written by hand, as the LLM backend might write it: the interpreter, the verifier, the
+lowering and (on the GPU, tests/test_data_indexed_gpu.py) the kernel must all serve it.
+"""
+from dataclasses import replace
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from torch_cubridge.capture.trace import bind_example
+from torch_cubridge.ir.bounds import data_indexed_dims, load_sites, out_of_bounds
+from torch_cubridge.ir.expr import call, load, scalar, var
+from torch_cubridge.ir.program import ExtraTensor, Program
+from torch_cubridge.lower import lower
+from torch_cubridge.verify.cpu import verify_program
+from test_lower import needs_nvcc, tc_cubin
+
+
+def type_bias(q, k, v, tq, tk, table):
+    """A learned bias between token types (segments, modalities), looked up by each pair's types."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = s + table[tq[:, :, None], tk[:, None, :]][:, None]
+    return torch.softmax(s, -1) @ v
+
+
+def make(B=2, H=4, Sq=70, Skv=70, D=64, T=5, dtype=torch.float32, device="cpu", lo=0):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, Sq, D, generator=g).to(device, dtype)
+    k, v = (torch.randn(B, H, Skv, D, generator=g).to(device, dtype) for _ in range(2))
+    tq, tk = torch.randint(lo, T, (B, Sq), generator=g), torch.randint(lo, T, (B, Skv), generator=g)
+    return q, k, v, tq.to(device), tk.to(device), torch.randn(T, T, generator=g).to(device)
+
+
+def hand_program(args) -> Program:
+    """The transferred program with its prologue gather replaced by a read through the ids."""
+    p = tc.transfer(type_bias, *args)
+    assert p.prologue  # the transfer's own choice: PyTorch gathers the [B, S, S] table
+    (c,) = [s for s in p.scalars if s.kind == "float"]
+    ids = lambda t, axis: load(t, var("b"), var(axis))  # noqa: E731
+    score = call("add", call("mul", var("s"), scalar(c.name)), load("table", ids("tq", "q"), ids("tk", "kv")))
+    extras = tuple(ExtraTensor(n, "int64", 2, arg=n) for n in ("tq", "tk")) + (ExtraTensor("table", "float32", 2, arg="table"),)
+    return replace(p, prologue=(), extras=extras, score=score)
+
+
+def test_the_interpreter_follows_the_spec_through_data_indices():
+    args = make()
+    p = hand_program(args)
+    assert data_indexed_dims(p) == {("table", 0), ("table", 1)}
+    want = type_bias(*[a.double() if a.is_floating_point() else a for a in args])
+    assert torch.allclose(p.run(*args).double(), want, atol=1e-4)
+    neg = make(lo=-5)  # negative ids count from the end, as torch indexing does
+    want = type_bias(*[a.double() if a.is_floating_point() else a for a in neg])
+    assert torch.allclose(p.run(*neg).double(), want, atol=1e-4)
+
+
+def test_the_program_passes_verification():
+    args = make()
+    rep = verify_program(type_bias, hand_program(args), bind_example(type_bias, args, {}), generic=False)
+    assert rep.ok and len(rep.trials) > 1, rep.summary()
+
+
+def test_bounds_check_skips_clamped_reads_and_keeps_the_others():
+    p = hand_program(make())
+    sites = load_sites(p)
+    sizes = {"B": 2, "H": 4, "Hkv": 4, "Sq": 70, "Skv": 70, "D": 64}
+    assert out_of_bounds(sites, sizes, {}, {"tq": (2, 70), "tk": (2, 70), "table": (5, 5)}) is None
+    # the ids themselves are read at (b, q) and (b, kv): a short ids tensor is still refused
+    assert "tk" in out_of_bounds(sites, sizes, {}, {"tq": (2, 70), "tk": (2, 60), "table": (5, 5)})
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("decode", [False, True])
+def test_clamped_reads_lower_and_compile(arch, decode):
+    p = hand_program(make())
+    low = lower(p, arch=arch, head_dim=64, decode=decode)
+    assert "cubridge::cb_index(" in low.source and "p.table_n0" in low.source
+    assert {f.name for f in low.params if f.kind == "size"} == {"table_n0", "table_n1"}
+    assert tc_cubin(low.source, arch)[:4] == b"\x7fELF"
