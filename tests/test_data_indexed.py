@@ -81,4 +81,5 @@ def test_clamped_reads_lower_and_compile(arch, decode):
     low = lower(p, arch=arch, head_dim=64, decode=decode)
     assert "cubridge::cb_index(" in low.source and "p.table_n0" in low.source
     assert {f.name for f in low.params if f.kind == "size"} == {"table_n0", "table_n1"}
+    assert "long long table_n0;" in low.source  # packed as int64 (a double here read garbage on the H100)
     assert tc_cubin(low.source, arch)[:4] == b"\x7fELF"

@@ -77,10 +77,12 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
             lines.append(f"    const {ctype(x.dtype)}* {f.name};")
         elif f.kind == "rt_ptr":
             lines.append(f"    int* {f.name};")
-        elif f.kind in ("stride", "i64", "rt_i64"):
+        elif f.kind in ("stride", "size", "i64", "rt_i64"):
             lines.append(f"    long long {f.name};")
-        else:
+        elif f.kind == "f64":
             lines.append(f"    double {f.name};")
+        else:  # the struct must match ops/pack.py field for field
+            raise UnsupportedSpec(f"no Params member for a field of kind {f.kind!r}", op="lower")
     if not fields:
         lines.append("    long long unused;")
     lines.append("  };")
