@@ -61,6 +61,7 @@ class KernelRunner:
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
         self._counter_bufs: dict[tuple, torch.Tensor] = {}  # decode: split counters per (device, stream)
+        self._part_bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # decode: partials per (device, stream)
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
@@ -286,13 +287,26 @@ class KernelRunner:
         n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
         part = (0, 0, 0)
         if n_split > 1:
-            po = torch.empty(B * H * Sq * n_split * D, dtype=torch.float32, device=dev)
-            pl = torch.empty(B * H * Sq * n_split * 2, dtype=torch.float32, device=dev)  # (max, sum) per split
-            self._parts = (po, pl)  # alive until the launch is enqueued
-            part = (po.data_ptr(), pl.data_ptr(), self._counters(B * Hkv * row_tiles, di, dev, stream))
+            po, pl = self._partials(B * H * Sq * n_split, D, di, dev, stream)
+            part = (po, pl, self._counters(B * Hkv * row_tiles, di, dev, stream))
         bufs = tuple(struct.pack("<Q", x) for x in part)
         self.kernel.launch((n_split, Hkv * row_tiles, B),
                            blocks + bufs + (struct.pack("<q", per * tile.block_n), pages), stream)
+
+    def _partials(self, rows: int, D: int, di: int, dev: torch.device, stream: int) -> tuple[int, int]:
+        """The splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32, one pair of buffers per
+        stream kept across calls (launches on one stream run in order; an allocation per call cost two
+        trips through the caching allocator on a host-bound decode step)."""
+        if torch.cuda.is_current_stream_capturing():  # a graph's own, from its pool: graphs may replay at once
+            self._parts = (torch.empty(rows * D, dtype=torch.float32, device=dev),
+                           torch.empty(rows * 2, dtype=torch.float32, device=dev))
+            return self._parts[0].data_ptr(), self._parts[1].data_ptr()
+        key = (di, stream)
+        bufs = self._part_bufs.get(key)
+        if bufs is None or bufs[0].numel() < rows * D or bufs[1].numel() < rows * 2:
+            bufs = self._part_bufs[key] = (torch.empty(rows * D, dtype=torch.float32, device=dev),
+                                           torch.empty(rows * 2, dtype=torch.float32, device=dev))
+        return bufs[0].data_ptr(), bufs[1].data_ptr()
 
     def _counters(self, n: int, di: int, dev: torch.device, stream: int) -> int:
         """The split counters of `stream` (zeros; the kernel leaves them zero), at least n of them. One
