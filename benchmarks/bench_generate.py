@@ -7,7 +7,6 @@ prefill's time (generate of one token) and decode tokens/s = B * N / (time of 1 
 kernel must serve them all. The prefill's logits of the two are compared.
 
 Usage: python benchmarks/bench_generate.py [--rows 1x4096,8x4096,1x32768,8x32768] [--new 64] [--out DIR]
-       [--interleaved]  (model forward decode steps, the two implementations alternated step by step)
 """
 from __future__ import annotations
 
@@ -78,37 +77,6 @@ def _time_round(model, row: dict, ids: torch.Tensor) -> None:
     row.setdefault("decode_tokens_per_s_rounds", []).append(rate)
 
 
-def interleaved_steps(models: dict, B: int, ctx: int, steps: int) -> dict:
-    """Decode steps of the two implementations alternated one by one (who goes first alternates too),
-    each on its own cache, each step timed to its end: both see the same host and GPU conditions, which
-    drift between runs by more than the difference (bench_generate's rounds: +-30% at B 1). Two models
-    with the same weights and a config each (switching one model's implementation every step cost SDPA
-    ~50 ms a step)."""
-    from transformers import DynamicCache
-    ids = torch.randint(1, 32000, (B, ctx), generator=torch.Generator().manual_seed(B + ctx)).cuda()
-    impls = ("sdpa", tcx.NAME)
-    state, times = {}, {i: [] for i in impls}
-    before = _served()
-    with torch.no_grad():
-        for impl in impls:
-            cache = DynamicCache(config=models[impl].config)
-            out = models[impl](ids, past_key_values=cache, use_cache=True)
-            state[impl] = (cache, out.logits[:, -1:].argmax(-1))
-        for step in range(steps):
-            for impl in impls if step % 2 == 0 else impls[::-1]:
-                cache, nxt = state[impl]
-                model = models[impl]
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                out = model(nxt, past_key_values=cache, use_cache=True)
-                torch.cuda.synchronize()
-                times[impl].append(time.perf_counter() - t0)
-                state[impl] = (cache, out.logits[:, -1:].argmax(-1))
-    med = {i: sorted(ts)[len(ts) // 2] for i, ts in times.items()}
-    return {"B": B, "ctx": ctx, "steps": steps, "sdpa_step_ms": med["sdpa"] * 1e3, "ours_step_ms": med[tcx.NAME] * 1e3,
-            "ours_over_sdpa_tokens_per_s": med["sdpa"] / med[tcx.NAME], "served": dict(_served() - before)}
-
-
 def _served() -> collections.Counter:
     return sum((c.served for c in tcx.tables()), start=collections.Counter())
 
@@ -118,29 +86,12 @@ def main() -> None:
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds per row, the implementations interleaved")
-    ap.add_argument("--interleaved", action="store_true", help="decode steps of the two alternated one by one (median)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     tcx.register()
     model = model_8_layers()
-    if a.interleaved:
-        ours = model_8_layers()  # the same seed: the same weights, a config of its own
-        ours.set_attn_implementation(tcx.NAME)
-        models = {"sdpa": model, tcx.NAME: ours}
-        res = []
-        for spec in a.rows.split(","):
-            B, ctx = (int(x) for x in spec.split("x"))
-            res.append(interleaved_steps(models, B, ctx, a.new))
-            print(json.dumps(res[-1]), flush=True)
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "generate_steps.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                                         "rows": res}, indent=1))
-        for r in res:
-            print(f"B {r['B']} ctx {r['ctx']}: step {r['ours_step_ms']:.2f} ms against SDPA's {r['sdpa_step_ms']:.2f}: "
-                  f"{r['ours_over_sdpa_tokens_per_s']:.3f}x tokens/s")
-        return
     rows = []
     for spec in a.rows.split(","):
         B, ctx = (int(x) for x in spec.split("x"))
