@@ -53,10 +53,35 @@ def test_hopper_head_dims(name, dims):
     _check(case.fn, args, "sm90")
 
 
+def gqa_softcap_decode(q, k, v):
+    """Grouped heads, a softcap and the causal pattern aligned bottom-right: a decode step's spec."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = 30.0 * torch.tanh(s / 30.0)
+    i = torch.arange(q.shape[-2], device=q.device)[:, None] + (k.shape[-2] - q.shape[-2])
+    s = s.masked_fill(torch.arange(k.shape[-2], device=q.device)[None, :] > i, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
 @needs_hopper
-@pytest.mark.parametrize("dims", [(40, 40), (64, 32)], ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("dims", [(192, 128), (48, 32), (64, 128)], ids=lambda d: f"{d[0]}x{d[1]}")
+def test_decode_kernel_with_a_value_head_dim_of_its_own(dims, Sq):
+    """Multi-head latent attention's decode (deepseek: Q and K 192, V 128): the split-KV decode kernel,
+    several splits, GQA packing, against fp64."""
+    D, Dv = dims
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 16, Sq, D, generator=g, dtype=torch.bfloat16)
+    k = torch.randn(2, 4, 2100, D, generator=g, dtype=torch.bfloat16)
+    v = torch.randn(2, 4, 2100, Dv, generator=g, dtype=torch.bfloat16)
+    _check(gqa_softcap_decode, (q, k, v), "decode")
+
+
+@needs_hopper
+@pytest.mark.parametrize("dims", [(40, 40), (40, 64)], ids=lambda d: f"{d[0]}x{d[1]}")
 def test_hopper_few_queries_with_head_dims_decode_does_not_take(dims):
-    """Sq = 1 with a head dim the decode kernel does not take (steps of 16, one head dim): the prefill kernel."""
+    """Sq = 1 with a head dim the decode kernel does not take (steps of 16): the prefill kernel."""
     D, Dv = dims
     case = next(c for c in CASES if c.name == "causal_bottom_right")
     q = torch.randn(2, 4, 1, D, dtype=torch.bfloat16)

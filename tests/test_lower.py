@@ -170,6 +170,16 @@ def test_decode_kernel_builds_without_spills(arch, D, tmp_path):
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
 
+@needs_nvcc
+@pytest.mark.parametrize("D,DV", [(48, 32), (192, 128), (64, 128)])
+def test_decode_kernel_takes_a_value_head_dim_of_its_own(D, DV, tmp_path):
+    """Multi-head latent attention decodes with V narrower than Q and K (deepseek: 192 and 128)."""
+    low = lower(_prog("softcap_causal", D), arch="sm_90a", head_dim=D, decode=True, value_dim=DV)
+    assert f"DecodeTile<{D}, {DV}, " in low.source and low.tile.dv == DV
+    sass = _sass(tc_cubin(low.source, "sm_90a"), tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
 def tc_cubin(source: str, arch: str) -> bytes:
     from torch_cubridge.build import compile_cubin
     return compile_cubin(source, arch, include_dirs=[csrc_dir()])
@@ -192,9 +202,10 @@ def test_decode_kernel_smem_matches_the_header():
     text = (csrc_dir() / "cubridge" / "decode_kernel.cuh").read_text()
     ring = re.search(r"kRingBytes\s*=\s*([^;]+);", text).group(1)
     merge = re.search(r"kMergeBytes\s*=\s*([^;]+);", text).group(1)
-    for D in (64, 128, 256):
-        t = decode_tile(D)
-        env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": D + 8, "kWarps": t.warps, "D": D}
+    for D, DV in ((64, 64), (128, 128), (256, 256), (48, 32), (192, 128), (64, 256)):
+        t = decode_tile(D, DV)
+        env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": D + 8, "kSmemLdV": DV + 8,
+               "kWarps": t.warps, "D": D, "DV": DV}
         val = [eval(re.sub(r"\b(\w+)\b", lambda m: str(env.get(m.group(1), m.group(1))), e)) for e in (ring, merge)]  # noqa: S307
         assert max(val) == t.smem_bytes, (D, val)
 

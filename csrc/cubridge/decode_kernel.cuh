@@ -8,7 +8,7 @@
 // them, so there is no second kernel and no gap between two launches.
 //
 // Launch: grid = (n_split, Hkv * row_tiles, B), block = 128 threads (4 warps), dynamic shared
-// memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, D] / [.., n_split, 2]
+// memory = DecodeTile::kSmemBytes. part_o / part_lse: [B, Hq, Sq, n_split, DV] / [.., n_split, 2]
 // fp32 when n_split > 1 (part_lse: each split's max in score units and its sum, kept apart: a
 // log2 LSE m * log2e + log2(l) overflows at a finfo.min fill and loses l at a -1e9 one) (null otherwise: the CTA writes O itself). counters: one int per
 // (b, blockIdx.y), zero before the launch; the merging CTA sets its own back to zero, so a buffer
@@ -95,20 +95,22 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   }
 }
 
-template <int D, int ST = 2>
+template <int D, int DV = D, int ST = 2>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
+  static constexpr int kValueDim = DV;  // V's and O's head dim (multi-head latent attention: below Q's)
   static constexpr int kRows = 16;    // packed (head, query) rows per CTA
   static constexpr int kBlockN = 64;  // keys per block: 16 per warp
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 128;
   static constexpr int kStages = ST;  // K/V blocks in the ring: ST - 1 load while one is used
   static constexpr int kSmemLd = D + 8;
-  // Q, the K/V ring; the merge (4 warps x 16 rows x D fp32, then m and l) reuses the ring
-  static constexpr int kRingBytes = (kRows + 2 * kStages * kBlockN) * kSmemLd * 2;
-  static constexpr int kMergeBytes = kWarps * kRows * (D + 2) * 4;
+  static constexpr int kSmemLdV = DV + 8;
+  // Q, the K/V ring; the merge (4 warps x 16 rows x DV fp32, then m and l) reuses the ring
+  static constexpr int kRingBytes = (kRows * kSmemLd + kStages * kBlockN * (kSmemLd + kSmemLdV)) * 2;
+  static constexpr int kMergeBytes = kWarps * kRows * (DV + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
-  static_assert(D % 16 == 0 && D <= 256, "head dim: k16 steps, at most 256");
+  static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 256, "head dims: k16 steps, at most 256");
 };
 
 template <class Variant, class T, int D>
@@ -120,9 +122,11 @@ template <class Cfg, class Variant, class T, bool kPaged = false>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
                                                  float* part_o, float* part_lse, int* counters, int chunk,
                                                  const PagedKV& pg) {
-  constexpr int D = Cfg::kHeadDim, R = Cfg::kRows, BN = Cfg::kBlockN, LDS = Cfg::kSmemLd;
+  constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, R = Cfg::kRows, BN = Cfg::kBlockN;
+  constexpr int LDS = Cfg::kSmemLd, LDSV = Cfg::kSmemLdV;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
-  constexpr int KC = D / 16, DT = D / 8;
+  constexpr int KC = D / 16, DT = DV / 8;  // k steps of Q.K; 8-column tiles of O
+  static_assert(!(kPaged && DV != D), "paged K/V: one head dim (load_kv_paged)");
   constexpr bool kRaw = score_is_default<Variant>(0);
   static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V unpaged");
   using H = Hook<Variant>;
@@ -174,10 +178,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < j1;
     if constexpr (kPaged) {
-      if (ok) load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDS, gK, gV, a, pg, b, pf * BN, kv_end, tid);
+      if (ok) load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
     }
     cp_async_commit();
     ++pf;
@@ -197,7 +201,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) hr[hf] = head_of(lane / 4 + hf * 8), qr[hf] = query_of(lane / 4 + hf * 8);
   const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * 16 * LDS) * 2;
-  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDS>(lane) + warp * 16 * LDS) * 2;
+  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * 16 * LDSV) * 2;
 
   int stage = 0;
   // @cuir loop axis=kv size=kBlockN
@@ -232,7 +236,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     softmax_update<1, 2, DT, true>(s, o, m, l, factor);
     // @cuir load tensor=v
     // @cuir mma name=pv
-    gemm_pv<T, 1, 2, DT, LDS>(o, s, v_lane + stage * BN * LDS * 2);
+    gemm_pv<T, 1, 2, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
     __syncthreads();  // every warp is done with this stage before the next prefetch refills it
     stage = stage == ST - 1 ? 0 : stage + 1;
   }
@@ -241,8 +245,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   __syncthreads();
 
   // Merge the four warps: O and m, l per row through shared memory (the ring is free now).
-  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][D]
-  float* mm = mo + Cfg::kWarps * R * D;            // [warp][row]
+  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][DV]
+  float* mm = mo + Cfg::kWarps * R * DV;           // [warp][row]
   float* ml = mm + Cfg::kWarps * R;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -250,7 +254,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     const float lw = quad_sum(l[hf]);
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
-      float* dst = mo + (warp * R + r) * D + dt * 8 + (lane % 4) * 2;
+      float* dst = mo + (warp * R + r) * DV + dt * 8 + (lane % 4) * 2;
       dst[0] = o[0][dt][2 * hf];
       dst[1] = o[0][dt][2 * hf + 1];
     }
@@ -263,8 +267,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // @cuir hook name=sink
   // @cuir epilogue kind=normalise
-  // Thread t: row t / 8, columns [(t % 8) * D / 8, +D / 8).
-  constexpr int CW = D / 8;
+  // Thread t: row t / 8, columns [(t % 8) * DV / 8, +DV / 8).
+  constexpr int CW = DV / 8;
   const int r = tid / 8, c0 = (tid % 8) * CW;
   const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
   const int h = head_of(r), q = query_of(r);
@@ -282,13 +286,13 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   for (int c = 0; c < CW; ++c) {
     acc[c] = 0.f;
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) acc[c] = fmaf(mo[(w * R + r) * D + c0 + c], wgt[w], acc[c]);
+    for (int w = 0; w < Cfg::kWarps; ++w) acc[c] = fmaf(mo[(w * R + r) * DV + c0 + c], wgt[w], acc[c]);
   }
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
     if (valid) {
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      float* dst = part_o + (row * n_split + split) * D + c0;
+      float* dst = part_o + (row * n_split + split) * DV + c0;
 #pragma unroll
       for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
       if (tid % 8 == 0) {
@@ -311,7 +315,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     __threadfence();
     for (int rr = warp; rr < R; rr += Cfg::kWarps)
       if (r_lo + rr < rows)
-        combine_row<Variant, T, D>(a, p, part_o, part_lse, n_split, factor,
+        combine_row<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor,
                                    (static_cast<long long>(b) * a.Hq + head_of(rr)) * a.Sq + query_of(rr), lane);
     return;
   }

@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 from ..ir.expr import Expr
 from ..ir.program import Program
-from .tiles import Tile, decode_head_dim, decode_tile, tile_for
+from .tiles import Tile, decode_head_dim, decode_tile, tile_for, value_dim_of
 from .variant import ParamField, default_scale, variant_source
 
 KERNEL_NAME = "cubridge_fwd"
@@ -32,7 +32,7 @@ class Lowered:
 def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
-        return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.stages}>;",
+        return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.dv}, {tile.stages}>;",
                 f'extern "C" __global__ void __launch_bounds__({tile.threads})',
                 f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
                 "int* counters, long long chunk, cubridge::PagedKV pg) {",
@@ -54,10 +54,12 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
 
 def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
     """Why the decode kernel cannot serve this program at these head dims; None when it can."""
-    if not decode_head_dim(head_dim):
-        return f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}"
-    if value_dim is not None and value_dim != head_dim:
-        return f"the decode kernel takes one head dim for Q, K and V, not {head_dim} and {value_dim}"
+    dv = value_dim_of(head_dim, value_dim)
+    for d in (head_dim, dv):
+        if not decode_head_dim(d):
+            return f"the decode kernel takes head dims in steps of 16 up to 256, not {d}"
+    if paged and dv != head_dim:
+        return f"the paged decode kernel takes one head dim for K and V, not {head_dim} and {dv}"
     if paged and p.empty_rows == "mean_v":
         return "rows with every key masked take the mean of V, which the paged decode kernel does not read"
     return None
@@ -82,7 +84,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block
         # the rule cannot rule out is partial), and the mask reads its data per element there.
         p = replace(p, block_rule="interval")
-    tile = decode_tile(head_dim) if decode else \
+    tile = decode_tile(head_dim, value_dim) if decode else \
         tile_for(head_dim, arch, value_dim, plain_scores=p.mask is None and default_scale(p) is not None)
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)

@@ -16,7 +16,7 @@ class Tile:
     stages: int
     kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Tile)
     own_o: bool = False  # sm90: O staged in its own buffer, so the next tile's Q loads during the epilogue
-    value_dim: int = 0  # V's head dim where it differs from Q's and K's (sm90 only); 0: the same
+    value_dim: int = 0  # V's head dim where it differs from Q's and K's (sm90 and decode); 0: the same
     persist: bool = False  # sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent)
 
     @property
@@ -34,8 +34,9 @@ class Tile:
     @property
     def smem_bytes(self) -> int:
         if self.kernel == "decode":  # Q and the K/V ring; the warps' merge reuses it (DecodeTile)
-            ring = (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-            return max(ring, self.warps * self.block_m * (self.head_dim + 2) * 4)
+            ld, ldv = self.head_dim + 8, self.dv + 8
+            ring = (self.block_m * ld + self.stages * self.block_n * (ld + ldv)) * 2
+            return max(ring, self.warps * self.block_m * (self.dv + 2) * 4)
         if self.kernel == "sm90":  # alignment slack, Q, K/V rings, O (64-column chunks), barriers, row flags, tile info
             d, dv = pad64(self.head_dim), pad64(self.dv)
             return 1024 + (self.block_m * d + self.stages * self.block_n * (d + dv) + self.own_o * self.block_m * dv) \
@@ -116,8 +117,9 @@ def decode_head_dim(head_dim: int) -> bool:
     return head_dim % 16 == 0 and head_dim <= 256
 
 
-def decode_tile(head_dim: int) -> Tile:
-    if not decode_head_dim(head_dim):
-        raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 16 up to 256, not {head_dim}",
-                              op="lower")
-    return Tile(head_dim, 16, 64, 4, 2, "decode")
+def decode_tile(head_dim: int, value_dim: int | None = None) -> Tile:
+    dv = value_dim_of(head_dim, value_dim)
+    for d in (head_dim, dv):
+        if not decode_head_dim(d):
+            raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 16 up to 256, not {d}", op="lower")
+    return Tile(head_dim, 16, 64, 4, 2, "decode", value_dim=0 if dv == head_dim else dv)

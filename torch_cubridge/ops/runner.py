@@ -241,7 +241,7 @@ class KernelRunner:
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
             if self.low.tile.kernel == "decode":
-                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, D, di, q.device, stream,
+                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q.device, stream,
                                     paged[2] if paged is not None else NO_PAGES)
             else:
                 nq = -(-Sq // self.low.tile.block_m)
@@ -277,7 +277,7 @@ class KernelRunner:
             return tuple(full)
         return res
 
-    def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, di: int,
+    def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
                        dev: torch.device, stream: int, pages: bytes) -> None:
         """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the
         last chunk of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
@@ -287,7 +287,7 @@ class KernelRunner:
         n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
         part = (0, 0, 0)
         if n_split > 1:
-            po, pl = self._partials(B * H * Sq * n_split, D, di, dev, stream)
+            po, pl = self._partials(B * H * Sq * n_split, Dv, di, dev, stream)  # partial O has V's head dim
             part = (po, pl, self._counters(B * Hkv * row_tiles, di, dev, stream))
         bufs = tuple(struct.pack("<Q", x) for x in part)
         self.kernel.launch((n_split, Hkv * row_tiles, B),
