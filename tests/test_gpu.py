@@ -257,10 +257,13 @@ def test_more_transformers_families_served_by_kernel(family):
 
 
 def test_deepseek_mla_value_head_dim_served_by_kernel():
-    """Multi-head latent attention: q/k head dim 96 (32 + 64 rotary), value head dim 64, so prefill and
-    Sq = 1 decode both go to the Hopper kernel (Dv != D; the decode kernel takes one head dim)."""
+    """Multi-head latent attention: q/k head dim 96 (32 + 64 rotary), value head dim 64: prefill on the
+    Hopper kernel, Sq = 1 decode on the decode kernel (V's head dim its own)."""
+    import torch_cubridge.integrations.transformers as tcx
     errs = _eager_vs_ours("deepseek_v3", True, 4, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=64)
     assert max(errs) <= 2e-2
+    kinds = {r.low.tile.kernel for t in tcx.tables() for r in t.kernels()}
+    assert kinds == {"sm90", "decode"}, kinds
 
 
 def test_transformers_model_under_torch_compile_calls_the_kernel():
