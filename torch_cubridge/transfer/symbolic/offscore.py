@@ -65,7 +65,20 @@ class OffScorePath:
                 or not self._off_score(node) or any(a in self.on_score for a in node.all_input_nodes):
             return val
         rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
-        return self.materialize(node) if rounds or _gathers(val.expr) else val
+        if rounds or _gathers(val.expr) and not self._pairwise(val):
+            return self.materialize(node)
+        return val
+
+    def _pairwise(self, val: Sym) -> bool:
+        """A gather whose result spans a query-length axis and a key-length one (`table[tq[:, :, None],
+        tk[:, None, :]]`): the kernel reads it through the ids (bounds.py clamps the reads), where the
+        prologue would build and the kernel read a [.., Sq, Skv] tensor per call. Lengths under 16 (a
+        probe's) or not known yet (the gather comes before q.k) leave it to the prologue."""
+        lens = {self.ctx.sizes[a] for a, r in self.ctx.roles.items() if r in ("q", "kv")}
+        if not lens or min(lens) < 16:
+            return False
+        long_axes = [d for d in val.axes if self.ctx.dim_size(d) in lens]
+        return len(long_axes) >= 2
 
     def _computed(self, n: Any) -> bool:
         """n is a node off the score path whose value is an expression, not a plain tensor read."""
