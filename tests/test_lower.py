@@ -240,3 +240,19 @@ def test_int64_tensor_modulo_compiles():
     src = lower(p, arch="sm_90a", head_dim=64).source
     assert "py_mod<long long>" in src
     assert tc_cubin(src, "sm_90a")
+
+
+def doc_capped(q, k, v, doc):
+    """int64 ids capped by a Python int: min(long long, int) has no CUDA overload."""
+    same = doc[:, None, :, None].clamp(max=3) == doc[:, None, None, :].clamp(max=3)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~same, float("-inf")).softmax(-1) @ v
+
+
+@needs_nvcc
+def test_int64_tensor_min_compiles():
+    q, k, v = (torch.randn(2, 4, 70, 64) for _ in range(3))
+    p = tc.transfer(doc_capped, q, k, v, torch.randint(0, 6, (2, 70)))
+    src = lower(p, arch="sm_90a", head_dim=64).source
+    assert "min((long long)(" in src
+    assert tc_cubin(src, "sm_90a")

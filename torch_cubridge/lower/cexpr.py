@@ -120,8 +120,12 @@ class CExpr:
             return f"floorf({x} / {y})" if op == "floordiv" else f"({x} - floorf({x} / {y}) * {y})"
         if op in ("max", "min"):
             k = self.kind(e)
-            fn = ("fmaxf" if op == "max" else "fminf") if k == "float" else ("max" if op == "max" else "min")
-            return f"{fn}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
+            if k == "float":
+                return f"{'fmaxf' if op == 'max' else 'fminf'}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
+            if k == "int":  # one integer type for both (min(long long, int) has no overload): 64-bit where an
+                t = "long long" if any(self._wide(x) for x in a) else "int"  # int64 tensor is read
+                return f"{op}(({t})({self.value(a[0])}), ({t})({self.value(a[1])}))"
+            return f"{op}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
         if op == "pow":
             return f"powf({self.as_kind(a[0], 'float')}, {self.as_kind(a[1], 'float')})"
         if op == "tanh":

@@ -65,11 +65,11 @@ class OffScorePath:
                 or not self._off_score(node) or any(a in self.on_score for a in node.all_input_nodes):
             return val
         rounds = not val.dtype.is_floating_point and _rounding_float(val.expr)
-        if rounds or _gathers(val.expr) and not self._pairwise(val):
+        if rounds or _gathers(val.expr) and not self._pairwise(node, val):
             return self.materialize(node)
         return val
 
-    def _pairwise(self, val: Sym) -> bool:
+    def _pairwise(self, node: Node, val: Sym) -> bool:
         """A gather whose result spans a query-length axis and a key-length one (`table[tq[:, :, None],
         tk[:, None, :]]`): the kernel reads it through the ids (bounds.py clamps the reads), where the
         prologue would build and the kernel read a [.., Sq, Skv] tensor per call. Lengths under 16 (a
@@ -78,7 +78,8 @@ class OffScorePath:
         if not lens or min(lens) < 16:
             return False
         long_axes = [d for d in val.axes if self.ctx.dim_size(d) in lens]
-        return len(long_axes) >= 2
+        # a function of kv - q alone (T5's buckets) has its compact table over the distances instead
+        return len(long_axes) >= 2 and distance_chain(node, cone_of(node), self.env) is None
 
     def _computed(self, n: Any) -> bool:
         """n is a node off the score path whose value is an expression, not a plain tensor read."""
