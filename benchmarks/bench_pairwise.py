@@ -1,0 +1,65 @@
+"""A pairwise bias looked up through data-indexed ids (`table[tq[:, :, None], tk[:, None, :]]`, token
+types or segments): the kernel reading through the ids against the same spec with the gather left to the
+prologue (PyTorch builds a [B, Sq, Skv] table per call), against SDPA given that table as a float mask,
+and the spec itself. bf16, milliseconds per call (do_bench, median).
+
+Usage: python benchmarks/bench_pairwise.py [--out DIR]   (writes pairwise.json)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+import torch_cubridge as tc  # noqa: E402
+from test_data_indexed import make, type_bias  # noqa: E402
+
+
+def main() -> None:
+    from triton.testing import do_bench
+    from torch_cubridge.transfer.symbolic import offscore
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    print(torch.cuda.get_device_name(), flush=True)
+    rows = []
+    for B, H, S in ((8, 16, 4096), (2, 16, 16384)):
+        args = make(B=B, H=H, Sq=S, Skv=S, D=128, T=8, dtype=torch.bfloat16, device="cuda")
+        row = {"B": B, "H": H, "S": S, "D": 128}
+        ids = tc.compile(type_bias, fallback="raise")
+        ref = ids(*args)
+        row["ids_ms"] = do_bench(lambda: ids(*args), return_mode="median")
+        real = offscore.OffScorePath._pairwise
+        offscore.OffScorePath._pairwise = lambda self, node, val: False  # the old way: a prologue table
+        try:
+            table = tc.compile(type_bias, fallback="raise")
+            out = table(*args)
+            row["prologue_table_ms"] = do_bench(lambda: table(*args), return_mode="median")
+        finally:
+            offscore.OffScorePath._pairwise = real
+        row["agree"] = float((out.float() - ref.float()).norm() / ref.float().norm())
+        q, k, v, tq, tk, t = args
+        bias = t[tq[:, :, None], tk[:, None, :]][:, None].to(q.dtype)
+        row["sdpa_given_table_ms"] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                                              return_mode="median")
+        row["spec_ms"] = do_bench(lambda: type_bias(*args), return_mode="median") if S <= 4096 else None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "pairwise.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    for r in rows:
+        print(f"B {r['B']} H {r['H']} S {r['S']}: ids {r['ids_ms']:.2f} ms, prologue table {r['prologue_table_ms']:.2f}, "
+              f"SDPA given the table {r['sdpa_given_table_ms']:.2f}, spec {r['spec_ms'] or 0:.2f}")
+
+
+if __name__ == "__main__":
+    main()
