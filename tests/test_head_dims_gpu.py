@@ -97,3 +97,15 @@ def test_fa2_kernel_head_dims(name, D, monkeypatch):
     monkeypatch.setenv("CUBRIDGE_KERNEL", "sm80")
     case = next(c for c in CASES if c.name == name)
     _check(case.fn, case.make(2, 4, 2, 333, D, torch.bfloat16), "sm80")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dims", [(192, 128), (96, 64), (64, 32)], ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("name", ["causal_sdpa", "document_causal", "empty_rows_finite_fill"])
+def test_fa2_kernel_value_head_dim(name, dims, monkeypatch):
+    """Multi-head latent attention's prefill on the FA2-class kernel (A100s): V narrower than Q and K;
+    rows of finite fills take the mean of V (the row pad moves past O's columns)."""
+    monkeypatch.setenv("CUBRIDGE_KERNEL", "sm80")
+    D, Dv = dims
+    case = next(c for c in CASES if c.name == name)
+    _check(case.fn, _with_value_dim(case.make(2, 4, 2, 333, D, torch.bfloat16), D, Dv), "sm80")

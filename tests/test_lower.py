@@ -52,8 +52,10 @@ def test_hopper_kernel_is_chosen_on_sm90a_only():
     for D in (36, 264):
         with pytest.raises(UnsupportedSpec):
             tile_for(D, "sm_90a")
-    with pytest.raises(UnsupportedSpec, match="value head dim"):
-        tile_for(64, "sm_90", 32)  # the FA2 kernel takes one head dim
+    assert tile_for(64, "sm_90", 32).dv == 32  # the FA2 kernel: V narrower than Q, a multiple of 32
+    for dims in ((64, 128), (128, 48)):
+        with pytest.raises(UnsupportedSpec, match="value head dim"):
+            tile_for(dims[0], "sm_90", dims[1])
     src = lower(_prog("causal_sdpa"), arch="sm_90a").source
     assert "attention_fwd_sm90" in src and "__grid_constant__ cubridge::TmaDesc" in src
 
@@ -167,6 +169,18 @@ def test_decode_kernel_builds_without_spills(arch, D, tmp_path):
     assert low.kernel == "cubridge_decode" and "combine" not in low.source and "int* counters" in low.source
     assert low.tile.kernel == "decode" and low.tile.threads == 128
     sass = _sass(tc_cubin(low.source, arch), tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D,DV", [(192, 128), (96, 64), (64, 32)])
+def test_fa2_kernel_takes_a_narrower_value_head_dim(D, DV, tmp_path):
+    """Multi-head latent attention's prefill on the FA2-class kernel (sm_80): V's own pitch, O staged in
+    Q's rows; shared memory as lower/tiles.py sizes it."""
+    low = lower(_prog("softcap_causal", D), arch="sm_80", head_dim=D, value_dim=DV)
+    assert f"FwdValueDim<cubridge::FwdConfig<{D}, " in low.source and low.tile.dv == DV
+    assert low.tile.smem_bytes < TILES[D].smem_bytes
+    sass = _sass(tc_cubin(low.source, "sm_80"), tmp_path)
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
 

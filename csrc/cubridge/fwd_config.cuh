@@ -17,6 +17,8 @@ struct FwdTile {
   static constexpr bool kLazyRescale = LazyRescale;  // skip O *= alpha when no row max moved
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kSmemLd = D + 8;  // padded row pitch (elements)
+  static constexpr int kValueDim = D;    // V's and O's head dim (FwdValueDim sets another)
+  static constexpr int kSmemLdV = kSmemLd;
   // Q tile (reused to stage O) + Stages x (K tile + V tile), 2-byte elements.
   static constexpr int kSmemBytes = (BM + 2 * Stages * BN) * kSmemLd * 2;
 
@@ -43,6 +45,17 @@ template <class T> struct FwdConfig<160, T> : FwdTile<160, 128, 64, 8, 2, false>
 template <class T> struct FwdConfig<192, T> : FwdTile<192, 128, 64, 8, 2, false> {};
 template <class T> struct FwdConfig<224, T> : FwdTile<224, 128, 64, 8, 2, false, false> {};
 template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false, false> {};
+
+// A value head dim of its own (multi-head latent attention), at most the query's and a multiple of 32:
+// V tiles have their own pitch, and O is staged in Q's rows (pitch D + 8, its pad after column DV).
+template <class Base, int DV>
+struct FwdValueDim : Base {
+  static constexpr int kValueDim = DV;
+  static constexpr int kSmemLdV = DV + 8;
+  static constexpr int kSmemBytes =
+      (Base::kBlockM * Base::kSmemLd + Base::kStages * Base::kBlockN * (Base::kSmemLd + kSmemLdV)) * 2;
+  static_assert(DV % 32 == 0 && DV <= Base::kHeadDim, "value head dim: a multiple of 32, at most the query's");
+};
 
 // Hopper kernel (fwd_kernel_sm90.cuh): BM query rows per tile in BM / 64 consumer
 // warpgroups of 64 rows (two, or three for narrow heads) plus one producer

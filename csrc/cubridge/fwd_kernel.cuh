@@ -34,13 +34,13 @@ namespace cubridge {
 
 template <class Cfg, class Variant, class T>
 __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename Variant::Params& p) {
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
-  constexpr int NW = Cfg::kWarps, ST = Cfg::kStages, LDS = Cfg::kSmemLd, NTH = Cfg::kThreads;
+  constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  constexpr int NW = Cfg::kWarps, ST = Cfg::kStages, LDS = Cfg::kSmemLd, LDV = Cfg::kSmemLdV, NTH = Cfg::kThreads;
   constexpr int RW = BM / NW;  // query rows per warp
   constexpr int MT = RW / 16;  // m16 tiles per warp
   constexpr int NT = BN / 8;   // n8 key tiles per block
   constexpr int KC = D / 16;   // k16 steps over the head dim
-  constexpr int DT = D / 8;    // n8 tiles of O
+  constexpr int DT = DV / 8;   // n8 tiles of O
   // Default score (s * scale): keep raw dot products and fold scale * log2(e)
   // into the single FFMA in front of each exp2 (assumes scale > 0, so the
   // running max of raw s is the max of the logits).
@@ -83,7 +83,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     const bool ok = pf < n_blk;
     if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
     cp_async_commit();
-    if (ok) load_tile<BN, D, LDS, NTH>(sV + stage * BN * LDS, gV, a.v_ss, pf * BN, skv, tid);
+    if (ok) load_tile<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pf * BN, skv, tid);
     cp_async_commit();
     ++pf;
   };
@@ -108,7 +108,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
 
   const unsigned k_lane = smem_u32(sK) + lane_off_k<LDS>(lane) * 2;
-  const unsigned v_lane = smem_u32(sV) + lane_off_v<LDS>(lane) * 2;
+  const unsigned v_lane = smem_u32(sV) + lane_off_v<LDV>(lane) * 2;
   const int q_row0 = q_lo + warp * RW + lane / 4;  // this lane's first query row
   int stage = 0;                                   // ring slot of the current block
 
@@ -148,7 +148,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     cp_async_wait<2 * ST - 2>();
     __syncthreads();
     // @cuir mma name=pv
-    gemm_pv<T, MT, NT, DT, LDS>(o, s, v_lane + stage * BN * LDS * 2);
+    gemm_pv<T, MT, NT, DT, LDV>(o, s, v_lane + stage * BN * LDV * 2);
     stage = stage + 1 == ST ? 0 : stage + 1;
   }
   // @cuir endloop axis=kv
@@ -162,14 +162,14 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
   // Each warp restages only its own Q rows, so a warp-level sync suffices.
-  // The row pad (columns D..D+7, never read by ldmatrix) carries per-row
-  // extras: the LSE (float at D+2) and the empty-row flag (int at D).
+  // The row pad (columns DV..DV+7 of Q's rows, past O; never read by ldmatrix) carries
+  // per-row extras: the LSE (float at DV+2) and the empty-row flag (int at DV).
   T* sRows = sQ + warp * RW * LDS;
   stage_o<T, MT, DT, LDS>(sQ, o, o_scale, warp * RW, lane);
   if (lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2 * MT; ++r) {
-      T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + D;
+      T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + DV;
       *reinterpret_cast<float*>(pad + 2) = lse[r];
       if constexpr (Variant::kEmptyRowMeanV) *reinterpret_cast<int*>(pad) = m[r] == neg_inf();
     }
@@ -179,12 +179,12 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   // @cuir store tensor=o
   const int row0 = q_lo + warp * RW;
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-  store_rows<RW, D, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
+  store_rows<RW, DV, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
                                                   skv);
 
   // @cuir store tensor=lse when=requested
   if (a.lse != nullptr && lane < RW && row0 + lane < sq)
-    a.lse[(b * a.Hq + h) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + D + 2);
+    a.lse[(b * a.Hq + h) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + DV + 2);
 }
 
 }  // namespace cubridge

@@ -46,7 +46,10 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]
-    return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}>;",
+    cfg = f"cubridge::FwdConfig<{head_dim}, {t}>"
+    if tile.dv != head_dim:
+        cfg = f"cubridge::FwdValueDim<{cfg}, {tile.dv}>"
+    return [f"using Cfg = {cfg};",
             'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
             f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
             f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]

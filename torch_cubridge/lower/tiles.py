@@ -16,7 +16,7 @@ class Tile:
     stages: int
     kernel: str = "sm80"  # sm80: mma.sync + cp.async (FwdConfig); sm90: wgmma + TMA (Sm90Tile)
     own_o: bool = False  # sm90: O staged in its own buffer, so the next tile's Q loads during the epilogue
-    value_dim: int = 0  # V's head dim where it differs from Q's and K's (sm90 and decode); 0: the same
+    value_dim: int = 0  # V's head dim where it differs from Q's and K's; 0: the same
     persist: bool = False  # sm90: one CTA per SM walks the tiles (Sm90Tile's Persistent)
 
     @property
@@ -41,7 +41,8 @@ class Tile:
             d, dv = pad64(self.head_dim), pad64(self.dv)
             return 1024 + (self.block_m * d + self.stages * self.block_n * (d + dv) + self.own_o * self.block_m * dv) \
                 * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
-        return (self.block_m + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+        ld, ldv = self.head_dim + 8, self.dv + 8  # FwdTile / FwdValueDim: Q (O staged there), K and V rings
+        return (self.block_m * ld + self.stages * self.block_n * (ld + ldv)) * 2
 
 
 TILES = {32: Tile(32, 128, 64, 4, 2), 64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2),
@@ -93,13 +94,13 @@ def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None, p
         t = sm90_tile(head_dim, dv, plain_scores)
         if t is not None:
             return t
-    if dv != head_dim:
-        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); only the Hopper "
-                              "kernel (sm_90a) takes that", op="lower")
     if head_dim not in TILES:
         raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration on {arch} "
                               f"({', '.join(map(str, TILES))})", op="lower")
-    return TILES[head_dim]
+    if dv != head_dim and not (dv % 32 == 0 and 32 <= dv < head_dim):  # FwdValueDim: O staged in Q's rows
+        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the FA2-class "
+                              "kernel takes a multiple of 32 below the query's, the Hopper kernel (sm_90a) any", op="lower")
+    return TILES[head_dim] if dv == head_dim else replace(TILES[head_dim], value_dim=dv)
 
 
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
