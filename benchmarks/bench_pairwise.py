@@ -23,8 +23,9 @@ from test_data_indexed import make, type_bias  # noqa: E402
 
 
 def type_bias_again(q, k, v, tq, tk, table):
-    """type_bias with another spec hash (its own code), transferred with the gather left to the prologue."""
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    """type_bias with another graph (the scale applied to q first), so another spec hash: the disk cache
+    keys verified programs by the captured graph, and the same graph would recall type_bias's program."""
+    s = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
     return torch.softmax(s + table[tq[:, :, None], tk[:, None, :]][:, None], -1) @ v
 
 
