@@ -167,12 +167,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     return any ? (all ? kFull : kPartial) : kEmpty;
   };
 
-  // @cuir load tensor=q
-  for (int idx = tid; idx < R * (D / 8); idx += NTH) {
-    const int r = idx / (D / 8), c = idx % (D / 8);
-    const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
-    *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
-  }
   int pf = j0;
   auto prefetch = [&](int stage) {
     while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
@@ -186,8 +180,15 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     cp_async_commit();
     ++pf;
   };
+  // the first K/V blocks go out before Q's loads, which wait for their data
 #pragma unroll
   for (int st = 0; st < ST - 1; ++st) prefetch(st);
+  // @cuir load tensor=q
+  for (int idx = tid; idx < R * (D / 8); idx += NTH) {
+    const int r = idx / (D / 8), c = idx % (D / 8);
+    const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
+    *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
+  }
   __syncthreads();
   unsigned qa[1][KC][4];
   load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
