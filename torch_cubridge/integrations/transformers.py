@@ -188,10 +188,9 @@ def register(name: str = NAME) -> str:
         from transformers.masking_utils import eager_mask
     except ImportError:  # transformers before masking_utils builds eager's 4-D mask for any name
         return name
-    import inspect as _inspect
     from transformers.masking_utils import sdpa_mask
     # a transformers whose sdpa_mask cannot skip keeps eager's mask (every call reads it as data)
-    skips = "allow_is_causal_skip" in _inspect.signature(sdpa_mask).parameters
+    skips = "allow_is_causal_skip" in inspect.signature(sdpa_mask).parameters
     AttentionMaskInterface.register(name, skipping_mask if skips else eager_mask)
     return name
 
