@@ -1,11 +1,13 @@
 """Host time of one attention call through the transformers drop-in, piece by piece, against SDPA's.
 
 A decode step at batch 1 is bound by the host: this times the attention function alone (a LlamaAttention
-module of llama-8B's shape, bf16, Sq 1 against a 4k cache), calls back to back with one sync at the end,
-so a call's time is its host time wherever the host is slower than the GPU. Then the pieces of our path:
-the dispatch key, the table lookup with its guards, the runner (launch included).
+module of llama-8B's shape, bf16, Sq 1 against a 4k cache), calls back to back timed on the host without
+a sync (per_call_us), so a call's time is its host time even where the GPU takes longer. Then the pieces
+of our path: the dispatch key, the table lookup with its guards, the runner (launch included); with
+--profile, the runner's steps one at a time and a cProfile of the drop-in.
 
-Usage: python benchmarks/host_dropin.py [--out DIR]   (writes host_dropin.json)
+Usage: python benchmarks/host_dropin.py [--out DIR] [--profile] [--against OTHER_CHECKOUT]
+(writes host_dropin.json)
 """
 from __future__ import annotations
 
@@ -24,17 +26,81 @@ import torch_cubridge.integrations.transformers as tcx  # noqa: E402
 from torch_cubridge.capture.signature import call_signature  # noqa: E402
 
 
-def per_call_us(fn, n: int = 3000) -> float:
+def per_call_us(fn, n: int = 200, rounds: int = 20) -> float:
+    """Host time per call: rounds of n calls timed without a sync (n calls' launches fit in the launch
+    queue, so the GPU's own time does not enter), a sync between rounds; the best round."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
     best = float("inf")
-    for _ in range(3):
+    for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def runner_steps(runner, q, k, v, runner_args: tuple) -> dict:
+    """The runner's per-call steps one at a time (the launch with blocks packed once)."""
+    from torch_cubridge.ops.fastpath import canon
+    from torch_cubridge.ops.pack import pack_fwd_raw
+    perms = runner.plan.perms
+    (B, H, Sq, D), qs = canon(q, perms[0])
+    steps = {
+        "step_canon3": lambda: (canon(q, perms[0]), canon(k, perms[1]), canon(v, perms[2])),
+        "step_get_device": lambda: (q.get_device(), k.get_device(), v.get_device()),
+        "step_stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "step_capturing": lambda: torch.cuda.is_current_stream_capturing(),
+        "step_grad_enabled": lambda: torch.is_grad_enabled(),
+        "step_data_ptr4": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr()),
+        "step_pack_fwd": lambda: pack_fwd_raw((1, 2, 3, 4, 0), qs[:3], qs[:3], qs[:3], qs[:3], (1, 2, 3, 4, 5), 0.5),
+    }
+    seen = []
+    real = runner.kernel.launch
+    runner.kernel.launch = lambda grid, blocks, stream: seen.append((grid, blocks, stream)) or real(grid, blocks, stream)
+    try:
+        runner(runner_args[0], q, k, v, None, **runner_args[1])
+    finally:
+        del runner.kernel.launch  # the instance attribute shadowed the method
+    grid, blocks, stream = seen[-1]
+    steps["step_launch"] = lambda: real(grid, blocks, stream)  # rewrites the same output: harmless
+    return {name: per_call_us(fn) for name, fn in steps.items()}
+
+
+def profile(fn, n: int = 3000) -> None:
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(28)
+
+
+def load_other(root: str):
+    """The drop-in module of another copy of the package (root/torch_cubridge), imported under another
+    name so that both run in this process: host timings move between processes and machines by 30%."""
+    import importlib
+    import importlib.util
+    pkg = Path(root).resolve() / "torch_cubridge"
+    spec = importlib.util.spec_from_file_location("cubridge_other", pkg / "__init__.py",
+                                                  submodule_search_locations=[str(pkg)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["cubridge_other"] = mod
+    spec.loader.exec_module(mod)
+    return importlib.import_module("cubridge_other.integrations.transformers")
+
+
+def interleaved(fns: dict, rounds: int = 7) -> dict:
+    """Each function's best per_call_us over rounds that take the functions in turn."""
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], per_call_us(fn, rounds=5))
     return best
 
 
@@ -45,6 +111,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--profile", action="store_true", help="also cProfile the drop-in and time the runner's steps")
+    ap.add_argument("--against", metavar="DIR", help="also time DIR/torch_cubridge's drop-in, in turns with ours")
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), flush=True)
@@ -70,6 +138,18 @@ def main() -> None:
         row["find_us"] = per_call_us(lambda: c._find(key, args, kw))
         row["runner_us"] = per_call_us(lambda: runner(*args, **kw))
         row["empty_us"] = per_call_us(lambda: q.new_empty((1, 32, 1, 128)))
+        if a.against:
+            other = load_other(a.against)
+            other.cubridge_attention_forward(module, q, k, v, None, **kw)
+            (oc,) = other.tables(module)
+            assert oc.served["kernel"] == 1, [e.reasons for e in oc.entries()]
+            ab = interleaved({"sdpa": lambda: sdpa_attention_forward(module, q, k, v, None, **kw),
+                              "ours": lambda: tcx.cubridge_attention_forward(module, q, k, v, None, **kw),
+                              "other": lambda: other.cubridge_attention_forward(module, q, k, v, None, **kw)})
+            row.update({f"ab_{n}_us": t for n, t in ab.items()})
+        if a.profile:
+            row.update(runner_steps(runner, q, k, v, (module, kw)))
+            profile(lambda: tcx.cubridge_attention_forward(module, q, k, v, None, **kw))
     print(json.dumps(row), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "host_dropin.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), **row}, indent=1))
