@@ -57,10 +57,12 @@ class Entry:
     bad_input: Exception | None = None            # re-raised if the spec also refuses the call
     modules: ModuleState | None = None            # plain attributes of module arguments at capture
 
-    def holds(self, args: tuple, kwargs: dict) -> bool:
+    def holds(self, args: tuple, kwargs: dict, traced: bool = False) -> bool:
         if self.guards is not None and not self.guards(args, kwargs):
             return False
-        return self.modules is None or self.modules.holds(args, kwargs)
+        if self.modules is None:
+            return True
+        return self.modules.holds_traceable(args, kwargs) if traced else self.modules.holds(args, kwargs)
 
 
 class CompiledAttention:
@@ -112,9 +114,9 @@ class CompiledAttention:
         self._warn(f"the spec computes this call: {e.bad_input}")
         return out
 
-    def _find(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
+    def _find(self, key: tuple, args: tuple, kwargs: dict, traced: bool = False) -> Entry | None:
         for e in self._table.get(key, ()):
-            if e.holds(args, kwargs):
+            if e.holds(args, kwargs, traced):
                 return e
         return None
 
@@ -194,7 +196,7 @@ class CompiledAttention:
 
     def _traced(self, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
-        e = self._find(traced_signature(args, kwargs), args, kwargs)
+        e = self._find(traced_signature(args, kwargs), args, kwargs, traced=True)
         runner = e.runners.get(e.kernel_for(args, kwargs)) if e is not None and e.result is not None else None
         if runner is None:
             # no kernel verified for this call: trace the spec itself. No warning here: warnings.warn

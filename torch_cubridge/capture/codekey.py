@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import operator
 import sys
 import types
 from typing import Any, Callable
@@ -131,6 +132,7 @@ class GlobalsWatch:
     def __init__(self, fn: Callable) -> None:
         self._globals: list[tuple[dict, str, Any]] = []
         self._cells: list[tuple[Any, Any]] = []
+        self._by_ns: list[tuple[Callable, tuple, tuple]] | None = None
         self._collect(fn, set())
 
     def _collect(self, fn: Any, seen: set[int]) -> None:
@@ -155,9 +157,18 @@ class GlobalsWatch:
                 self._collect(v, seen)
 
     def unchanged(self) -> bool:
-        for ns, name, v in self._globals:
-            if ns.get(name, _MISSING) is not v:
-                return False
+        if self._by_ns is None:  # per namespace: its names' getter and the objects they held (checked per call)
+            by: dict[int, tuple[dict, list, list]] = {}
+            for ns, name, v in self._globals:
+                by.setdefault(id(ns), (ns, [], []))[1].append(name)
+                by[id(ns)][2].append(v)
+            self._by_ns = [(ns.__getitem__, tuple(names), tuple(vals)) for ns, names, vals in by.values()]
+        try:
+            for get, names, held in self._by_ns:
+                if not all(map(operator.is_, map(get, names), held)):
+                    return False
+        except KeyError:  # a global deleted
+            return False
         for cell, v in self._cells:
             try:
                 if cell.cell_contents is not v:

@@ -9,6 +9,7 @@ data the kernel reads each call, not part of this.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -27,17 +28,28 @@ class ModuleState:
         for path, v in bound.items():
             if isinstance(v, torch.nn.Module):
                 keys = tuple(k for k, x in vars(v).items() if _plain(x))
-                self._mods.append((reader(signature, nargs, path), keys, tuple(vars(v)[k] for k in keys)))
+                if keys:  # itemgetter: one C call reads them all (a scalar for one key, a tuple for more)
+                    self._mods.append((reader(signature, nargs, path), operator.itemgetter(*keys),
+                                       operator.itemgetter(*keys)(vars(v)), keys))
 
     def __bool__(self) -> bool:
         return bool(self._mods)
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
-        for get, keys, snap in self._mods:
+        for get, read, snap, _ in self._mods:
             try:
-                d = get(args, kwargs).__dict__
-            except Exception:  # the argument is missing or not a module here: not this entry
+                now = read(get(args, kwargs).__dict__)
+            except Exception:  # the argument or an attribute is missing, or not a module here: not this entry
                 return False
-            if tuple(d.get(k) for k in keys) != snap:
+            if now is not snap and now != snap:  # `is` first, as tuples compare items: a nan equals itself
+                return False
+        return True
+
+    def holds_traceable(self, args: tuple, kwargs: dict) -> bool:
+        """holds, in code torch.compile can trace (dynamo cannot call an itemgetter)."""
+        for get, _, snap, keys in self._mods:
+            d = get(args, kwargs).__dict__
+            now = tuple(d.get(k) for k in keys)
+            if now != (snap if len(keys) > 1 else (snap,)):
                 return False
         return True

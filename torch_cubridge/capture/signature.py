@@ -50,17 +50,38 @@ def _same(v: Any) -> Any:
     return _Pinned(v)
 
 
+_TENSOR, _MODULE, _PLAIN, _SEQ, _OTHER = range(5)
+# an argument's branch below depends on its type alone: found once per type, then one dict lookup
+_KIND: dict[type, int] = {}
+
+
+def _kind(t: type) -> int:
+    if issubclass(t, _Tensor):
+        k = _TENSOR
+    elif issubclass(t, torch.nn.Module):
+        k = _MODULE
+    elif issubclass(t, (int, float, bool, str, type(None), torch.dtype)):
+        k = _PLAIN
+    elif issubclass(t, (tuple, list)):
+        k = _SEQ
+    else:
+        k = _OTHER
+    _KIND[t] = k
+    return k
+
+
 def _meta(v: Any) -> Any:
-    if isinstance(v, _Tensor):  # map with a C-level predicate: this runs on every call
+    k = _KIND.get(type(v))
+    if k is None:
+        k = _kind(type(v))
+    if k == _TENSOR:  # map with a C-level predicate: this runs on every call
         return (v.dtype, v.get_device(), tuple(map(_ONE, v.shape)))
-    if isinstance(v, torch.nn.Module):
+    if k == _PLAIN:
+        return v
+    if k == _MODULE:
         return (type(v).__name__, _same(v))
-    if isinstance(v, (int, float, bool, str, type(None))):
-        return v
-    if isinstance(v, (tuple, list)):
+    if k == _SEQ:
         return tuple(_meta(x) for x in v)
-    if isinstance(v, torch.dtype):
-        return v
     return (type(v).__name__, _same(v))
 
 

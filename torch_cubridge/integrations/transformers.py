@@ -58,6 +58,9 @@ _CB_KWARGS = ("cache", "read_index", "write_index", "block_table", "cu_seq_lens_
               "max_length_q", "max_length_k", "logits_indices", "logits_processor_args", "k_cache", "v_cache")
 
 
+_PAGED_MARKS = frozenset(("cu_seq_lens_q", "read_index", "block_table"))  # any of them: a paged call
+
+
 @functools.lru_cache(maxsize=None)
 def _update_takes_kwargs(cache_type: type) -> bool:
     return "kwargs" in inspect.signature(cache_type.update).parameters
@@ -74,7 +77,7 @@ def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.T
     are dropped: the eager function does not read them, and as Python values they would pin a program."""
     cache = kwargs.get("cache")
     paged = cache is not None and type(cache).__name__ == "PagedAttentionCache"
-    if not paged and not any(k in kwargs for k in ("cu_seq_lens_q", "read_index", "block_table")):
+    if not paged and _PAGED_MARKS.isdisjoint(kwargs):
         return key, value, mask, kwargs
     kwargs = dict(kwargs)
     if paged and _update_takes_kwargs(type(cache)):

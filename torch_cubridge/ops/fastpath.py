@@ -14,15 +14,21 @@ import torch
 from ..ir.program import Operand, Program
 
 
+IDENTITY = (0, 1, 2, 3)  # the [B, H, S, D] layout itself, the common case: read as is
+
+
 def _perm(op: Operand) -> tuple[int | None, int | None, int, int]:
     """Positions of b, h, s, d in the operand's dims (None: no batch dim, or no head dim)."""
     d = op.dims
-    return (d.index("b") if "b" in d else None, d.index("h") if "h" in d else None, d.index("s"), d.index("d"))
+    perm = (d.index("b") if "b" in d else None, d.index("h") if "h" in d else None, d.index("s"), d.index("d"))
+    return IDENTITY if perm == IDENTITY else perm
 
 
 def canon(t: torch.Tensor, perm: tuple) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
     """Canonical [B, H, S, D] sizes and strides of t, read without making a view (a missing batch or
     head dim is one of stride 0)."""
+    if perm is IDENTITY:
+        return t.shape, t.stride()
     sh, st = t.shape, t.stride()
     b, h, s, d = perm
     nb, sb = (1, 0) if b is None else (sh[b], st[b])
@@ -41,6 +47,9 @@ class Plan:
         self.positions = {n: i for i, n in enumerate(plain)}
         self.perms = (_perm(p.q), _perm(p.k), _perm(p.v))
         self.paths = (p.q.arg, p.k.arg, p.v.arg)
+        at = [self.positions.get(a) for a in self.paths]
+        # q's, k's and v's positions and the largest of them, where all three are named parameters
+        self.qkv_at = None if None in at else (at[0], at[1], at[2], max(at))
         self.simple = all(a in self.positions or "." not in a for a in self.paths) and all(
             x.arg is None or "." not in x.arg for x in p.extras)
         self.literal_scalars = all(s.arg is None and s.expr is None for s in p.scalars)

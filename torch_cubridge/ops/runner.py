@@ -60,8 +60,11 @@ class KernelRunner:
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
-        self._counter_bufs: dict[tuple, torch.Tensor] = {}  # decode: split counters per (device, stream)
-        self._part_bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # decode: partials per (device, stream)
+        # decode: per (device, stream), the partial O, partial (max, sum) and split counters, and their
+        # pointers packed as kernel words
+        self._scratch: dict[tuple, _Scratch] = {}
+        self._tma = low.tile.kernel == "sm90"
+        self._decode = low.tile.kernel == "decode"
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
@@ -75,6 +78,9 @@ class KernelRunner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._fast:
             plan = self.plan
+            if plan.qkv_at is not None and len(args) > plan.qkv_at[3] and not self._extra_paths:
+                at = plan.qkv_at  # all three positional in this call: the common case, read directly
+                return self._execute(args[at[0]], args[at[1]], args[at[2]], plan.perms, {}, None, False)
             try:
                 q = plan.get(args, kwargs, plan.paths[0])
                 k = plan.get(args, kwargs, plan.paths[1])
@@ -190,7 +196,7 @@ class KernelRunner:
             raise ValueError(f"head dims must be {self.head_dim} for query and key, {self.value_dim} for value")
         if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
-        tma = self.low.tile.kernel == "sm90"
+        tma = self._tma
         if paged is not None:  # the pages are read where they lie (checked in _pages); q may be copied
             if not _ok(q, qs):
                 q = q.contiguous()
@@ -240,8 +246,8 @@ class KernelRunner:
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
                            tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
                            tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
-            if self.low.tile.kernel == "decode":
-                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q.device, stream,
+            if self._decode:
+                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q, stream,
                                     paged[2] if paged is not None else NO_PAGES)
             else:
                 nq = -(-Sq // self.low.tile.block_m)
@@ -278,44 +284,31 @@ class KernelRunner:
         return res
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
-                       dev: torch.device, stream: int, pages: bytes) -> None:
+                       q: torch.Tensor, stream: int, pages: bytes) -> None:
         """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the
         last chunk of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
         n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
-        part = (0, 0, 0)
-        if n_split > 1:
-            po, pl = self._partials(B * H * Sq * n_split, Dv, di, dev, stream)  # partial O has V's head dim
-            part = (po, pl, self._counters(B * Hkv * row_tiles, di, dev, stream))
-        bufs = tuple(struct.pack("<Q", x) for x in part)
-        self.kernel.launch((n_split, Hkv * row_tiles, B),
-                           blocks + bufs + (struct.pack("<q", per * tile.block_n), pages), stream)
+        words = _NO_SCRATCH
+        if n_split > 1:  # partial O has V's head dim
+            words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
+        self.kernel.launch((n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages), stream)
 
-    def _partials(self, rows: int, D: int, di: int, dev: torch.device, stream: int) -> tuple[int, int]:
-        """The splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32, one pair of buffers per
-        stream kept across calls (launches on one stream run in order; an allocation per call cost two
-        trips through the caching allocator on a host-bound decode step)."""
-        if torch.cuda.is_current_stream_capturing():  # a graph's own, from its pool: graphs may replay at once
-            self._parts = (torch.empty(rows * D, dtype=torch.float32, device=dev),
-                           torch.empty(rows * 2, dtype=torch.float32, device=dev))
-            return self._parts[0].data_ptr(), self._parts[1].data_ptr()
+    def _scratch_for(self, rows: int, D: int, tiles: int, di: int, dev: torch.device, stream: int) -> tuple:
+        """The words for the splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32 and the split
+        counters of `stream` (zeros; the kernel leaves them zero). One set per stream, kept across calls:
+        launches on one stream run in order (an allocation per call cost two trips through the caching
+        allocator on a host-bound decode step); launches on two may overlap."""
+        if _capturing():  # a graph's own, from its pool: graphs may replay at once
+            self._graph_scratch = _Scratch(rows * D, rows * 2, tiles, dev)
+            return self._graph_scratch.words
         key = (di, stream)
-        bufs = self._part_bufs.get(key)
-        if bufs is None or bufs[0].numel() < rows * D or bufs[1].numel() < rows * 2:
-            bufs = self._part_bufs[key] = (torch.empty(rows * D, dtype=torch.float32, device=dev),
-                                           torch.empty(rows * 2, dtype=torch.float32, device=dev))
-        return bufs[0].data_ptr(), bufs[1].data_ptr()
-
-    def _counters(self, n: int, di: int, dev: torch.device, stream: int) -> int:
-        """The split counters of `stream` (zeros; the kernel leaves them zero), at least n of them. One
-        buffer per stream: launches on one stream never overlap, launches on two may."""
-        key = (di, stream)
-        buf = self._counter_bufs.get(key)
-        if buf is None or buf.numel() < n:
-            buf = self._counter_bufs[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
-        return buf.data_ptr()
+        sc = self._scratch.get(key)
+        if sc is None or sc.o_rows < rows * D or sc.l_rows < rows * 2 or sc.n_counters < tiles:
+            sc = self._scratch[key] = _Scratch(rows * D, rows * 2, tiles, dev)
+        return sc.words
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
                       tensors: dict) -> None:
@@ -372,6 +365,23 @@ class KernelRunner:
                 raise ValueError(f"{x.arg} must have rank {x.rank}")
             out[x.name] = t
         return out
+
+
+_U64, _I64 = struct.Struct("<Q").pack, struct.Struct("<q").pack
+_NO_SCRATCH = (_U64(0), _U64(0), _U64(0))
+
+
+class _Scratch:
+    """A decode launch's fp32 partials and int32 split counters, with their pointers as kernel words."""
+
+    def __init__(self, o_rows: int, l_rows: int, tiles: int, dev: torch.device) -> None:
+        self.o = torch.empty(o_rows, dtype=torch.float32, device=dev)
+        self.lse = torch.empty(l_rows, dtype=torch.float32, device=dev)
+        self.counters = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=dev)
+        self.o_rows, self.l_rows, self.n_counters = o_rows, l_rows, self.counters.numel()
+        self.words = (_U64(self.o.data_ptr()), _U64(self.lse.data_ptr()), _U64(self.counters.data_ptr()))
+_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
+    else torch.cuda.is_current_stream_capturing  # the C call itself: this runs on every decode call
 
 
 @functools.lru_cache(maxsize=None)
