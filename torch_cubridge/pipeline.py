@@ -9,7 +9,9 @@ here; nothing below it imports it.
 """
 from __future__ import annotations
 
+import threading
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -146,7 +148,10 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
     if not computes_operands(prog):  # sizes of a computed q/k/v are no argument's: held at the call's shape
         gen, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
         if generic:
+            build_early(gen, bound)
             out.append((_held(fn, bound, gen, True), True))
+    if not out:
+        build_early(prog, bound)
     out.append((_held(fn, bound, prog, False), False))
     return out, used
 
@@ -237,13 +242,70 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
         return None, f"kernel build failed ({type(e).__name__}: {e}); the spec computes the result"
 
 
+# -- the build, started before verification --------------------------------------------
+# NVRTC takes ~2 s for a Hopper kernel, the guards' symbolic trace and CPU verification ~1 s: the kernel of the
+# program about to be verified is built meanwhile on a helper thread (NVRTC drops the GIL). Lowering reads
+# neither guards nor required sizes, so the program before _held lowers to the same source. A program that
+# then fails verification leaves a cubin in the cache that nothing serves.
+_early: dict[str, Future] = {}
+_early_lock = threading.Lock()
+_builder: ThreadPoolExecutor | None = None
+
+
+def build_early(prog: Program, bound: dict[str, Any]) -> None:
+    """Start building the kernel _build_and_verify will ask for first; never raises."""
+    global _builder
+    try:
+        from . import config
+        if config.is_readonly() or not on_cuda(bound):
+            return
+        from .lower import lower
+        from .ops.kernel import kernel_key, load_kernel
+        from .ops.runner import arch_for
+        dtype, head_dim, value_dim, decode, paged = kernel_choice(prog, bound)
+        arch = arch_for(call_device(bound))
+        low = lower(prog, arch, dtype, head_dim, fast_tanh=True, decode=decode, value_dim=value_dim,
+                    paged=paged is not None)
+        key = kernel_key(low, arch)
+        with _early_lock:
+            if key in _early:
+                return
+            for done in [k for k, f in _early.items() if f.done()]:  # never asked for: verification failed
+                del _early[done]  # (its cubin stays in the disk cache)
+            if _builder is None:
+                _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cubridge-build")
+            _early[key] = _builder.submit(load_kernel, low, arch)
+    except Exception:  # the build is tried again, in order, by _build_and_verify
+        return
+
+
+def _building(low: Any, arch: str) -> bool:
+    """Whether an early build of this source is still running."""
+    from .ops.kernel import kernel_key
+    with _early_lock:
+        fut = _early.get(kernel_key(low, arch))
+    return fut is not None and not fut.done()
+
+
+def _load(low: Any, arch: str) -> tuple[Any, dict, dict]:
+    """load_kernel, or the early build of the same source when one was started."""
+    from .ops.kernel import kernel_key, load_kernel
+    with _early_lock:
+        fut = _early.pop(kernel_key(low, arch), None)
+    if fut is not None:
+        try:
+            return fut.result()
+        except Exception:
+            pass  # built again here, where its error is reported
+    return load_kernel(low, arch)
+
+
 def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:
     """lower -> build/load -> runner -> GPU verification (fast tanh first, then exact) -> register."""
     from .lower import lower
     from .ops.registry import register
-    from .ops.kernel import load_kernel
     from .ops.runner import KernelRunner, arch_for
-    from .verify.gpu import verify_kernel
+    from .verify.gpu import gpu_cases, verify_kernel
     p = res.program
     dtype, head_dim, value_dim, decode, paged = kernel_choice(p, bound)
     device = call_device(bound)
@@ -252,7 +314,9 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     for fast in (True, False):
         low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
                     paged=paged is not None)
-        kern, info, aux = load_kernel(low, arch)
+        # while NVRTC still builds it (a new kernel, so no GPU verdict is on record): the references
+        cases = gpu_cases(fn, p, bound, getattr(torch, dtype), device) if _building(low, arch) else None
+        kern, info, aux = _load(low, arch)
         info["program"] = res.key
         runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim, paged)
         gpu = _device_id(device)
@@ -262,7 +326,7 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
             rep = VerifyReport(ok=known, reason=f"({'verified' if known else 'failed GPU verification'} on this "
                                                 "GPU model in an earlier process)")
         else:
-            rep = verify_kernel(runner.run_bound, fn, p, bound, getattr(torch, dtype), device)
+            rep = verify_kernel(runner.run_bound, fn, p, bound, getattr(torch, dtype), device, cases=cases)
             worst = max((t.rel_err for t in rep.trials), default=0.0)
             # A failure is remembered only for the fast-tanh build, whose fallback is the exact one: a
             # failure that was not the arithmetic's must never keep a kernel from serving for good.

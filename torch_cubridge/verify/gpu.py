@@ -8,6 +8,7 @@ fill resolves only in float64: see verify.cpu.judge).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -58,39 +59,58 @@ def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return out
 
 
-def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
-                  dtype: torch.dtype, device: torch.device, seed: int = 0) -> VerifyReport:
-    """`example` is the first real call's own arguments (on the device): they are the first trial."""
+@dataclass
+class GpuCase:
+    """One trial's inputs (on the device) and the spec's output on them, computed before the kernel exists."""
+    bound: dict[str, Any]
+    sizes: dict[str, int]
+    mag: float
+    pattern: int | None
+    ref: torch.Tensor
+    ref_dtype: str
+
+
+def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dtype, device: torch.device,
+              seed: int = 0) -> list[GpuCase]:
+    """The trials and their float64 references: the call's own inputs first (`example`, on the device),
+    then redrawn ones. Needs no kernel, so it runs while NVRTC builds one."""
     with module_copies():
-        return _verify_kernel(run_bound, fn, p, example, dtype, device, seed)
+        ex = example_sizes(p, example)
+        raw: list[tuple[dict[str, Any], dict[str, int], float, int | None]] = []
+        if ex["B"] * ex["H"] * ex["Sq"] * ex["Skv"] <= OWN_INPUTS_LIMIT:
+            raw.append((example, ex, 1.0, -1))
+        for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
+            cpu = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
+                              pattern=pattern)
+            raw.append((_to(cpu, device), sizes, mag, pattern))
+        return [GpuCase(b, sizes, mag, pattern, *_reference(fn, p, b, reference_device(example, sizes)))
+                for b, sizes, mag, pattern in raw]
 
 
-def _verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
-                   dtype: torch.dtype, device: torch.device, seed: int) -> VerifyReport:
+def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, example: dict[str, Any],
+                  dtype: torch.dtype, device: torch.device, seed: int = 0,
+                  cases: list[GpuCase] | None = None) -> VerifyReport:
+    """`example` is the first real call's own arguments (on the device): they are the first trial.
+    `cases`: gpu_cases of the same arguments, where the caller computed them already."""
+    if cases is None:
+        cases = gpu_cases(fn, p, example, dtype, device, seed)
     rep = VerifyReport(ok=True)
-    ex = example_sizes(p, example)
-    cases: list[tuple[dict[str, Any], dict[str, int], float, int | None]] = []
-    if ex["B"] * ex["H"] * ex["Sq"] * ex["Skv"] <= OWN_INPUTS_LIMIT:
-        cases.append((example, ex, 1.0, -1))
-    for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
-        cpu = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype, pattern=pattern)
-        cases.append((_to(cpu, device), sizes, mag, pattern))
-    for bound, sizes, mag, pattern in cases:
-        try:
-            with torch.no_grad():
-                got = attention_output(run_bound(bound, poison=True), p.out.index, p.out.tuple_len)
-            torch.cuda.synchronize(device)
-        except Exception as e:  # a launch failure is a verification failure
-            rep.ok = False
-            rep.reason = f"({type(e).__name__}: {e})"
-            return rep
-        ref, ref_dtype = _reference(fn, p, bound, reference_device(example, sizes))
-        if ref_dtype == "float64":
-            rel, mx, ok, judged = judge(fn, p, bound, got, ref, rel_tol=REL_TOL, max_tol=5e-2)
-        else:
-            (rel, mx, ok), judged = compare(got, ref, p.empty_rows, REL_TOL, 5e-2), ref_dtype
-        rep.trials.append(Trial(sizes, mag, rel, mx, ok, pattern, judged, str(ref.device)))
-        rep.ok &= ok
+    with module_copies():
+        for c in cases:
+            try:
+                with torch.no_grad():
+                    got = attention_output(run_bound(c.bound, poison=True), p.out.index, p.out.tuple_len)
+                torch.cuda.synchronize(device)
+            except Exception as e:  # a launch failure is a verification failure
+                rep.ok = False
+                rep.reason = f"({type(e).__name__}: {e})"
+                return rep
+            if c.ref_dtype == "float64":
+                rel, mx, ok, judged = judge(fn, p, c.bound, got, c.ref, rel_tol=REL_TOL, max_tol=5e-2)
+            else:
+                (rel, mx, ok), judged = compare(got, c.ref, p.empty_rows, REL_TOL, 5e-2), c.ref_dtype
+            rep.trials.append(Trial(c.sizes, c.mag, rel, mx, ok, c.pattern, judged, str(c.ref.device)))
+            rep.ok &= ok
     if not rep.ok:
         rep.reason = "(the kernel disagrees with the spec)"
     return rep
