@@ -19,12 +19,7 @@ REFUSED: list[Case] = [c for m in _MODULES for c in getattr(m, "REFUSED", [])]
 NOT_YET: dict[str, str] = {}
 
 # Served on the CPU at float32 but refused at bfloat16 (the spec serves those calls), and why.
-SPEC_SERVES_IN_BF16: dict[str, str] = {
-    "model_gemma2": "fully padded rows of the 4-D mask argument: with finfo(bfloat16).min in the mask and "
-                    "finfo(q.dtype).min for the window, the spec in float32 and float64 averages V over the "
-                    "window's keys only, in bfloat16 over every key; verification (float64, then float32) "
-                    "refuses the program's mean over every key",
-}
+SPEC_SERVES_IN_BF16: dict[str, str] = {}  # Gemma 2 was here until its padded rows were judged in bfloat16
 
 # What a refusal of a non-softmax attention must name: the real cause, not an op met on the way.
 REFUSAL_CAUSE: dict[str, str] = {

@@ -260,6 +260,28 @@ def test_more_transformers_families_served_by_kernel(family):
     assert max(_eager_vs_ours(family, True, 4)) <= 2e-2
 
 
+def test_a_sink_projected_from_each_token_served_by_kernel():
+    """inkling2 (transformers 5.2x): a sink logit projected from every token, served as a row scale over
+    the kernel's LSE; every attention call of a bf16 prefill by a GPU-verified kernel, logits against a
+    float32 eager model built from a config of its own."""
+    import collections
+    import warnings
+    import torch_cubridge.integrations.transformers as tcx
+    from test_transformers_models import _inkling2_pair
+    tcx.register()
+    tcx.clear_tables()
+    ref, ours = _inkling2_pair("cuda", torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, got = ref(ids).logits, ours(ids).logits.float()
+    served = sum((c.served for c in tcx.tables()), start=collections.Counter())
+    entries = [e for c in tcx.tables() for e in c.entries()]
+    assert served["kernel"] > 0 and served["spec"] == 0, (served, [e.reason or e.reasons for e in entries][:3])
+    assert any(e.result.program.row_scale is not None for e in entries)
+    assert rel_err(got.cpu(), want.cpu()) < 2e-2
+
+
 def test_deepseek_mla_value_head_dim_served_by_kernel():
     """Multi-head latent attention: q/k head dim 96 (32 + 64 rotary), value head dim 64: prefill on the
     Hopper kernel, Sq = 1 decode on the decode kernel (V's head dim its own)."""

@@ -122,3 +122,53 @@ def test_the_float32_spec_decides_rows_only_float64_leaves_undefined():
     # and the float32 fallback does accept where the runs agree on NaN and the program matches it
     f32 = lambda q, k, v, keep: torch.full_like(q, 0.5) if q.dtype == torch.float32 else torch.zeros_like(q)
     assert vcpu.judge(f32, p, bound, got, torch.zeros_like(got)) == (0.0, 0.0, True, "float32")
+
+
+def gemma2_style(q, k, v, mask):
+    """Gemma 2's eager attention: a window filled with finfo(q.dtype).min over a 4-D mask made in the call's
+    dtype. In bfloat16 both fills are one value, so a fully padded row averages V over every key; in float32
+    and float64 the window's fill is far smaller, and such a row averages over the keys outside it."""
+    window = torch.tril(torch.ones_like(mask, dtype=torch.bool), diagonal=-4)
+    mask = torch.where(window, torch.finfo(q.dtype).min, mask)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+    return torch.softmax(s, -1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _gemma2_args(S=24, B=1, H=2, D=16, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(3))
+    mask = torch.full((S, S), torch.finfo(dtype).min).triu(1).to(dtype)[None, None].expand(B, 1, S, S).clone()
+    mask[:, :, 20] = torch.finfo(dtype).min  # a fully padded row: 17 of its 24 keys in the window
+    return q, k, v, mask
+
+
+def test_rows_whose_answer_depends_on_the_dtype_are_judged_in_the_calls_dtype():
+    args = _gemma2_args()
+    bound = bind_example(gemma2_style, args, {})
+    p = tc.transfer(gemma2_style, *args)
+    a64 = tuple(a.double() for a in args)
+    ref = gemma2_style(*a64)
+    own = gemma2_style(*args).double()
+    assert rel_err(own[:, :, 20], v_mean := args[2].double().mean(2)) < 1e-2  # bf16: every key
+    assert rel_err(ref[:, :, 20], v_mean) > 0.5  # float64: the keys outside the window only
+    got = own.clone()
+    got[:, :, torch.arange(24) != 20] = ref[:, :, torch.arange(24) != 20]  # float64's answer elsewhere
+    rel, _, ok, judged = vcpu.judge(gemma2_style, p, bound, got, ref, call_dtype=torch.bfloat16)
+    assert ok and "bfloat16 on 2 dtype-dependent rows" in judged, judged
+    # without the call's dtype (a float32 call) the same answer is wrong
+    assert not vcpu.judge(gemma2_style, p, bound, got, ref, call_dtype=torch.float32)[2]
+    # a row that the bfloat16 spec answers as float64 does may not take bfloat16's answer of another row
+    wrong = got.clone()
+    wrong[:, :, 7] = own[:, :, 20]
+    assert not vcpu.judge(gemma2_style, p, bound, wrong, ref, call_dtype=torch.bfloat16)[2]
+    # and a padded row answered with neither spec's mean is wrong
+    wrong = got.clone()
+    wrong[:, :, 20] = 0
+    assert not vcpu.judge(gemma2_style, p, bound, wrong, ref, call_dtype=torch.bfloat16)[2]
+
+
+def test_gemma2_style_transfers_for_a_bfloat16_call():
+    args = _gemma2_args(S=40)
+    res = transfer_bound(gemma2_style, bind_example(gemma2_style, args, {}))
+    assert res.report.ok, res.report.summary()
+    assert any("dtype-dependent rows" in t.ref_dtype for t in res.report.trials), res.report.summary()

@@ -106,7 +106,8 @@ def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, examp
                 rep.reason = f"({type(e).__name__}: {e})"
                 return rep
             if c.ref_dtype == "float64":
-                rel, mx, ok, judged = judge(fn, p, c.bound, got, c.ref, rel_tol=REL_TOL, max_tol=5e-2)
+                rel, mx, ok, judged = judge(fn, p, c.bound, got, c.ref, rel_tol=REL_TOL, max_tol=5e-2,
+                                            call_dtype=dtype)
             else:
                 (rel, mx, ok), judged = compare(got, c.ref, p.empty_rows, REL_TOL, 5e-2), c.ref_dtype
             rep.trials.append(Trial(c.sizes, c.mag, rel, mx, ok, c.pattern, judged, str(c.ref.device)))
