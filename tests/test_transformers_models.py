@@ -87,8 +87,9 @@ def _inkling2_pair(device: str = "cpu", dtype: torch.dtype = torch.float32):
     models = []
     for impl, dt in (("eager", torch.float32), ("cubridge", dtype)):
         torch.manual_seed(0)  # each from a config of its own (a shared config shares its implementation)
+        # dtype at build: its router stays float32 (_keep_in_fp32_modules), which .to(dtype) would not keep
         models.append(AutoModelForCausalLM.from_config(AutoConfig.for_model("inkling2_text", **kw),
-                                                       attn_implementation=impl).to(device, dt).eval())
+                                                       attn_implementation=impl, dtype=dt).to(device).eval())
     return models
 
 
