@@ -262,23 +262,30 @@ def test_more_transformers_families_served_by_kernel(family):
 
 def test_a_sink_projected_from_each_token_served_by_kernel():
     """inkling2 (transformers 5.2x): a sink logit projected from every token, served as a row scale over
-    the kernel's LSE; every attention call of a bf16 prefill by a GPU-verified kernel, logits against a
-    float32 eager model built from a config of its own."""
+    the kernel's LSE; the sink layers' calls of a bf16 prefill by a GPU-verified kernel, logits against a
+    bf16 eager model built from a config of its own. (Against a float32 eager model both the kernel and the
+    spec itself differ by O(1) on the H100 under transformers 5.24, 0.005 on the CPU: benchmarks/diag_inkling2.py.)"""
     import collections
     import warnings
     import torch_cubridge.integrations.transformers as tcx
     from test_transformers_models import _inkling2_pair
     tcx.register()
     tcx.clear_tables()
-    ref, ours = _inkling2_pair("cuda", torch.bfloat16)
+    ref, ours = _inkling2_pair("cuda", torch.bfloat16, eager_dtype=torch.bfloat16)
     ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want, got = ref(ids).logits, ours(ids).logits.float()
     served = sum((c.served for c in tcx.tables()), start=collections.Counter())
     entries = [e for c in tcx.tables() for e in c.entries()]
-    assert served["kernel"] > 0 and served["spec"] == 0, (served, [e.reason or e.reasons for e in entries][:3])
-    assert any(e.result.program.row_scale is not None for e in entries)
+    sink = [e for e in entries if e.result is not None and e.result.program.row_scale is not None]
+    assert sink and all(r is not None for e in sink for r in e.runners.values()), [e.reasons for e in sink]
+    assert served["kernel"] > 0, served
+    # transformers 5.24's block-residual attention runs in float32 by design (_keep_in_fp32_modules_strict):
+    # float32 inputs are the spec's (no float32 kernel), the only calls it may serve
+    for e in entries:
+        if e not in sink:
+            assert all("inputs are torch.float32" in r for r in e.reasons.values()), e.reasons
     assert rel_err(got.cpu(), want.cpu()) < 2e-2
 
 

@@ -76,7 +76,7 @@ def test_models_with_their_own_attention_tables_run_eager(family, extra):
         assert torch.equal(ref(ids).logits, ours(ids).logits)
 
 
-def _inkling2_pair(device: str = "cpu", dtype: torch.dtype = torch.float32):
+def _inkling2_pair(device: str = "cpu", dtype: torch.dtype = torch.float32, eager_dtype: torch.dtype = torch.float32):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     if "inkling2_text" not in CONFIG_MAPPING_NAMES:
@@ -85,7 +85,7 @@ def _inkling2_pair(device: str = "cpu", dtype: torch.dtype = torch.float32):
               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=None,
               bos_token_id=None, eos_token_id=None)
     models = []
-    for impl, dt in (("eager", torch.float32), ("cubridge", dtype)):
+    for impl, dt in (("eager", eager_dtype), ("cubridge", dtype)):
         torch.manual_seed(0)  # each from a config of its own (a shared config shares its implementation)
         # dtype at build: its router stays float32 (_keep_in_fp32_modules), which .to(dtype) would not keep
         models.append(AutoModelForCausalLM.from_config(AutoConfig.for_model("inkling2_text", **kw),
