@@ -62,3 +62,13 @@ def test_a_paged_program_held_at_its_shape_verifies_on_the_gpu():
     assert big and all(t.device.startswith("cuda") and t.ok for t in big), e.result.report.summary()
     gpu = f.kernels()[-1].info["verification"]
     assert any(t.device.startswith("cuda") for t in gpu.trials), gpu.summary()
+
+
+@pytest.mark.parametrize("D,DV", [(192, 128), (64, 128)])
+def test_value_pages_of_their_own_head_dim(D, DV):
+    """Multi-head latent attention's paged cache (V 128 under Q and K 192), and V wider than K: read in
+    place, V through its own row pitch."""
+    q, kp, vp, table, _ = ps.pages(3, 8, 2, 2000, D, 16, torch.bfloat16, slots_first=True)
+    vp = torch.randn(*vp.shape[:-1], DV, dtype=torch.bfloat16)
+    f, _, out = _serve(ps.flash_slots_first, (q, kp, vp, table))
+    assert out.shape[-1] == DV and f.kernels()[-1].value_dim == DV

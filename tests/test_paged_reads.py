@@ -61,3 +61,17 @@ def test_slots_first_pages_with_an_int32_table_and_negative_entries():
 def test_a_sliced_gather_is_left_to_the_prologue():
     args = ps.pages(2, 4, 4, 64, 16, 16, torch.float32)
     assert _reads(ps.sliced_to_length, args[:4]) is None
+
+
+@pytest.mark.parametrize("D,DV", [(192, 128), (64, 128)])
+def test_value_pages_of_their_own_head_dim_lower_to_the_paged_decode_kernel(D, DV):
+    """Multi-head latent attention's cache: V pages narrower (or wider) than K's. The paged decode kernel
+    reads each with its own row pitch."""
+    from torch_cubridge.lower import lower
+    q, kp, vp, table, _ = ps.pages(2, 8, 2, 100, D, 16, torch.float32, slots_first=True)
+    vp = torch.randn(*vp.shape[:-1], DV)
+    bound = bind_example(ps.flash_slots_first, (q, kp, vp, table), {})
+    res = transfer_stage(ps.flash_slots_first, bound)
+    assert res.report.ok and paged_operands(res.program, bound) is not None
+    src = lower(res.program, "sm_90a", "bfloat16", D, decode=True, value_dim=DV, paged=True).source
+    assert f"DecodeTile<{D}, {DV}" in src and "attention_decode<Cfg, Variant, __nv_bfloat16, true>" in src

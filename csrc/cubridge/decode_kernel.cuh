@@ -58,14 +58,15 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
 // One K/V block's rows [row0, row0 + BN) from their pages into the ring. Where the thread count is a
 // multiple of the 16-byte chunks of a row, a thread keeps one column and walks rows NTH / chunks apart,
 // so it looks up a page only where its rows cross into the next one, and V reuses K's entries where both
-// read one table: a lookup per row per tensor cost 18% at 4k keys (H100, pages of 16).
-template <int BN, int D, int LDS, int NTH, class T>
+// read one table: a lookup per row per tensor cost 18% at 4k keys (H100, pages of 16). V of another head
+// dim (DV, multi-head latent attention) walks its own rows, a lookup per row.
+template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
 __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
                                               const PagedKV& pg, int b, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
   const bool t64 = pg.table64 != 0;
   const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
-  if constexpr (NTH % kChunks == 0) {
+  if constexpr (DV == D && NTH % kChunks == 0) {
     constexpr int kStep = NTH / kChunks, kRows = BN / kStep;
     const int r0 = tid / kChunks, c = tid % kChunks;
     const bool shared = pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp &&
@@ -91,7 +92,7 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
     auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
     auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
     load_tile_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, k_page, row0, nrows, tid);
-    load_tile_paged<BN, D, LDS, NTH>(sV, gV, a.v_ss, pg.v_sp, page, v_page, row0, nrows, tid);
+    load_tile_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, v_page, row0, nrows, tid);
   }
 }
 
@@ -126,7 +127,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr int LDS = Cfg::kSmemLd, LDSV = Cfg::kSmemLdV;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
   constexpr int KC = D / 16, DT = DV / 8;  // k steps of Q.K; 8-column tiles of O
-  static_assert(!(kPaged && DV != D), "paged K/V: one head dim (load_kv_paged)");
   constexpr bool kRaw = score_is_default<Variant>(0);
   static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V unpaged");
   using H = Hook<Variant>;
@@ -172,7 +172,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < j1;
     if constexpr (kPaged) {
-      if (ok) load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
+      if (ok) load_kv_paged<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);

@@ -61,8 +61,6 @@ def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, page
     for d in (head_dim, dv):
         if not decode_head_dim(d):
             return f"the decode kernel takes head dims in steps of 16 up to 256, not {d}"
-    if paged and dv != head_dim:
-        return f"the paged decode kernel takes one head dim for K and V, not {head_dim} and {dv}"
     if paged and p.empty_rows == "mean_v":
         return "rows with every key masked take the mean of V, which the paged decode kernel does not read"
     return None
