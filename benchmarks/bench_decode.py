@@ -115,12 +115,14 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
 
 def ab(configs: str, lengths: list[int]) -> list[dict]:
     """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
-    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py) or a fixed number
-    of splits; SDPA-flash is timed at each length in the same process."""
+    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py), a fixed number
+    of splits or the copies' L2 prefetch hint (l2=128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
     from dataclasses import replace
+    import torch_cubridge.lower as lowering
     import torch_cubridge.lower.source as source
     import torch_cubridge.ops.runner as runner
     base_tile, base_ctas, base_split = source.decode_tile, runner.DECODE_CTAS_PER_SM, runner.decode_split
+    base_lower = lowering.lower
     out = []
     for Skv in lengths:
         dev, dt = "cuda", torch.bfloat16
@@ -133,8 +135,12 @@ def ab(configs: str, lengths: list[int]) -> list[dict]:
         for cfg in configs.split(";"):
             kv = dict(x.split("=") for x in cfg.split(",")) if cfg.strip() else {}
             st, ctas = int(kv.get("stages", 2)), int(kv.get("ctas", base_ctas))
-            source.decode_tile = lambda d, st=st: replace(base_tile(d), stages=st)
+            source.decode_tile = lambda d, dv=None, st=st: replace(base_tile(d, dv), stages=st)
             runner.DECODE_CTAS_PER_SM = ctas
+            l2 = int(kv.get("l2", 0))  # the copies' L2 prefetch hint, a define ahead of the source
+            if l2:
+                lowering.lower = lambda *a_, l2=l2, **k_: replace(
+                    low := base_lower(*a_, **k_), source=f"#define CUBRIDGE_L2_PREFETCH {l2}\n" + low.source)
             n = int(kv.get("splits", 0))
             if n:
                 runner.decode_split = lambda c, n_blk, sms, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
@@ -143,11 +149,12 @@ def ab(configs: str, lengths: list[int]) -> list[dict]:
                 o = f(q, k, v)
                 ref = gqa_decode(q.double(), k.double(), v.double())
                 ms = bench(lambda: f(q, k, v))
-                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "ms": ms,
+                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
                              "tbs": nbytes / (ms * 1e-3) / 1e12,
                              "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
             finally:
                 source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
+                lowering.lower = base_lower
                 runner.decode_split = base_split
             print(json.dumps(out[-1]), flush=True)
     return out

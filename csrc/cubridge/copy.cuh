@@ -6,9 +6,23 @@
 
 namespace cubridge {
 
+// CUBRIDGE_L2_PREFETCH (0, 128 or 256): the L2 prefetch hint of each copy, the bytes L2 fetches around it.
+// 128: decode +1.5-2% at 32k keys and +1-2% at 4k against none, 256 the same (H100, two A/B runs at
+// 1de8dd4, benchmarks/bench_decode.py --ab "l2=...", NOTES v18).
+#ifndef CUBRIDGE_L2_PREFETCH
+#define CUBRIDGE_L2_PREFETCH 128
+#endif
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+#if CUBRIDGE_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+#elif CUBRIDGE_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Wait until at most N of this thread's groups are still in flight.
