@@ -26,9 +26,10 @@ from .errors import UnsupportedSpec
 from .ir.bind import call_device
 from .ir.expr import Expr, call, const, dim
 from .ir.program import Program
-from .ir.prologue import computes_operands, operand_shapes
+from .ir.prologue import operand_length, operand_shapes
 from .transfer import symbolic_transfer
 from .transfer.generalize import generalize
+from .transfer.lengths import with_lengths
 from .verify.cpu import VerifyReport, verify_program
 
 
@@ -145,8 +146,9 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
     out = []
-    if not computes_operands(prog):  # sizes of a computed q/k/v are no argument's: held at the call's shape
-        gen, generic = generalize(fn, bound, prog, symbolic_transfer if used == "symbolic" else (lambda c: prog))
+    tied = with_lengths(prog, bound)  # a computed q/k/v whose length no argument dim gives: held at its shape
+    if tied is not None:
+        gen, generic = generalize(fn, bound, tied, symbolic_transfer if used == "symbolic" else (lambda c: tied))
         if generic:
             build_early(gen, bound)
             out.append((_held(fn, bound, gen, True), True))
@@ -185,14 +187,15 @@ def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Pr
 
 def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool) -> tuple[Expr, ...]:
     """When the program holds: the spec's size decisions, pinned sizes, its Python arguments."""
-    q_seq = (prog.q.arg, prog.q.dims.index("s"))
-    k_seq = (prog.k.arg, prog.k.dims.index("s"))
-    sizes = size_guards(fn, bound, (q_seq, k_seq)) if generic else None
+    seq = [length_of(op) for op in (prog.q, prog.k, prog.v)]
+    moving = tuple(s[:2] for s in seq if s is not None) + tuple(
+        pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in op.length[3])
+    sizes = size_guards(fn, bound, moving) if generic and None not in seq else None
     if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
         sizes = pin_all(bound)
-    elif _size(bound, q_seq) == _size(bound, k_seq):
+    elif operand_length(prog.q, bound) == operand_length(prog.k, bound):
         # generalisation fitted scalars in Sq alone when the example was square
-        sizes += (call("eq", dim(*q_seq), dim(*k_seq)),)
+        sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
     if generic and prog.prologue:
         sizes += _unmoved(prog, bound)
     if generic:
@@ -223,9 +226,14 @@ def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
                  for d, n in enumerate(t.shape) if moved[path].shape[d] == n)
 
 
-def _size(bound: dict[str, Any], where: tuple[str, int]) -> int:
-    from .ir.bind import lookup
-    return int(lookup(bound, where[0]).shape[where[1]])
+def length_of(op: Any) -> tuple[str, int, int] | None:
+    """(path, dim, offset): the argument dim an operand's length is, plus offset; None: held."""
+    return (op.arg, op.dims.index("s"), 0) if op.step is None else op.length[:3] if op.length else None
+
+
+def _length_expr(seq: tuple[str, int, int]) -> Expr:
+    path, d, off = seq
+    return call("add", dim(path, d), const(off)) if off else dim(path, d)
 
 
 def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:

@@ -81,6 +81,17 @@ def _fakes(bound: dict[str, Any], paths: list[str], env: ShapeEnv, mode: FakeTen
     return fakes, owner
 
 
+def symbolic_fakes(tensors: dict[str, torch.Tensor]) -> tuple[ShapeEnv, FakeTensorMode, dict[str, torch.Tensor],
+                                                                dict[sympy.Symbol, tuple[str, int]]]:
+    """Fakes of `tensors` whose every size is its own symbol: (shape env, mode, fakes by path,
+    symbol -> (path, dim))."""
+    env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    paths = list(tensors)
+    fakes, owner = _fakes(tensors, paths, env, mode)
+    return env, mode, dict(zip(paths, fakes)), owner
+
+
 def _value_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
     """Symbols of sizes that reach an aten op as a scalar value (not a shape list)."""
     out: set[sympy.Symbol] = set()

@@ -12,7 +12,11 @@ def format_program(p: Program) -> str:
     lines = [f"cuir.program({', '.join(p.signature)})"]
     for name in ("q", "k", "v"):
         op = getattr(p, name)
-        lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]")
+        n = ""
+        if op.length is not None:
+            path, d, off = op.length[:3]
+            n = f"  length {path}.shape[{d}]" + (f" {'+' if off >= 0 else '-'} {abs(off)}" if off else "")
+        lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]{n}")
     lines.append("  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
     for st in p.prologue:
         lines.append(f"  torch  {st.name} = {st.op}{_args(st)}")

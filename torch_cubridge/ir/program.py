@@ -27,11 +27,15 @@ class Operand:
 
     dims uses "b", "h", "s", "d"; a rank-3 operand has no "b" (batch 1) or no "h" (one head, MQA). A computed operand (RoPE or a
     norm applied in the spec, keys concatenated from several sources) is made by prologue step
-    `step`; its arg then reads "prologue:<step>".
+    `step`; its arg then reads "prologue:<step>". Its length: argument `length[0]`'s dim `length[1]`
+    plus `length[2]` (keys a cache holds plus the new ones), where the prologue's run over symbolic
+    sizes shows it is (transfer/lengths.py); `length[3]`: every (argument, dim) that moves with it.
+    None holds a computed operand at its shape.
     """
     arg: str
     dims: tuple[str, ...]
     step: str | None = None
+    length: tuple | None = None
 
 
 @dataclass(frozen=True)

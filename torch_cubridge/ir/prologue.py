@@ -68,13 +68,16 @@ def _lists(x: Any) -> Any:
 
 
 def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device,
-              sizes: dict[str, int] | None = None) -> dict[str, Any]:
+              sizes: dict[str, int] | None = None, rewrite: Any = None) -> dict[str, Any]:
     """Every step's result by name. Tensors read from the call stay where they are; made ones go
-    on `device` (the query's). sizes: Sq and Skv, for literals fitted to them."""
+    on `device` (the query's). sizes: Sq and Skv, for literals fitted to them. rewrite(op, args):
+    the arguments a step runs with instead (transfer/lengths.py's symbolic run)."""
     done: dict[str, Any] = {}
     sizes = sizes or {}
     for s in steps:  # under the caller's grad mode: a result that needs a backward says so
         args = [_decode(a, bound, done, device, sizes) for a in s.args]
+        if rewrite is not None:
+            args = rewrite(s.op, args)
         kwargs = {k: _decode(v, bound, done, device, sizes) for k, v in s.kwargs}
         fn = resolve_op(s.op)
         done[s.name] = args[0][args[1]] if fn is None else fn(*args, **kwargs)
@@ -109,11 +112,44 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
 
 
 def _lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
-    """Sq and Skv of a call whose q and k are arguments (a program computing them is held at one shape)."""
-    if computes_operands(p):
-        return {}
-    q, k = lookup(bound, p.q.arg), lookup(bound, p.k.arg)
-    return {"Sq": int(q.shape[p.q.dims.index("s")]), "Skv": int(k.shape[p.k.dims.index("s")])}
+    """Sq and Skv of a call, read from its arguments: an operand's own, or for a computed one the
+    argument dim its length follows (`Operand.length`); {} where one has neither (held at one shape)."""
+    out = {}
+    for name, op in (("Sq", p.q), ("Skv", p.k)):
+        n = operand_length(op, bound)
+        if n is None:
+            return {}
+        out[name] = n
+    return out
+
+
+def operand_length(op: Any, bound: dict[str, Any]) -> int | None:
+    """The sequence length of operand `op` in this call, from its arguments' sizes alone; None for a
+    computed operand held at its shape."""
+    if op.step is None:
+        return int(lookup(bound, op.arg).shape[op.dims.index("s")])
+    if op.length is None:
+        return None
+    path, d, off = op.length[:3]
+    return int(lookup(bound, path).shape[d]) + off
+
+
+def operand_inputs(p: Program) -> set[str]:
+    """Paths of the arguments the prologue reads to compute q, k or v."""
+    made = {op.step for op in (p.q, p.k, p.v) if op.step}
+    if not made:
+        return set()
+    steps = needed_steps(p.prologue, made)
+    return {x[1] for st in steps for x in _arg_refs((st.args, st.kwargs))}
+
+
+def _arg_refs(x: Any):
+    if isinstance(x, tuple):
+        if len(x) == 2 and x[0] == "@arg":
+            yield x
+        else:
+            for i in x:
+                yield from _arg_refs(i)
 
 
 def computes_operands(p: Program) -> bool:

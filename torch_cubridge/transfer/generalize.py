@@ -110,7 +110,11 @@ def _probes(fn: Callable, example: dict[str, Any], prog: Program, transfer_fn: C
         try:
             for sizes in family:
                 bound = make_inputs(prog, example, sizes, seed=7, values=False)  # capture reads shapes only
-                progs.append((sizes, transfer_fn(capture(fn, bound))))
+                probe = transfer_fn(capture(fn, bound))
+                got = example_sizes(probe, bound)
+                if (got["Sq"], got["Skv"]) != (sizes["Sq"], sizes["Skv"]):  # a length rule that does not hold
+                    return None
+                progs.append((sizes, probe))
         except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
             continue
         return progs if all(_size_free(p) == _size_free(prog) for _, p in progs) else None
@@ -126,7 +130,8 @@ def _multiples(ex: dict[str, int]) -> list[dict[str, int]]:
 def _size_free(p: Program) -> Program:
     """The structure with the prologue's integer literals blanked: probes may move those."""
     steps = tuple(replace(st, args=_blank(st.args), kwargs=_blank(st.kwargs)) for st in p.prologue)
-    return replace(p.structure(), prologue=steps)
+    ops = {r: replace(getattr(p, r), length=None) for r in ("q", "k", "v")}  # probes' programs have no rules
+    return replace(p.structure(), prologue=steps, **ops)
 
 
 def _blank(x: Any) -> Any:

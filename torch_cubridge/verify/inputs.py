@@ -15,6 +15,7 @@ import torch
 
 from ..ir.expr import walk
 from ..ir.program import Operand, Program
+from ..ir.prologue import operand_inputs
 
 _FOLLOW = {"b": "B", "h": "H", "q": "Sq", "kv": "Skv"}
 
@@ -173,6 +174,8 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
             continue
     loaded = {x.arg: x.name for x in p.extras if x.arg is not None}
     ex_sizes = example_sizes(p, example)
+    lengths = length_dims(p, sizes)
+    fed = operand_inputs(p) if lengths else set()
     for path, ex in example.items():
         if not isinstance(ex, torch.Tensor) or path in (p.q.arg, p.k.arg, p.v.arg):
             continue
@@ -184,6 +187,8 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         # sequence (a causal mask of the model's context, sliced by the spec) keeps its length
         follow = {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
         shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
+        if path in fed:  # an input of a computed operand: only the dims its length rule moves
+            shape = tuple(lengths.get(path, {}).get(i, n) for i, n in enumerate(ex.shape))
         if not values:
             out[path] = torch.empty(shape, dtype=ex.dtype)
             continue
@@ -191,6 +196,23 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         axes = {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
         if pattern is not None and "Sq" in axes and "Skv" in axes and _is_mask_family(ex):
             out[path] = structured_mask(out[path], axes["Sq"], axes["Skv"], pattern)
+    return out
+
+
+def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
+    """path -> {dim: size} for the argument dims computed operands' lengths follow (Operand.length),
+    at target lengths `sizes`. ValueError where a target is too short for the constant part (a cache
+    of no keys cannot make fewer keys than the new ones)."""
+    out: dict[str, dict[int, int]] = {}
+    for name, op in (("Sq", p.q), ("Skv", p.k), ("Skv", p.v)):
+        if op.step is None or op.length is None:
+            continue
+        path, d, off, moved = op.length
+        n = sizes[name] - off
+        if n < 1:
+            raise ValueError(f"{name}={sizes[name]} is below what this program's operand can have ({off + 1})")
+        for mp, md in moved or ((path, d),):
+            out.setdefault(mp, {})[md] = n
     return out
 
 
@@ -210,7 +232,11 @@ def within_guards(p: Program, example: dict[str, Any], sizes: dict[str, int]) ->
     if not p.guards:
         return True
     from ..ir.guards import bound_failing
-    return bound_failing(p.guards, make_inputs(p, example, sizes, seed=0, values=False)) is None
+    try:
+        bound = make_inputs(p, example, sizes, seed=0, values=False)
+    except ValueError:  # no inputs make these lengths (length_dims)
+        return False
+    return bound_failing(p.guards, bound) is None
 
 
 def _guess_follow(ex: torch.Tensor, sizes: dict[str, int]) -> list[str | None]:

@@ -1,0 +1,75 @@
+"""Programs whose q, k or v the prologue computes are generic in the lengths where an argument dim
+gives them (transfer/lengths.py): a KV cache concatenated inside the spec serves every cache length
+from one capture, where before each decode step captured, transferred and verified again."""
+import torch
+
+import torch_cubridge as tc
+import torch_cubridge.pipeline as pipeline
+from helpers import first, rel_err, to64
+from zoo import PROLOGUE, kv_cache_concat, memory_kv, qkv
+
+ROPE = next(c for c in PROLOGUE if c.name == "rope_in_spec")
+
+
+def _cache(B: int, H: int, cached: int, new: int, D: int) -> tuple:
+    q, kn, vn = (torch.randn(B, H, new, D) for _ in range(3))
+    return q, kn, vn, torch.randn(B, H, cached, D), torch.randn(B, H, cached, D)
+
+
+def _held(prog) -> set[str]:
+    return {n for n, _ in prog.requires}
+
+
+def test_cache_concatenated_in_the_spec_is_generic_in_its_length():
+    prog = tc.transfer(kv_cache_concat, *_cache(1, 4, 60, 1, 32))
+    assert prog.k.length[:3] == ("k_cache", 2, 1) and prog.v.length[:3] == ("v_cache", 2, 1)
+    assert "Skv" not in _held(prog)
+    for n in (61, 100, 7):  # the bottom-right causal offset (Skv - Sq) follows the cache
+        args = _cache(1, 4, n, 1, 32)
+        assert rel_err(first(prog.run(*args)), kv_cache_concat(*to64(args))) < 1e-5
+    # several new tokens (speculative decoding): the new keys' count is held, the cache's is free
+    prog4 = tc.transfer(kv_cache_concat, *_cache(2, 4, 50, 4, 32))
+    assert prog4.k.length[:3] == ("k_cache", 2, 4) and "Skv" not in _held(prog4)
+    args = _cache(2, 4, 77, 4, 32)
+    assert rel_err(first(prog4.run(*args)), kv_cache_concat(*to64(args))) < 1e-5
+
+
+def test_a_decode_loop_over_a_growing_cache_captures_once(monkeypatch):
+    f = tc.compile(kv_cache_concat, fallback="silent")
+    f(*_cache(1, 4, 60, 1, 32))
+    calls = []
+    real = pipeline.capture
+    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for n in range(61, 66):
+        args = _cache(1, 4, n, 1, 32)
+        assert rel_err(f(*args), kv_cache_concat(*to64(args))) < 1e-5
+    assert calls == []  # a table hit under the guards, not a capture per step
+
+
+def test_memory_keys_keep_their_own_count_when_lengths_move():
+    """x-transformers' memory key/values: the memory's 4 keys stay 4, the sequence's own keys move.
+    S = D here on purpose: a head dim equal to the length must not be taken for a length."""
+    mem_k, mem_v = torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32)
+    prog = tc.transfer(memory_kv, *qkv(2, 2, 2, 32, 32, 32, torch.float32), mem_k, mem_v)
+    assert prog.k.length[:3] == ("k", 2, 4) and "Skv" not in _held(prog) and "Sq" not in _held(prog)
+    for S in (9, 50):
+        args = qkv(2, 2, 2, S, S, 32, torch.float32) + (mem_k, mem_v)
+        assert rel_err(first(prog.run(*args)), memory_kv(*to64(args))) < 1e-5
+
+
+def test_rope_tables_move_with_the_queries():
+    """RoPE applied inside the spec from cos/sin tables of the sequence's length: the prologue's own
+    broadcast ties the tables' length to q's and k's, so all four move together."""
+    prog = tc.transfer(ROPE.fn, *ROPE.make(1, 2, 2, 40, 32, torch.float32))
+    moved = set(prog.k.length[3])
+    assert {("q", 2), ("k", 2), ("cos", 0), ("sin", 0)} <= moved, moved
+    assert "Sq" not in _held(prog)
+    args = ROPE.make(1, 2, 2, 23, 32, torch.float32)
+    assert rel_err(first(prog.run(*args)), first(ROPE.fn(*to64(args)))) < 1e-5
+
+
+def test_a_fixed_latent_query_stays_held_at_its_shape():
+    """A learned latent query has no argument dim for its length: that program keeps its shape."""
+    case = next(c for c in PROLOGUE if c.name == "perceiver_latents")
+    prog = tc.transfer(case.fn, *case.make(2, 2, 2, 30, 16, torch.float32))
+    assert prog.q.length is None and {"Sq", "Skv"} <= _held(prog)

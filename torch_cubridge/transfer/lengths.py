@@ -1,0 +1,98 @@
+"""Where a computed operand's length comes from.
+
+A program whose q, k or v the prologue computes (a KV cache concatenated with the new keys, memory
+key/values prepended, RoPE applied inside the spec) has operand lengths that are no argument's
+size, so generalisation had no argument to move and held such a program at its call's shape: a
+decode loop over a growing cache captured again at every step. Here the prologue runs once more
+over fake tensors whose every size is a symbol (torch's ShapeEnv), so each operand's length comes
+out as an expression in argument sizes, `s_cache + 1` for a cache plus one new key. Where it is one
+argument dim plus a constant, the operand records that (`Operand.length`), and generalisation,
+verification's redrawn inputs and the guards then move that dim as they move an argument's length.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import sympy
+import torch
+
+from ..capture.guards import symbolic_fakes
+from ..ir.bind import call_device, lookup
+from ..ir.program import Program
+from ..ir.prologue import needed_steps, operand_inputs, run_steps
+
+
+def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
+    """`p` with the length of each computed operand tied to an argument dim; None where some computed
+    operand's length is not one argument dim plus a constant (a fixed latent query, a gather)."""
+    computed = [(r, op) for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step]
+    if not computed:
+        return p
+    steps = needed_steps(p.prologue, {op.step for _, op in computed})
+    paths = sorted(operand_inputs(p))
+    tensors = {}
+    for path in paths:
+        t = lookup(bound, path)
+        if isinstance(t, torch.Tensor):
+            tensors[path] = t
+    try:
+        env, mode, fakes, owner = symbolic_fakes(tensors)
+        with mode:
+            done = run_steps(steps, {**bound, **fakes}, call_device(bound), rewrite=_same_size)
+    except Exception:  # an op symbolic sizes cannot run: held at its shape
+        return None
+    out = {}
+    for role, op in computed:
+        n = done[op.step].shape[op.dims.index("s")]
+        rule = _rule(n, env, owner, bound)
+        if rule is None:
+            return None
+        out[role] = replace(op, length=rule)
+    return replace(p, **out)
+
+
+def _same_size(op: str, args: list) -> list:
+    """An expand's literal sizes equal to its input's (a matmul's broadcast, captured at the call's
+    sizes) as -1: the same expand, but one that does not fix the symbolic length to the literal."""
+    if op != "aten.expand.default" or len(args) < 2 or not isinstance(args[0], torch.Tensor):
+        return args
+    x, new = args[0], list(args[1])
+    lead = len(new) - x.dim()
+    for i, n in enumerate(new):
+        j = i - lead
+        if j >= 0 and type(n) is int and n == _hint(x.shape[j]):
+            new[i] = -1
+    return [x, new] + list(args[2:])
+
+
+def _hint(n: Any) -> int | None:
+    if isinstance(n, torch.SymInt):
+        return n.node.hint
+    return int(n)
+
+
+def _rule(n: Any, env: Any, owner: dict, bound: dict[str, Any]) -> tuple | None:
+    """(path, dim, offset) with length = that dim + offset: the expression's symbol of the largest
+    example size among those with coefficient 1, the others at their example values."""
+    if not isinstance(n, torch.SymInt):
+        return None
+    expr = env.replace(n.node.expr)
+    values = {s: int(lookup(bound, owner[s][0]).shape[owner[s][1]]) for s in expr.free_symbols if s in owner}
+    if len(values) != len(expr.free_symbols):
+        return None
+    # only a top-level argument can be redrawn at another size (a module's own tensor keeps its own)
+    free = [s for s in values if owner[s][0] in bound and sympy.diff(expr, s) == 1]
+    if not free:
+        return None
+    s = max(free, key=lambda x: values[x])
+    rest = expr.subs(values)
+    if not rest.is_Integer:
+        return None
+    path, d = owner[s]
+    # every argument dim the prologue's own checks made equal to it (RoPE's table and the keys) moves too
+    moved = tuple(sorted(pd for x, pd in owner.items() if env.replace(x) == s and pd[0] in bound))
+    if any(pd[0] not in bound for x, pd in owner.items() if env.replace(x) == s):
+        return None  # a module's own tensor that would have to move
+    return path, d, int(rest) - values[s], moved
+
