@@ -74,4 +74,4 @@ def test_value_pages_of_their_own_head_dim_lower_to_the_paged_decode_kernel(D, D
     res = transfer_stage(ps.flash_slots_first, bound)
     assert res.report.ok and paged_operands(res.program, bound) is not None
     src = lower(res.program, "sm_90a", "bfloat16", D, decode=True, value_dim=DV, paged=True).source
-    assert f"DecodeTile<{D}, {DV}" in src and "attention_decode<Cfg, Variant, __nv_bfloat16, true>" in src
+    assert f"DecodeTile<{D}, {DV}" in src and "attention_decode<Cfg, Variant, __nv_bfloat16, true, cubridge::PagedKV>" in src

@@ -270,10 +270,10 @@ def build_early(prog: Program, bound: dict[str, Any]) -> None:
         from .lower import lower
         from .ops.kernel import kernel_key, load_kernel
         from .ops.runner import arch_for
-        dtype, head_dim, value_dim, decode, paged = kernel_choice(prog, bound)
+        dtype, head_dim, value_dim, decode, reads = kernel_choice(prog, bound)
         arch = arch_for(call_device(bound))
         low = lower(prog, arch, dtype, head_dim, fast_tanh=True, decode=decode, value_dim=value_dim,
-                    paged=paged is not None)
+                    **_read_kind(reads))
         key = kernel_key(low, arch)
         with _early_lock:
             if key in _early:
@@ -315,18 +315,18 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .ops.runner import KernelRunner, arch_for
     from .verify.gpu import gpu_cases, verify_kernel
     p = res.program
-    dtype, head_dim, value_dim, decode, paged = kernel_choice(p, bound)
+    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound)
     device = call_device(bound)
     arch = arch_for(device)
     last = None
     for fast in (True, False):
         low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
-                    paged=paged is not None)
+                    **_read_kind(reads))
         # while NVRTC still builds it (a new kernel, so no GPU verdict is on record): the references
         cases = gpu_cases(fn, p, bound, getattr(torch, dtype), device) if _building(low, arch) else None
         kern, info, aux = _load(low, arch)
         info["program"] = res.key
-        runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim, paged)
+        runner = KernelRunner(p, low, kern, head_dim, info, aux, value_dim, **_readers(reads))
         gpu = _device_id(device)
         cubin = info["key"] + ":" + info["sha256"]  # the verdict holds for this binary
         known = verdicts.gpu_verdict(cubin, res.key, gpu)
@@ -355,10 +355,11 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
 
 def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, bool, Any]:
     """(the dtype the kernel computes in, head dim of Q and K, head dim of V, whether the decode kernel
-    serves, how it reads paged K and V in place or None) for a call; refuses what no kernel takes (a
-    head dim none takes is refused at lowering). Paged reads hold at the call's shapes: a program with
-    computed operands is guarded to them."""
+    serves, how it reads K and V in place: paged (ir/paged.py), as the pieces the spec concatenates
+    (ir/segments.py), or None) for a call; refuses what no kernel takes (a head dim none takes is refused
+    at lowering). Paged reads hold at the call's shapes: their program is guarded to them."""
     from .ir.paged import paged_operands
+    from .ir.segments import segment_operands
     from .lower.source import decode_refusal
     from .lower.tiles import decode_call
     from .ops.runner import DTYPES
@@ -370,10 +371,23 @@ def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, boo
     dv = ops["v"].shape[p.v.dims.index("d")]
     # calls with few queries get the split-KV decode kernel where it takes the program
     decode = decode_call(q.shape[p.q.dims.index("s")]) and decode_refusal(p, head_dim, dv) is None
-    paged = paged_operands(p, bound) if decode else None
-    if paged is not None and decode_refusal(p, head_dim, dv, paged=True) is not None:
-        paged = None  # the prologue gathers the pages, and the plain decode kernel serves
-    return DTYPES[q.dtype], head_dim, dv, decode, paged
+    reads: Any = None
+    if decode and decode_refusal(p, head_dim, dv, paged=True) is None:  # else the prologue gathers or joins
+        reads = paged_operands(p, bound) or segment_operands(p)
+    return DTYPES[q.dtype], head_dim, dv, decode, reads
+
+
+def _read_kind(reads: Any) -> dict[str, bool]:
+    """lower()'s flags for how the decode kernel reads K and V in place (kernel_choice's `reads`)."""
+    from .ir.segments import KVSegments
+    return {"paged": isinstance(reads, tuple), "segmented": isinstance(reads, KVSegments)}
+
+
+def _readers(reads: Any) -> dict[str, Any]:
+    """KernelRunner's paged reads or K/V pieces (kernel_choice's `reads`)."""
+    from .ir.segments import KVSegments
+    return {"paged": reads if isinstance(reads, tuple) else None,
+            "segments": reads if isinstance(reads, KVSegments) else None}
 
 
 def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None]) -> list[dict]:
@@ -385,11 +399,11 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     progress("capture, transfer and CPU verification")
     res = transfer_stage(fn, bound)
     p = res.program
-    dtype, head_dim, value_dim, decode, paged = kernel_choice(p, bound)  # as a serving process chooses
+    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound)  # as a serving process chooses
     out = []
     for fast in (True, False):  # the variants a serving process may try, in its order
         low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
-                    paged=paged is not None)
+                    **_read_kind(reads))
         dims = f"head dim {head_dim}" + (f", value head dim {value_dim}" if value_dim != head_dim else "")
         progress(f"building {low.kernel} for {arch} ({dims}{', decode' if decode else ''})")
         _, info, _ = load_kernel(low, arch)  # builds into the cache; nothing is loaded on a GPU

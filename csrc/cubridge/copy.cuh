@@ -84,4 +84,20 @@ __device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, 
   }
 }
 
+// The same rows of an operand whose rows lie anywhere: `row_at(row)` is where row `row` starts (K/V
+// kept as several pieces one after another, decode_kernel.cuh's SegKV).
+template <int ROWS, int D, int LDS, int NTHREADS, class T, class RowAt>
+__device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_at, int row0, int nrows, int tid) {
+  constexpr int kChunks = D / 8;
+  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
+  const unsigned s0 = smem_u32(s);
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+    const int idx = tid + i * NTHREADS;
+    const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
+    const bool ok = row < nrows;
+    cp_async16(s0 + (r * LDS + c * 8) * 2, ok ? row_at(row) + c * 8 : fallback, ok);
+  }
+}
+
 }  // namespace cubridge

@@ -37,6 +37,7 @@ namespace cubridge {
 // sequence b is row s % page of page table[b, s / page]. FwdArgs' k/v then point at the pages, with
 // k_sh/v_sh the pages' head stride and k_ss/v_ss the row stride within a page (k_sb/v_sb unused).
 struct PagedKV {
+  static constexpr bool kSegmented = false;
   const void* k_table;  // [B, pages per sequence], int32 or int64
   const void* v_table;
   long long kt_sb, kt_sp, vt_sb, vt_sp;  // table strides: sequence, page
@@ -46,6 +47,37 @@ struct PagedKV {
   long long page_shift;                  // log2(page) where page is a power of two, else -1
   long long table64;                     // 1: the tables are int64
 };
+
+// K and V kept as up to kMax pieces one after another along the keys (a KV cache and the new keys
+// concatenated inside the spec, memory key/values before the sequence's), read where they lie where the
+// kernel is built segmented: key s lies in the first piece whose cumulative end exceeds it, at row
+// s - (the previous end). Each piece has its own strides (a batch stride of 0: one piece for every
+// sequence). Pieces past the last have the last's end, so no key falls in them.
+struct SegKV {
+  static constexpr bool kSegmented = true;
+  static constexpr int kMax = 4;
+  const void* k[kMax];
+  const void* v[kMax];
+  long long k_sb[kMax], k_sh[kMax], k_ss[kMax];
+  long long v_sb[kMax], v_sh[kMax], v_ss[kMax];
+  long long k_end[kMax], v_end[kMax];
+};
+
+// Where key `row` of one (sequence, KV head) starts among the pieces; base[i]: piece i at (b, head).
+template <class T>
+__device__ __forceinline__ const T* segment_row(const T* const (&base)[SegKV::kMax], const long long* end,
+                                                const long long* ss, int row) {
+  const T* p = base[0];
+  long long lo = 0, st = ss[0];
+#pragma unroll
+  for (int i = 1; i < SegKV::kMax; ++i)
+    if (row >= end[i - 1]) {
+      p = base[i];
+      lo = end[i - 1];
+      st = ss[i];
+    }
+  return p + (row - lo) * st;
+}
 
 // A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
 // buffer: an entry the spec itself would reject must not become a wild read.
@@ -119,16 +151,17 @@ __device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Var
                                             const float* part_o, const float* part_lse, int n_split,
                                             float factor, long long row, int lane);
 
-template <class Cfg, class Variant, class T, bool kPaged = false>
+template <class Cfg, class Variant, class T, bool kPaged = false, class KV = PagedKV>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
                                                  float* part_o, float* part_lse, int* counters, int chunk,
-                                                 const PagedKV& pg) {
+                                                 const KV& pg) {
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, R = Cfg::kRows, BN = Cfg::kBlockN;
   constexpr int LDS = Cfg::kSmemLd, LDSV = Cfg::kSmemLdV;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
   constexpr int KC = D / 16, DT = DV / 8;  // k steps of Q.K; 8-column tiles of O
   constexpr bool kRaw = score_is_default<Variant>(0);
-  static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V unpaged");
+  constexpr bool kSeg = KV::kSegmented;
+  static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
 
@@ -154,6 +187,15 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
   const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
   const int j0 = kv_begin / BN, j1 = (kv_end + BN - 1) / BN;
+  const T* seg_k[SegKV::kMax];  // each piece at (b, hk), where K and V are pieces (unused otherwise)
+  const T* seg_v[SegKV::kMax];
+  if constexpr (kSeg) {
+#pragma unroll
+    for (int i = 0; i < SegKV::kMax; ++i) {
+      seg_k[i] = static_cast<const T*>(pg.k[i]) + b * pg.k_sb[i] + hk * pg.k_sh[i];
+      seg_v[i] = static_cast<const T*>(pg.v[i]) + b * pg.v_sb[i] + hk * pg.v_sh[i];
+    }
+  }
 
   // The tile's class for keys [kv_lo, kv_hi): every query head of the tile over all Sq queries
   // (a superset of its rows: empty and full stay sound).
@@ -173,6 +215,11 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     const bool ok = pf < j1;
     if constexpr (kPaged) {
       if (ok) load_kv_paged<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
+    } else if constexpr (kSeg) {
+      auto k_at = [&](int row) { return segment_row<T>(seg_k, pg.k_end, pg.k_ss, row); };
+      auto v_at = [&](int row) { return segment_row<T>(seg_v, pg.v_end, pg.v_ss, row); };
+      if (ok) load_tile_at<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k[0], k_at, pf * BN, kv_end, tid);
+      if (ok) load_tile_at<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v[0], v_at, pf * BN, kv_end, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
@@ -334,7 +381,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     val.y = pack2<T>(acc[c + 2] * o_scale, acc[c + 3] * o_scale);
     val.z = pack2<T>(acc[c + 4] * o_scale, acc[c + 5] * o_scale);
     val.w = pack2<T>(acc[c + 6] * o_scale, acc[c + 7] * o_scale);
-    if (!kPaged && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
+    if (!kPaged && !kSeg && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
     *reinterpret_cast<uint4*>(gO + c) = val;
   }
   // @cuir store tensor=lse when=requested

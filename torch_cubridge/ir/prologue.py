@@ -99,13 +99,14 @@ def needed_steps(steps: tuple[Step, ...], names: set[str]) -> tuple[Step, ...]:
 
 
 def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
-                 in_place: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+                 in_place: tuple[str, ...] = (), also: set[str] | frozenset = frozenset()) -> dict[str, torch.Tensor]:
     """The results the program reads (computed operands, extra tensors), by step name, on `device`.
-    in_place: operands ("k", "v") the kernel reads where they lie (paged KV), so not computed."""
+    in_place: operands ("k", "v") the kernel reads where they lie (paged KV, pieces), so not computed;
+    also: more steps to return (the pieces of a concatenated K and V)."""
     if not p.prologue:
         return {}
     used = [op.step for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step and r not in in_place] + \
-        [x.step for x in p.extras if x.step]
+        [x.step for x in p.extras if x.step] + sorted(also)
     steps = needed_steps(p.prologue, set(used)) if in_place else p.prologue
     done = run_steps(steps, bound, device, _lengths(p, bound))
     return {s: done[s].to(device) for s in used}

@@ -27,17 +27,19 @@ class Lowered:
     fast_tanh: bool
     prepass: str | None = None  # kernel name of the block-class pre-pass, when the mask reads data
     paged: bool = False         # decode: K and V read in place from pages through a block table (ir/paged.py)
+    segmented: bool = False     # decode: K and V read in place as the pieces the spec concatenates (ir/segments.py)
 
 
-def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
+def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bool = False) -> list[str]:
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
+        kv = "cubridge::SegKV" if segmented else "cubridge::PagedKV"
         return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.dv}, {tile.stages}>;",
                 f'extern "C" __global__ void __launch_bounds__({tile.threads})',
                 f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
-                "int* counters, long long chunk, cubridge::PagedKV pg) {",
-                f"  cubridge::attention_decode<Cfg, Variant, {t}, {str(paged).lower()}>(a, p, part_o, part_lse, "
-                "counters, (int)chunk, pg);",
+                f"int* counters, long long chunk, {kv} pg) {{",
+                f"  cubridge::attention_decode<Cfg, Variant, {t}, {str(paged).lower()}, {kv}>(a, p, part_o, "
+                "part_lse, counters, (int)chunk, pg);",
                 "}", ""]
     if tile.kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
@@ -56,28 +58,29 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False) -> list[str]:
 
 
 def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
-    """Why the decode kernel cannot serve this program at these head dims; None when it can."""
+    """Why the decode kernel cannot serve this program at these head dims; None when it can. paged: K
+    and V read in place (pages or pieces)."""
     dv = value_dim_of(head_dim, value_dim)
     for d in (head_dim, dv):
         if not decode_head_dim(d):
             return f"the decode kernel takes head dims in steps of 16 up to 256, not {d}"
     if paged and p.empty_rows == "mean_v":
-        return "rows with every key masked take the mean of V, which the paged decode kernel does not read"
+        return "rows with every key masked take the mean of V, which the decode kernel reads in one piece only"
     return None
 
 
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
           fast_tanh: bool = True, decode: bool = False, value_dim: int | None = None,
-          paged: bool = False) -> Lowered:
+          paged: bool = False, segmented: bool = False) -> Lowered:
     """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel.
     `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that).
     `paged`: the decode kernel reads K and V from pages through block tables (ir/paged.py)."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
-    if paged and not decode:
-        raise UnsupportedSpec("paged K and V are read in place only by the decode kernel", op="lower")
-    why = decode_refusal(p, head_dim, value_dim, paged) if decode else None
+    if (paged or segmented) and not decode:
+        raise UnsupportedSpec("K and V are read in place (pages, pieces) only by the decode kernel", op="lower")
+    why = decode_refusal(p, head_dim, value_dim, paged or segmented) if decode else None
     if why:
         raise UnsupportedSpec(why, op="lower")
     if decode and p.block_rule == "prepass":
@@ -113,6 +116,6 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         "",
         variant,
         "",
-    ] + _entry(tile, head_dim, t, paged) + prepass)
+    ] + _entry(tile, head_dim, t, paged, segmented) + prepass)
     return Lowered(src, DECODE_NAME if decode else KERNEL_NAME, tile, tuple(fields), scale, dtype, fast,
-                   PREPASS_NAME if prepass else None, paged)
+                   PREPASS_NAME if prepass else None, paged, segmented)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..ir.segments import MAX_PIECES
 from ..lower.variant import ParamField
 
 # FwdArgs: 5 pointers, 12 strides, 5 sizes, 1 double (csrc/cubridge/variant.cuh)
@@ -15,6 +16,9 @@ FWD_FORMAT = struct.Struct("<5Q12q5qd")
 # PagedKV: 2 table pointers, 11 integers (csrc/cubridge/decode_kernel.cuh); all zero where unpaged
 PAGED_FORMAT = struct.Struct("<2Q11q")
 NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
+# SegKV: K's and V's piece pointers, their b/h/s strides, their cumulative ends (decode_kernel.cuh)
+SEG_PIECES = MAX_PIECES
+SEG_FORMAT = struct.Struct(f"<{2 * SEG_PIECES}Q{8 * SEG_PIECES}q")
 
 
 def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple, v_st: tuple, o_st: tuple,

@@ -7,6 +7,7 @@ layout, pack arguments, launch on the current stream. No host sync.
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 from typing import Any
 
@@ -14,8 +15,9 @@ import torch
 
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values
+from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values, to_canonical
 from ..ir.paged import PagedRead
+from ..ir.segments import KVSegments
 from ..ir.expr import ROW_LSE, free_vars
 from ..ir.expr import scalars as scalars_of
 from ..ir.interpreter import index_env, row_factor
@@ -28,7 +30,7 @@ from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
-from .pack import NO_PAGES, PAGED_FORMAT, pack_fwd_raw, pack_params, params_format
+from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, params_format
 from .tma import no_broadcast, tensor_map
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
@@ -37,11 +39,12 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kern
 class KernelRunner:
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
                  aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None,
-                 paged: tuple[PagedRead, PagedRead] | None = None) -> None:
+                 paged: tuple[PagedRead, PagedRead] | None = None, segments: KVSegments | None = None) -> None:
         self.p = p
         self.paged = paged  # K and V read in place from pages (low.paged), not gathered by the prologue
-        if (paged is not None) != low.paged:
-            raise ValueError("a paged kernel needs its paged reads, and only it")
+        self.segments = segments  # K and V read in place as the pieces the spec concatenates (low.segmented)
+        if (paged is not None) != low.paged or (segments is not None) != low.segmented:
+            raise ValueError("a kernel that reads K and V in place needs its reads, and only it")
         self.low = low
         self.kernel = kernel
         self.aux = aux or {}  # helper kernels by role (kernel.load_kernel)
@@ -98,9 +101,42 @@ class KernelRunner:
             kv = self._pages(bound)
             return self._execute(operand_value(bound, p.q, made), kv[0], kv[1], self.plan.perms,
                                  self._extras(bound, made), bound, poison, paged=kv[2:])
+        if self.segments is not None:
+            made = run_prologue(p, bound, call_device(bound), in_place=("k", "v"), also=self.segments.steps())
+            piece = lambda x: made[x[1]] if x[0] == "@step" else lookup(bound, x[1])  # noqa: E731
+            kv = self._pieces([piece(x) for x in self.segments.k], [piece(x) for x in self.segments.v])
+            return self._execute(operand_value(bound, p.q, made), kv[0], kv[1], self.plan.perms,
+                                 self._extras(bound, made), bound, poison, paged=kv[2:])
         made = run_prologue(p, bound, call_device(bound)) if p.prologue else {}
         q, k, v = (operand_value(bound, op, made) for op in (p.q, p.k, p.v))
         return self._execute(q, k, v, self.plan.perms, self._extras(bound, made), bound, poison)
+
+    def _pieces(self, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> tuple:
+        """(K's first piece, V's, K's and V's canonical [B, Hkv, S, D] sizes and strides, the SegKV
+        words): key s lies in the piece whose span holds it (ir/segments.py). Pieces the kernel cannot
+        read where they lie (rows not 16-byte aligned, another dtype) are joined here, as the spec does."""
+        ck = [to_canonical(t, self.p.k) for t in ks]
+        cv = [to_canonical(t, self.p.v) for t in vs]
+        if not (self._readable(ck) and self._readable(cv)):
+            ck, cv = [torch.cat(ck, 2).contiguous()], [torch.cat(cv, 2).contiguous()]
+        n = SEG_PIECES
+        ends = lambda ts: list(itertools.accumulate(t.shape[2] for t in ts))  # noqa: E731
+        ke, ve = ends(ck), ends(cv)
+        pad = lambda xs, fill: xs + [fill] * (n - len(xs))  # noqa: E731
+        st = lambda ts, i: pad([t.stride(i) for t in ts], 0)  # noqa: E731
+        words = SEG_FORMAT.pack(*pad([t.data_ptr() for t in ck], ck[0].data_ptr()),
+                                *pad([t.data_ptr() for t in cv], cv[0].data_ptr()),
+                                *st(ck, 0), *st(ck, 1), *st(ck, 2), *st(cv, 0), *st(cv, 1), *st(cv, 2),
+                                *pad(ke, ke[-1]), *pad(ve, ve[-1]))
+        (B, H, _, D), (_, _, _, Dv) = ck[0].shape, cv[0].shape
+        return ck[0], cv[0], ((B, H, ke[-1], D), ck[0].stride()), ((B, cv[0].shape[1], ve[-1], Dv), cv[0].stride()), words
+
+    def _readable(self, ts: list[torch.Tensor]) -> bool:
+        """Pieces of one [B, Hkv, *, D] shape the decode kernel's 16-byte copies read where they lie."""
+        B, H, _, D = ts[0].shape
+        return all(t.shape[0] == B and t.shape[1] == H and t.shape[3] == D and t.dtype == self.dtype
+                   and t.device == ts[0].device and t.stride(3) == 1 and t.data_ptr() % 16 == 0
+                   and all(t.stride(i) % 8 == 0 for i in range(3)) for t in ts)
 
     def _pages(self, bound: dict[str, Any]) -> tuple:
         """(K pages, V pages, their canonical [B, Hkv, S, D] sizes and strides, the PagedKV words): key
@@ -139,7 +175,7 @@ class KernelRunner:
         """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
-        in_place = ("k", "v") if self.paged is not None else ()
+        in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
         made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
         q = operand_value(bound, self.p.q, made)
         ex = self._extras(bound, made)
@@ -166,6 +202,9 @@ class KernelRunner:
             (kr, vr), (kt, vt) = self.paged, extras[-2:]
             kv = self._pages({kr.pages: k, vr.pages: v, kr.table: kt, vr.table: vt})
             return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
+        if self.segments is not None:  # one piece each
+            kv = self._pieces([k], [v])
+            return self._execute(q, kv[0], kv[1], self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
         return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
 
     def _const(self, x: Any, dev: torch.device) -> torch.Tensor:
@@ -177,8 +216,8 @@ class KernelRunner:
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
                  bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None) -> Any:
-        """paged: K's and V's canonical sizes and strides over their pages and the PagedKV words (k and
-        v are then the pages)."""
+        """paged: K's and V's canonical sizes and strides over their pages (or pieces) and the PagedKV (or
+        SegKV) words (k and v are then the pages, or the first pieces)."""
         p = self.p
         (B, H, Sq, D), qs = canon(q, perms[0])
         if paged is not None:
@@ -207,7 +246,7 @@ class KernelRunner:
             q, k, v = (t.contiguous() for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
-        hkv_spec = Hkv if paged is None else self.paged[0].heads  # the kernel packs paged heads its own way
+        hkv_spec = self.paged[0].heads if self.paged is not None else Hkv  # the kernel packs paged heads its own way
         if self._needs_sizes or self._scale_const is None:
             sizes = {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv, "D": D}
             for name, val in p.requires:
