@@ -79,6 +79,33 @@ __device__ __forceinline__ const T* segment_row(const T* const (&base)[SegKV::kM
   return p + (row - lo) * st;
 }
 
+// Rows [r0, r0 + BN) of one (sequence, KV head) from the pieces into a shared tile. A block that lies in
+// one piece (all but the block where two pieces meet) is that piece's plain strided copy; the other looks
+// up each row's piece.
+template <int BN, int D, int LDS, int NTH, class T>
+__device__ __forceinline__ void load_tile_pieces(T* s, const T* const (&base)[SegKV::kMax], const long long* end,
+                                                 const long long* ss, int r0, int nrows, int tid) {
+  const int last = imin(r0 + BN, nrows) - 1;
+  const T* p = base[0];
+  long long lo = 0, st = ss[0];
+  bool one = true;
+#pragma unroll
+  for (int i = 1; i < SegKV::kMax; ++i) {
+    if (r0 >= end[i - 1]) {
+      p = base[i];
+      lo = end[i - 1];
+      st = ss[i];
+    } else if (last >= end[i - 1]) {
+      one = false;
+    }
+  }
+  if (one) {
+    load_tile<BN, D, LDS, NTH>(s, p, st, static_cast<int>(r0 - lo), static_cast<int>(nrows - lo), tid);
+  } else {
+    load_tile_at<BN, D, LDS, NTH>(s, base[0], [&](int row) { return segment_row<T>(base, end, ss, row); }, r0, nrows, tid);
+  }
+}
+
 // A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
 // buffer: an entry the spec itself would reject must not become a wild read.
 __device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
@@ -216,10 +243,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     if constexpr (kPaged) {
       if (ok) load_kv_paged<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
     } else if constexpr (kSeg) {
-      auto k_at = [&](int row) { return segment_row<T>(seg_k, pg.k_end, pg.k_ss, row); };
-      auto v_at = [&](int row) { return segment_row<T>(seg_v, pg.v_end, pg.v_ss, row); };
-      if (ok) load_tile_at<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k[0], k_at, pf * BN, kv_end, tid);
-      if (ok) load_tile_at<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v[0], v_at, pf * BN, kv_end, tid);
+      if (ok) load_tile_pieces<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile_pieces<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
