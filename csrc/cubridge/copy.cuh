@@ -66,24 +66,6 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   }
 }
 
-// The same rows of an operand kept in pages: row s is row s % page of page page_of(s / page), pages
-// `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
-template <int ROWS, int D, int LDS, int NTHREADS, class T, class PageOf>
-__device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride, int page,
-                                                PageOf page_of, int row0, int nrows, int tid) {
-  constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
-  const unsigned s0 = smem_u32(s);
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
-    const int idx = tid + i * NTHREADS;
-    const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
-    const bool ok = row < nrows;
-    const T* src = ok ? g + page_of(row / page) * page_stride + static_cast<long long>(row % page) * ld + c * 8 : g;
-    cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
-  }
-}
-
 // The same rows of an operand whose rows lie anywhere: `row_at(row)` is where row `row` starts (K/V
 // kept as several pieces one after another, decode_kernel.cuh's SegKV).
 template <int ROWS, int D, int LDS, int NTHREADS, class T, class RowAt>
@@ -98,6 +80,15 @@ __device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_
     const bool ok = row < nrows;
     cp_async16(s0 + (r * LDS + c * 8) * 2, ok ? row_at(row) + c * 8 : fallback, ok);
   }
+}
+
+// The same rows of an operand kept in pages: row s is row s % page of page page_of(s / page), pages
+// `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
+template <int ROWS, int D, int LDS, int NTHREADS, class T, class PageOf>
+__device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride, int page,
+                                                PageOf page_of, int row0, int nrows, int tid) {
+  auto row_at = [&](int row) { return g + page_of(row / page) * page_stride + static_cast<long long>(row % page) * ld; };
+  load_tile_at<ROWS, D, LDS, NTHREADS>(s, g, row_at, row0, nrows, tid);
 }
 
 }  // namespace cubridge
