@@ -1,8 +1,10 @@
 """Programs whose q, k or v the prologue computes are generic in the lengths where an argument dim
 gives them (transfer/lengths.py): a KV cache concatenated inside the spec serves every cache length
 from one capture, where before each decode step captured, transferred and verified again."""
+import pytest
 import torch
 
+import paged_specs as ps
 import torch_cubridge as tc
 import torch_cubridge.pipeline as pipeline
 from helpers import first, rel_err, to64
@@ -73,3 +75,39 @@ def test_a_fixed_latent_query_stays_held_at_its_shape():
     case = next(c for c in PROLOGUE if c.name == "perceiver_latents")
     prog = tc.transfer(case.fn, *case.make(2, 2, 2, 30, 16, torch.float32))
     assert prog.q.length is None and {"Sq", "Skv"} <= _held(prog)
+
+
+def _widened(args: tuple, width: int) -> tuple:
+    """The same page pool, a block table `width` pages wide and lengths inside it."""
+    q, kp, vp, table, _ = args
+    B, P = table.shape[0], kp.shape[2]
+    t = torch.randint(0, kp.shape[0], (B, width), dtype=table.dtype)
+    return q, kp, vp, t, torch.randint(1, width * P + 1, (B,))
+
+
+def test_pages_through_a_block_table_are_generic_in_the_table_width():
+    """Key length = table width x page size: the width moves (the table is the small argument), the
+    page size and the pool stay pinned, and every width is one program."""
+    args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32)
+    prog = tc.transfer(ps.vllm_heads_first, *args)
+    assert prog.k.length == ("block_table", 1, 0, (("block_table", 1),), 16), prog.k.length
+    assert "Skv" not in _held(prog)
+    for width in (2, 9, 31):
+        a = _widened(args, width)
+        assert rel_err(first(prog.run(*a)), ps.vllm_heads_first(*to64(a))) < 1e-5
+    with pytest.raises(ValueError, match="k_pages.shape"):  # another pool: outside the guards
+        prog.run(args[0], args[1][:-1], args[2][:-1], *args[3:])
+
+
+def test_a_decode_loop_over_a_widening_block_table_captures_once(monkeypatch):
+    args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32, slots_first=True)[:4]
+    f = tc.compile(ps.flash_slots_first, fallback="silent")
+    f(*args)
+    calls = []
+    real = pipeline.capture
+    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for width in (6, 7, 20):
+        q, kp, vp, table = args
+        t = torch.randint(0, kp.shape[0], (2, width))
+        assert rel_err(f(q, kp, vp, t), ps.flash_slots_first(*to64((q, kp, vp, t)))) < 1e-5
+    assert calls == []

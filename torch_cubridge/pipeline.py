@@ -26,7 +26,7 @@ from .errors import UnsupportedSpec
 from .ir.bind import call_device
 from .ir.expr import Expr, call, const, dim
 from .ir.program import Program
-from .ir.prologue import operand_length, operand_shapes
+from .ir.prologue import length_rule, operand_length, operand_shapes
 from .transfer import symbolic_transfer
 from .transfer.generalize import generalize
 from .transfer.lengths import with_lengths
@@ -189,15 +189,17 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
     """When the program holds: the spec's size decisions, pinned sizes, its Python arguments."""
     seq = [length_of(op) for op in (prog.q, prog.k, prog.v)]
     moving = tuple(s[:2] for s in seq if s is not None) + tuple(
-        pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in op.length[3])
-    sizes = size_guards(fn, bound, moving) if generic and None not in seq else None
+        pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in length_rule(op)[3])
+    unmoved = _unmoved(prog, bound) if generic and prog.prologue else ()
+    pinned = frozenset((path, int(d)) for e in unmoved for path, d in [e.args[0].attr.rsplit(":", 1)])
+    sizes = size_guards(fn, bound, moving, pinned) if generic and None not in seq else None
     if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
         sizes = pin_all(bound)
     elif operand_length(prog.q, bound) == operand_length(prog.k, bound):
         # generalisation fitted scalars in Sq alone when the example was square
         sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
     if generic and prog.prologue:
-        sizes += _unmoved(prog, bound)
+        sizes += unmoved
     if generic:
         sizes += _divisor_pins(prog, bound)
     return sizes + value_guards(fn, bound)
@@ -218,22 +220,27 @@ def _divisor_pins(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
 def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
     """Every argument size that does not follow the lengths, pinned: a generic prologue has only its
     length-fitted literals moving (a view's B * H or a table's size stays a literal)."""
-    from .verify.inputs import example_sizes, make_inputs
-    ex = example_sizes(prog, bound)
-    probe = dict(ex, Sq=ex["Sq"] + 3, Skv=ex["Skv"] + (3 if ex["Sq"] == ex["Skv"] else 5))
+    from .verify.inputs import example_sizes, length_steps, make_inputs
+    ex, step = example_sizes(prog, bound), length_steps(prog)
+    probe = dict(ex, Sq=ex["Sq"] + 3 * step["Sq"], Skv=ex["Skv"] + (3 if ex["Sq"] == ex["Skv"] else 5) * step["Skv"])
     moved = make_inputs(prog, bound, probe, seed=0, values=False)
     return tuple(call("eq", dim(path, d), const(int(n))) for path, t in bound.items() if isinstance(t, torch.Tensor)
                  for d, n in enumerate(t.shape) if moved[path].shape[d] == n)
 
 
-def length_of(op: Any) -> tuple[str, int, int] | None:
-    """(path, dim, offset): the argument dim an operand's length is, plus offset; None: held."""
-    return (op.arg, op.dims.index("s"), 0) if op.step is None else op.length[:3] if op.length else None
+def length_of(op: Any) -> tuple[str, int, int, int] | None:
+    """(path, dim, offset, scale): the argument dim an operand's length is, times scale, plus offset;
+    None: held."""
+    if op.step is None:
+        return op.arg, op.dims.index("s"), 0, 1
+    rule = length_rule(op)
+    return None if rule is None else (rule[0], rule[1], rule[2], rule[4])
 
 
-def _length_expr(seq: tuple[str, int, int]) -> Expr:
-    path, d, off = seq
-    return call("add", dim(path, d), const(off)) if off else dim(path, d)
+def _length_expr(seq: tuple[str, int, int, int]) -> Expr:
+    path, d, off, scale = seq
+    n = dim(path, d) if scale == 1 else call("mul", dim(path, d), const(scale))
+    return call("add", n, const(off)) if off else n
 
 
 def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:

@@ -119,18 +119,21 @@ def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
     return gm, env, owner
 
 
-def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
-                ) -> tuple[Expr, ...] | None:
+def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
+                pinned: frozenset[tuple[str, int]] = frozenset()) -> tuple[Expr, ...] | None:
     """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
 
-    seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns.
+    seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns. pinned:
+    (path, dim) the caller pins to the call's size: their values are put into every other decision,
+    and a decision that then always holds is dropped (a paged spec's reshapes, once the page pool's
+    sizes are fixed, say nothing more).
     The trace runs once per code, shapes and module attributes read (`tracememo`).
     """
-    return memoised(fn, bound, seq_dims, lambda b: _size_guards(fn, b, seq_dims))
+    return memoised(fn, bound, (seq_dims, tuple(sorted(pinned))), lambda b: _size_guards(fn, b, seq_dims, pinned))
 
 
-def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...]
-                 ) -> tuple[Expr, ...] | None:
+def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
+                 pinned: frozenset[tuple[str, int]] = frozenset()) -> tuple[Expr, ...] | None:
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
     traced = symbolic_trace(fn, bound, paths)
     if traced is None:  # code only a static trace survives: the caller pins every size
@@ -150,10 +153,20 @@ def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str,
     # does not make (it reads every tensor through its strides); pinning the sizes they name would make
     # a packed continuous-batching mask ([1, 1, Q, K], stride K) pin the key length every step
     strides = {s for s, srcs in env.var_to_sources.items() if any(".stride()" in _source_name(src) for src in srcs)}
+    fixed = {s: int(bound[p].shape[d]) for s, (p, d) in owner.items() if (p, d) in pinned}
+    # a class of equal sizes is fixed only where every member is pinned (never a moving length)
+    fixed.update({env.replace(s): n for s, n in list(fixed.items()) if env.replace(s).is_Symbol
+                  and all(m in fixed for m in canon.get(env.replace(s), ()))})
     out: list[Expr] = []
     for f in facts:
         if f.free_symbols & strides:
             continue
+        if fixed and f.free_symbols & set(fixed):
+            g = f.subs(fixed)
+            if g is sympy.true:
+                continue  # the pins imply it
+            if g.free_symbols and g is not sympy.false:
+                f = g
         try:
             out.append(_to_expr(f, where))
         except _Opaque:  # pin what it speaks of

@@ -12,13 +12,14 @@ computed tensor) gives None, and the prologue's gather serves.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .bind import lookup
 from .program import Operand, Program, Step
+from .prologue import call_lengths, sized
 
 # A digit of an axis: (source, source dim, size, divisor): its value is (index along the source dim
 # // divisor) % size. Sources: "p" the pages, "t" the block table, "x" a broadcast (expand).
@@ -40,7 +41,8 @@ class PagedRead:
 
 def paged_operands(p: Program, bound: dict[str, Any]) -> tuple[PagedRead, PagedRead] | None:
     """How K and V are read in place, where both are such gathers; else None."""
-    steps = {s.name: s for s in p.prologue}
+    lengths = call_lengths(p, bound)  # a generic program's reshapes name the lengths ("@size")
+    steps = {s.name: replace(s, args=sized(s.args, lengths), kwargs=sized(s.kwargs, lengths)) for s in p.prologue}
     k = _paged(p.k, steps, bound)
     v = _paged(p.v, steps, bound)
     if k is None or v is None or not k.head_map == v.head_map == p.head_map:  # the kernel maps heads as p does

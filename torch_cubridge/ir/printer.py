@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .prologue import length_rule
+
 if TYPE_CHECKING:  # annotations only: Program.run and str() call into this module
     from .program import Program
 
@@ -14,8 +16,9 @@ def format_program(p: Program) -> str:
         op = getattr(p, name)
         n = ""
         if op.length is not None:
-            path, d, off = op.length[:3]
-            n = f"  length {path}.shape[{d}]" + (f" {'+' if off >= 0 else '-'} {abs(off)}" if off else "")
+            path, d, off, _, scale = length_rule(op)
+            n = f"  length {path}.shape[{d}]" + (f" * {scale}" if scale != 1 else "") + (
+                f" {'+' if off >= 0 else '-'} {abs(off)}" if off else "")
         lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]{n}")
     lines.append("  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
     for st in p.prologue:

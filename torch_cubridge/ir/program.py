@@ -29,7 +29,8 @@ class Operand:
     norm applied in the spec, keys concatenated from several sources) is made by prologue step
     `step`; its arg then reads "prologue:<step>". Its length: argument `length[0]`'s dim `length[1]`
     plus `length[2]` (keys a cache holds plus the new ones), where the prologue's run over symbolic
-    sizes shows it is (transfer/lengths.py); `length[3]`: every (argument, dim) that moves with it.
+    sizes shows it is (transfer/lengths.py); `length[3]`: every (argument, dim) that moves with it;
+    `length[4]`, where present, multiplies the dim (a block table's width times the page size).
     None holds a computed operand at its shape.
     """
     arg: str

@@ -29,7 +29,7 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
     if isinstance(x, tuple):
         tag = x[0] if x and isinstance(x[0], str) and x[0].startswith("@") else None
         if tag == "@size":  # c0 + sum(c * size): a literal fitted to the lengths (transfer.generalize)
-            return x[1] + sum(c * sizes[n] for n, c in x[2])
+            return sized(x, sizes)
         if tag == "@arg":
             t = lookup(bound, x[1])
             return t.to("meta") if device.type == "meta" and isinstance(t, torch.Tensor) else t
@@ -50,6 +50,15 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
         if tag is not None:
             raise ValueError(f"unknown prologue value {x!r}")
         return [_decode(i, bound, done, device, sizes) for i in x]
+    return x
+
+
+def sized(x: Any, sizes: dict[str, int]) -> Any:
+    """Step arguments `x` with every literal fitted to the lengths ("@size") at these lengths."""
+    if isinstance(x, tuple):
+        if x and x[0] == "@size":
+            return x[1] + sum(c * sizes[n] for n, c in x[2])
+        return tuple(sized(i, sizes) for i in x)
     return x
 
 
@@ -108,11 +117,11 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
     used = [op.step for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step and r not in in_place] + \
         [x.step for x in p.extras if x.step] + sorted(also)
     steps = needed_steps(p.prologue, set(used)) if in_place else p.prologue
-    done = run_steps(steps, bound, device, _lengths(p, bound))
+    done = run_steps(steps, bound, device, call_lengths(p, bound))
     return {s: done[s].to(device) for s in used}
 
 
-def _lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
+def call_lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
     """Sq and Skv of a call, read from its arguments: an operand's own, or for a computed one the
     argument dim its length follows (`Operand.length`); {} where one has neither (held at one shape)."""
     out = {}
@@ -129,10 +138,20 @@ def operand_length(op: Any, bound: dict[str, Any]) -> int | None:
     computed operand held at its shape."""
     if op.step is None:
         return int(lookup(bound, op.arg).shape[op.dims.index("s")])
+    rule = length_rule(op)
+    if rule is None:
+        return None
+    path, d, off, _, scale = rule
+    return int(lookup(bound, path).shape[d]) * scale + off
+
+
+def length_rule(op: Any) -> tuple[str, int, int, tuple, int] | None:
+    """A computed operand's (path, dim, offset, moved dims, scale): its length is that argument dim
+    times scale plus offset (a block table's width times the page size has scale P); None: held."""
     if op.length is None:
         return None
-    path, d, off = op.length[:3]
-    return int(lookup(bound, path).shape[d]) + off
+    path, d, off, moved = op.length[:4]
+    return path, d, off, tuple(moved), (op.length[4] if len(op.length) > 4 else 1)
 
 
 def operand_inputs(p: Program) -> set[str]:

@@ -16,19 +16,21 @@ from ..capture.trace import capture
 from ..errors import UnsupportedSpec
 from ..ir.expr import Expr, call, const, var
 from ..ir.program import Program
-from ..verify.inputs import example_sizes, make_inputs
+from ..verify.inputs import example_sizes, length_steps, make_inputs
 
 
-def _probe_sizes(ex: dict[str, int]) -> list[dict[str, int]]:
-    def near(n: int, d: int) -> int:
+def _probe_sizes(ex: dict[str, int], step: dict[str, int]) -> list[dict[str, int]]:
+    """Lengths near the call's, `step` apart where an operand's length comes in whole pages."""
+    def near(n: int, d: int, name: str) -> int:
         # a size-1 dim is its own call signature (a broadcast, or one decoding query): probes never
         # leave 1, and never step onto it from a longer length
         if n == 1:
             return 1
-        return n - d if n - d >= 2 else n + d
+        d *= step[name]  # and a table of pages never narrows to one page, a signature of its own
+        return n - d if n - d >= 2 * step[name] else n + d
     if ex["Sq"] == ex["Skv"]:
-        return [dict(ex, Sq=near(ex["Sq"], d), Skv=near(ex["Sq"], d)) for d in (3, 1, 6)]
-    return [dict(ex, Sq=near(ex["Sq"], a), Skv=near(ex["Skv"], b)) for a, b in ((3, 1), (1, 4), (2, 7))]
+        return [dict(ex, Sq=near(ex["Sq"], d, "Sq"), Skv=near(ex["Sq"], d, "Sq")) for d in (3, 1, 6)]
+    return [dict(ex, Sq=near(ex["Sq"], a, "Sq"), Skv=near(ex["Skv"], b, "Skv")) for a, b in ((3, 1), (1, 4), (2, 7))]
 
 
 def _solve(points: list[tuple[list[int], Fraction]]) -> list[Fraction] | None:
@@ -105,7 +107,7 @@ def _probes(fn: Callable, example: dict[str, Any], prog: Program, transfer_fn: C
     """The program captured again at probe lengths near the call's; where the spec cannot run there
     (it reshapes the sequence into chunks, so lengths must divide), at 2, 3 and 4 times the call's.
     None: some probe changed the structure, or neither family runs."""
-    for family in (_probe_sizes(ex), _multiples(ex)):
+    for family in (_probe_sizes(ex, length_steps(prog)), _multiples(ex)):
         progs: list[tuple[dict[str, int], Program]] = [(ex, prog)]
         try:
             for sizes in family:

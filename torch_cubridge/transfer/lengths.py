@@ -5,8 +5,9 @@ key/values prepended, RoPE applied inside the spec) has operand lengths that are
 size, so generalisation had no argument to move and held such a program at its call's shape: a
 decode loop over a growing cache captured again at every step. Here the prologue runs once more
 over fake tensors whose every size is a symbol (torch's ShapeEnv), so each operand's length comes
-out as an expression in argument sizes, `s_cache + 1` for a cache plus one new key. Where it is one
-argument dim plus a constant, the operand records that (`Operand.length`), and generalisation,
+out as an expression in argument sizes, `s_cache + 1` for a cache plus one new key, `s_width * s_page`
+for pages gathered through a block table. Where it is one argument dim times a constant plus a
+constant, the operand records that (`Operand.length`), and generalisation,
 verification's redrawn inputs and the guards then move that dim as they move an argument's length.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..ir.prologue import needed_steps, operand_inputs, run_steps
 
 def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
     """`p` with the length of each computed operand tied to an argument dim; None where some computed
-    operand's length is not one argument dim plus a constant (a fixed latent query, a gather)."""
+    operand's length is not one argument dim times a constant plus a constant (a fixed latent query)."""
     computed = [(r, op) for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step]
     if not computed:
         return p
@@ -73,20 +74,31 @@ def _hint(n: Any) -> int | None:
 
 
 def _rule(n: Any, env: Any, owner: dict, bound: dict[str, Any]) -> tuple | None:
-    """(path, dim, offset) with length = that dim + offset: the expression's symbol of the largest
-    example size among those with coefficient 1, the others at their example values."""
+    """(path, dim, offset, moved, scale) with length = that dim * scale + offset. The symbol moved is
+    one the length is linear in with a positive integer coefficient once the other symbols take their
+    example values (those stay pinned: `_unmoved` guards every argument dim the probes leave). Among
+    coefficient-1 symbols the largest example size (a cache, not its new keys); otherwise the dim of the
+    smallest argument (a block table's width, not the page pool's page size)."""
     if not isinstance(n, torch.SymInt):
         return None
     expr = env.replace(n.node.expr)
     values = {s: int(lookup(bound, owner[s][0]).shape[owner[s][1]]) for s in expr.free_symbols if s in owner}
     if len(values) != len(expr.free_symbols):
         return None
-    # only a top-level argument can be redrawn at another size (a module's own tensor keeps its own)
-    free = [s for s in values if owner[s][0] in bound and sympy.diff(expr, s) == 1]
-    if not free:
+    coef = {}
+    for s in values:  # only a top-level argument can be redrawn at another size (a module's keeps its own)
+        c = sympy.diff(expr, s)
+        if owner[s][0] not in bound or sympy.diff(c, s) != 0:
+            continue
+        c = c.subs(values)
+        if c.is_Integer and int(c) >= 1:
+            coef[s] = int(c)
+    if not coef:
         return None
-    s = max(free, key=lambda x: values[x])
-    rest = expr.subs(values)
+    ones = [x for x in coef if coef[x] == 1]
+    s = max(ones, key=lambda x: values[x]) if ones else min(
+        coef, key=lambda x: (lookup(bound, owner[x][0]).numel(), -values[x]))
+    rest = (expr - coef[s] * s).subs(values)
     if not rest.is_Integer:
         return None
     path, d = owner[s]
@@ -94,5 +106,4 @@ def _rule(n: Any, env: Any, owner: dict, bound: dict[str, Any]) -> tuple | None:
     moved = tuple(sorted(pd for x, pd in owner.items() if env.replace(x) == s and pd[0] in bound))
     if any(pd[0] not in bound for x, pd in owner.items() if env.replace(x) == s):
         return None  # a module's own tensor that would have to move
-    return path, d, int(rest) - values[s], moved
-
+    return (path, d, int(rest), moved) + ((coef[s],) if coef[s] != 1 else ())

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..ir.program import Program
-from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, within_guards
+from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, snap, within_guards
 from .reference import attention_output, module_copies, reference_device, run_reference, to64
 
 REL_TOL = 1e-4
@@ -58,7 +58,7 @@ def verify_shapes(p: Program, example: dict[str, Any], generic: bool) -> list[di
         sq, skv = min(sq, ex["Sq"]), min(skv, ex["Skv"])
         if square:
             skv = sq = min(sq, ex["Sq"])
-        s = dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2))
+        s = snap(p, dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2)))
         if s not in out:
             out.append(s)
     out = [s for s in out if within_guards(p, example, s)]
@@ -179,7 +179,7 @@ def _spec_in(fn: Callable, p: Program, bound: dict[str, Any], dtype: torch.dtype
 def structured_shape(p: Program, example: dict[str, Any], cap: int = 200) -> dict[str, int]:
     """Sizes for structured masks: long enough that whole 64-key tiles of a row are masked."""
     ex = example_sizes(p, example)
-    s = dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], cap), Skv=min(ex["Skv"], cap))
+    s = snap(p, dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], cap), Skv=min(ex["Skv"], cap)))
     return s if within_guards(p, example, s) else dict(ex)
 
 

@@ -16,7 +16,7 @@ import torch
 from ..ir.program import Program
 from ..lower.tiles import DECODE_MAX_QUERIES, decode_call
 from .cpu import Trial, VerifyReport, compare, judge, trials
-from .inputs import example_sizes, make_inputs, within_guards
+from .inputs import example_sizes, make_inputs, snap, within_guards
 from .reference import CPU, attention_output, module_copies, reference_device, reference_output
 
 REL_TOL = 1e-2
@@ -39,7 +39,7 @@ def gpu_shapes(p: Program, example: dict[str, Any]) -> list[dict[str, int]]:
         sq = min(sq, skv) if decode else min(sq, ex["Sq"])  # any few queries the guards allow, never more than keys
         if square:
             skv = sq
-        s = dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2))
+        s = snap(p, dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2)))
         s.update(fixed)
         if s not in out and within_guards(p, example, s):
             out.append(s)

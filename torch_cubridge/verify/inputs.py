@@ -15,7 +15,7 @@ import torch
 
 from ..ir.expr import walk
 from ..ir.program import Operand, Program
-from ..ir.prologue import operand_inputs
+from ..ir.prologue import length_rule, operand_inputs
 
 _FOLLOW = {"b": "B", "h": "H", "q": "Sq", "kv": "Skv"}
 
@@ -201,18 +201,42 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
 
 def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
     """path -> {dim: size} for the argument dims computed operands' lengths follow (Operand.length),
-    at target lengths `sizes`. ValueError where a target is too short for the constant part (a cache
-    of no keys cannot make fewer keys than the new ones)."""
+    at target lengths `sizes`. ValueError where no size of that dim gives the target (a cache of no
+    keys cannot make fewer keys than the new ones; whole pages make a multiple of the page size)."""
     out: dict[str, dict[int, int]] = {}
     for name, op in (("Sq", p.q), ("Skv", p.k), ("Skv", p.v)):
-        if op.step is None or op.length is None:
+        rule = length_rule(op) if op.step is not None else None
+        if rule is None:
             continue
-        path, d, off, moved = op.length
-        n = sizes[name] - off
-        if n < 1:
-            raise ValueError(f"{name}={sizes[name]} is below what this program's operand can have ({off + 1})")
+        path, d, off, moved, scale = rule
+        n, r = divmod(sizes[name] - off, scale)
+        if n < 1 or r:
+            raise ValueError(f"{name}={sizes[name]} is no length this program's operand can have "
+                             f"({path}.shape[{d}] * {scale} + {off})")
         for mp, md in moved or ((path, d),):
             out.setdefault(mp, {})[md] = n
+    return out
+
+
+def length_steps(p: Program) -> dict[str, int]:
+    """How far apart the lengths a program can take lie: 1, or a computed operand's scale (pages)."""
+    out = {"Sq": 1, "Skv": 1}
+    for name, op in (("Sq", p.q), ("Skv", p.k)):
+        rule = length_rule(op) if op.step is not None else None
+        if rule is not None:
+            out[name] = rule[4]
+    return out
+
+
+def snap(p: Program, sizes: dict[str, int]) -> dict[str, int]:
+    """`sizes` with each length moved down to one the program's operands can have (whole pages), and
+    up to the smallest such where it is below."""
+    out = dict(sizes)
+    for name, op in (("Sq", p.q), ("Skv", p.k)):
+        rule = length_rule(op) if op.step is not None else None
+        if rule is not None and rule[4] != 1:
+            off, scale = rule[2], rule[4]
+            out[name] = off + scale * max(1, (sizes[name] - off) // scale)
     return out
 
 
@@ -220,7 +244,7 @@ def has_structured(p: Program, example: dict[str, Any]) -> bool:
     """Whether some tensor argument is a mask over (query, key) that structured cases can shape."""
     ex = example_sizes(p, example)
     # small and distinct query/key lengths: only the other arguments' values are compared
-    probe = dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], 16) + 1, Skv=min(ex["Skv"], 16) + 2)
+    probe = snap(p, dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], 16) + 1, Skv=min(ex["Skv"], 16) + 2))
     a = make_inputs(p, example, probe, seed=0)
     b = make_inputs(p, example, probe, seed=0, pattern=0)
     return any(isinstance(v, torch.Tensor) and not torch.equal(v, b[k]) for k, v in a.items()
