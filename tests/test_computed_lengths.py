@@ -70,11 +70,17 @@ def test_rope_tables_move_with_the_queries():
     assert rel_err(first(prog.run(*args)), first(ROPE.fn(*to64(args)))) < 1e-5
 
 
-def test_a_fixed_latent_query_stays_held_at_its_shape():
-    """A learned latent query has no argument dim for its length: that program keeps its shape."""
+def test_a_fixed_latent_query_is_generic_in_the_key_length():
+    """A learned latent query's length is no argument's size: it is fixed (the module's own), while the
+    keys' length moves as any argument's does. The same program serves inputs of every length."""
     case = next(c for c in PROLOGUE if c.name == "perceiver_latents")
-    prog = tc.transfer(case.fn, *case.make(2, 2, 2, 30, 16, torch.float32))
-    assert prog.q.length is None and {"Sq", "Skv"} <= _held(prog)
+    args = case.make(2, 2, 2, 30, 16, torch.float32)
+    prog = tc.transfer(case.fn, *args)
+    assert prog.q.length == ("", -1, 8, ()) and not {"Sq", "Skv"} & _held(prog)
+    for S in (45, 9):
+        a = (args[0],) + case.make(2, 2, 2, S, 16, torch.float32)[1:]
+        with torch.no_grad():
+            assert rel_err(first(prog.run(*a)), first(case.fn(a[0].double(), *to64(a[1:])))) < 1e-5
 
 
 def _widened(args: tuple, width: int) -> tuple:

@@ -26,7 +26,7 @@ from .errors import UnsupportedSpec
 from .ir.bind import call_device
 from .ir.expr import Expr, call, const, dim
 from .ir.program import Program
-from .ir.prologue import length_rule, operand_length, operand_shapes
+from .ir.prologue import FIXED, length_rule, operand_length, operand_shapes
 from .transfer import symbolic_transfer
 from .transfer.generalize import generalize
 from .transfer.lengths import with_lengths
@@ -188,7 +188,7 @@ def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Pr
 def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool) -> tuple[Expr, ...]:
     """When the program holds: the spec's size decisions, pinned sizes, its Python arguments."""
     seq = [length_of(op) for op in (prog.q, prog.k, prog.v)]
-    moving = tuple(s[:2] for s in seq if s is not None) + tuple(
+    moving = tuple(s[:2] for s in seq if s is not None and s[0] != FIXED) + tuple(
         pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in length_rule(op)[3])
     unmoved = _unmoved(prog, bound) if generic and prog.prologue else ()
     pinned = frozenset((path, int(d)) for e in unmoved for path, d in [e.args[0].attr.rsplit(":", 1)])
@@ -239,6 +239,8 @@ def length_of(op: Any) -> tuple[str, int, int, int] | None:
 
 def _length_expr(seq: tuple[str, int, int, int]) -> Expr:
     path, d, off, scale = seq
+    if path == FIXED:
+        return const(off)
     n = dim(path, d) if scale == 1 else call("mul", dim(path, d), const(scale))
     return call("add", n, const(off)) if off else n
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .prologue import length_rule
+from .prologue import FIXED, length_rule
 
 if TYPE_CHECKING:  # annotations only: Program.run and str() call into this module
     from .program import Program
@@ -17,8 +17,8 @@ def format_program(p: Program) -> str:
         n = ""
         if op.length is not None:
             path, d, off, _, scale = length_rule(op)
-            n = f"  length {path}.shape[{d}]" + (f" * {scale}" if scale != 1 else "") + (
-                f" {'+' if off >= 0 else '-'} {abs(off)}" if off else "")
+            n = f"  length {off} (fixed)" if path == FIXED else f"  length {path}.shape[{d}]" + (
+                f" * {scale}" if scale != 1 else "") + (f" {'+' if off >= 0 else '-'} {abs(off)}" if off else "")
         lines.append(f"  {name:<6} = {op.arg}  layout [{', '.join(op.dims)}]{n}")
     lines.append("  heads  : kv_head = " + ("h // (H // Hkv)" if p.head_map == "group" else "h % Hkv"))
     for st in p.prologue:

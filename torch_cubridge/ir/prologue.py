@@ -142,12 +142,16 @@ def operand_length(op: Any, bound: dict[str, Any]) -> int | None:
     if rule is None:
         return None
     path, d, off, _, scale = rule
-    return int(lookup(bound, path).shape[d]) * scale + off
+    return off if path == FIXED else int(lookup(bound, path).shape[d]) * scale + off
+
+
+FIXED = ""  # the path of a length rule that no argument moves: the length is its offset
 
 
 def length_rule(op: Any) -> tuple[str, int, int, tuple, int] | None:
     """A computed operand's (path, dim, offset, moved dims, scale): its length is that argument dim
-    times scale plus offset (a block table's width times the page size has scale P); None: held."""
+    times scale plus offset (a block table's width times the page size has scale P); with path FIXED,
+    the offset alone (latent queries a module holds). None: held at the call's shape."""
     if op.length is None:
         return None
     path, d, off, moved = op.length[:4]

@@ -21,12 +21,13 @@ import torch
 from ..capture.guards import symbolic_fakes
 from ..ir.bind import call_device, lookup
 from ..ir.program import Program
-from ..ir.prologue import needed_steps, operand_inputs, run_steps
+from ..ir.prologue import FIXED, needed_steps, operand_inputs, run_steps
 
 
 def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
-    """`p` with the length of each computed operand tied to an argument dim; None where some computed
-    operand's length is not one argument dim times a constant plus a constant (a fixed latent query)."""
+    """`p` with the length of each computed operand tied to an argument dim, or fixed where no size
+    moves it (a module's latent queries); None where some computed operand's length is another function
+    of the sizes."""
     computed = [(r, op) for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step]
     if not computed:
         return p
@@ -80,11 +81,16 @@ def _rule(n: Any, env: Any, owner: dict, bound: dict[str, Any]) -> tuple | None:
     coefficient-1 symbols the largest example size (a cache, not its new keys); otherwise the dim of the
     smallest argument (a block table's width, not the page pool's page size)."""
     if not isinstance(n, torch.SymInt):
-        return None
+        return FIXED, -1, int(n), ()
     expr = env.replace(n.node.expr)
     values = {s: int(lookup(bound, owner[s][0]).shape[owner[s][1]]) for s in expr.free_symbols if s in owner}
     if len(values) != len(expr.free_symbols):
         return None
+    # a module's own tensor is no argument the call can size: its sizes are constants here
+    expr = expr.subs({s: n for s, n in values.items() if owner[s][0] not in bound})
+    if expr.is_Integer:
+        return FIXED, -1, int(expr), ()  # no argument moves it (a module's latent queries): always that
+    values = {s: n for s, n in values.items() if s in expr.free_symbols}
     coef = {}
     for s in values:  # only a top-level argument can be redrawn at another size (a module's keeps its own)
         c = sympy.diff(expr, s)

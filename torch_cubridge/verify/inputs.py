@@ -15,7 +15,7 @@ import torch
 
 from ..ir.expr import walk
 from ..ir.program import Operand, Program
-from ..ir.prologue import length_rule, operand_inputs
+from ..ir.prologue import FIXED, length_rule, operand_inputs
 
 _FOLLOW = {"b": "B", "h": "H", "q": "Sq", "kv": "Skv"}
 
@@ -209,6 +209,10 @@ def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
         if rule is None:
             continue
         path, d, off, moved, scale = rule
+        if path == FIXED:
+            if sizes[name] != off:
+                raise ValueError(f"{name}={sizes[name]}: this program's operand always has {off}")
+            continue
         n, r = divmod(sizes[name] - off, scale)
         if n < 1 or r:
             raise ValueError(f"{name}={sizes[name]} is no length this program's operand can have "
@@ -219,12 +223,13 @@ def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
 
 
 def length_steps(p: Program) -> dict[str, int]:
-    """How far apart the lengths a program can take lie: 1, or a computed operand's scale (pages)."""
+    """How far apart the lengths a program can take lie: 1, a computed operand's scale (pages), or 0
+    for a fixed length."""
     out = {"Sq": 1, "Skv": 1}
     for name, op in (("Sq", p.q), ("Skv", p.k)):
         rule = length_rule(op) if op.step is not None else None
         if rule is not None:
-            out[name] = rule[4]
+            out[name] = 0 if rule[0] == FIXED else rule[4]
     return out
 
 
@@ -234,7 +239,9 @@ def snap(p: Program, sizes: dict[str, int]) -> dict[str, int]:
     out = dict(sizes)
     for name, op in (("Sq", p.q), ("Skv", p.k)):
         rule = length_rule(op) if op.step is not None else None
-        if rule is not None and rule[4] != 1:
+        if rule is not None and rule[0] == FIXED:
+            out[name] = rule[2]
+        elif rule is not None and rule[4] != 1:
             off, scale = rule[2], rule[4]
             out[name] = off + scale * max(1, (sizes[name] - off) // scale)
     return out
