@@ -154,3 +154,13 @@ def test_rows_of_finite_fills_are_uniform_across_splits(fill):
     ref = packed_additive(q.float(), k.float(), v.float(), mask.float())  # float32: the fills absorb
     assert rel_err(out.float().cpu(), ref) < 1e-2
     assert rel_err(out[:, :, 2].float().cpu(), v.float().mean(2).repeat_interleave(4, 1)) < 1e-2
+
+
+@pytest.mark.parametrize("D", [32, 48, 96, 160])
+@pytest.mark.parametrize("B,Skv", [(2, 40), (2, 64), (48, 300)])
+def test_one_split_at_head_dims_off_64(D, B, Skv):
+    """One split (a single key block, or enough CTAs without splitting: B 48 x 8 KV heads) writes O
+    itself: 16-byte stores at head dims that are no multiple of 64 (they were misaligned at 48 and 96,
+    a CUDA fault, found by a paged decode's verification at widths of one block)."""
+    f = tc.compile(gqa_bottom_right_window, fallback="raise")
+    _check(f, gqa_bottom_right_window, _inputs(B, 32, 8, 1, Skv, D))

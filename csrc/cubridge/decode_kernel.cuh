@@ -340,9 +340,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // @cuir hook name=sink
   // @cuir epilogue kind=normalise
-  // Thread t: row t / 8, columns [(t % 8) * DV / 8, +DV / 8).
-  constexpr int CW = DV / 8;
-  const int r = tid / 8, c0 = (tid % 8) * CW;
+  // Thread t: row t / 8, and the row's 8-column chunks t % 8, t % 8 + 8, ...: every store is 16 bytes
+  // at a 16-byte offset whatever DV is (a thread's own span of DV / 8 columns was not, at DV 48 or 96).
+  constexpr int CH = (DT + 7) / 8;
+  const int r = tid / 8, k0 = tid % 8;
   const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
   const int h = head_of(r), q = query_of(r);
   float m2 = neg_inf();
@@ -354,20 +355,26 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     wgt[w] = m2 == neg_inf() ? 0.f : fast_exp2((mm[w * R + r] - m2) * factor);
     lsum = fmaf(ml[w * R + r], wgt[w], lsum);
   }
-  float acc[CW];
+  float acc[CH][8];
 #pragma unroll
-  for (int c = 0; c < CW; ++c) {
-    acc[c] = 0.f;
+  for (int i = 0; i < CH; ++i)
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) acc[c] = fmaf(mo[(w * R + r) * DV + c0 + c], wgt[w], acc[c]);
-  }
+    for (int c = 0; c < 8; ++c) {
+      acc[i][c] = 0.f;
+      if (k0 + 8 * i < DT)
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarps; ++w) acc[i][c] = fmaf(mo[(w * R + r) * DV + (k0 + 8 * i) * 8 + c], wgt[w], acc[i][c]);
+    }
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
     if (valid) {
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      float* dst = part_o + (row * n_split + split) * DV + c0;
+      float* dst = part_o + (row * n_split + split) * DV;
 #pragma unroll
-      for (int c = 0; c < CW; ++c) dst[c] = acc[c] * inv;
+      for (int i = 0; i < CH; ++i)
+        if (k0 + 8 * i < DT)
+#pragma unroll
+          for (int c = 0; c < 8; ++c) dst[(k0 + 8 * i) * 8 + c] = acc[i][c] * inv;
       if (tid % 8 == 0) {
         part_lse[2 * (row * n_split + split)] = lsum > 0.f ? m2 : neg_inf();
         part_lse[2 * (row * n_split + split) + 1] = lsum;
@@ -397,17 +404,19 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
   finish_stats(m2 * factor, lsum, sink2, o_scale, lse);
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss + c0;
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
   const T* gVh = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
 #pragma unroll
-  for (int c = 0; c < CW; c += 8) {
+  for (int i = 0; i < CH; ++i) {
+    const int ch = k0 + 8 * i;
+    if (ch >= DT) continue;
     uint4 val;
-    val.x = pack2<T>(acc[c] * o_scale, acc[c + 1] * o_scale);
-    val.y = pack2<T>(acc[c + 2] * o_scale, acc[c + 3] * o_scale);
-    val.z = pack2<T>(acc[c + 4] * o_scale, acc[c + 5] * o_scale);
-    val.w = pack2<T>(acc[c + 6] * o_scale, acc[c + 7] * o_scale);
-    if (!kPaged && !kSeg && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, (c0 + c) / 8);
-    *reinterpret_cast<uint4*>(gO + c) = val;
+    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
+    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
+    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
+    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
+    if (!kPaged && !kSeg && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, ch);
+    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
   }
   // @cuir store tensor=lse when=requested
   if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;

@@ -59,12 +59,14 @@ def verify_shapes(p: Program, example: dict[str, Any], generic: bool) -> list[di
         if square:
             skv = sq = min(sq, ex["Sq"])
         s = snap(p, dict(ex, Sq=sq, Skv=skv, B=min(ex["B"], 2)))
+        s.update(p.requires)  # sizes the program holds at (a prologue's batch and heads) stay the call's
         if s not in out:
             out.append(s)
     out = [s for s in out if within_guards(p, example, s)]
     if len(out) < 2:  # guards the usual lengths miss (a length that must divide by a chunk): small ones that hold
         for n in SMALL_LENGTHS:
             s = dict(ex, B=min(ex["B"], 2), Sq=n if square else min(n, ex["Sq"]), Skv=n)
+            s.update(p.requires)
             if len(out) < 2 and s not in out and n < ex["Skv"] and within_guards(p, example, s):
                 out.append(s)
     if len(out) < 2:
@@ -180,6 +182,7 @@ def structured_shape(p: Program, example: dict[str, Any], cap: int = 200) -> dic
     """Sizes for structured masks: long enough that whole 64-key tiles of a row are masked."""
     ex = example_sizes(p, example)
     s = snap(p, dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], cap), Skv=min(ex["Skv"], cap)))
+    s.update(p.requires)
     return s if within_guards(p, example, s) else dict(ex)
 
 

@@ -20,10 +20,21 @@ DEVICE_MIN_SCORES = 1 << 20
 
 
 def reference_device(example: dict[str, Any], sizes: dict[str, int]) -> torch.device:
-    """Where a trial at `sizes` runs its float64 spec and program: the call's CUDA device for large ones."""
+    """Where a trial at `sizes` runs its float64 spec and program: the call's CUDA device for large ones,
+    by scores or by arguments that keep their size at any length (a page pool: redrawing 2 x 268M
+    elements for each trial took most of a 32k paged first call on the CPU)."""
     dev = call_device(example)
+    if dev.type != "cuda":
+        return CPU
     big = sizes["B"] * sizes["H"] * sizes["Sq"] * sizes["Skv"] >= DEVICE_MIN_SCORES
-    return dev if big and dev.type == "cuda" else CPU
+    return dev if big or _elements(example) >= DEVICE_MIN_ELEMENTS else CPU
+
+
+DEVICE_MIN_ELEMENTS = 1 << 25
+
+
+def _elements(example: dict[str, Any]) -> int:
+    return sum(v.numel() for v in example.values() if isinstance(v, torch.Tensor))
 
 
 _local = threading.local()
