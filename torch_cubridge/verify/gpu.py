@@ -80,12 +80,9 @@ def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dt
         if ex["B"] * ex["H"] * ex["Sq"] * ex["Skv"] <= OWN_INPUTS_LIMIT:
             raw.append((example, ex, 1.0, -1))
         for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
-            # drawn where the reference runs: a page pool redrawn on the CPU for each trial was most of
-            # a 32k paged first call
-            at = reference_device(example, sizes)
-            drawn = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
-                                pattern=pattern, device=at)
-            raw.append((_to(drawn, device), sizes, mag, pattern))
+            cpu = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
+                              pattern=pattern)
+            raw.append((_to(cpu, device), sizes, mag, pattern))
         return [GpuCase(b, sizes, mag, pattern, *_reference(fn, p, b, reference_device(example, sizes)))
                 for b, sizes, mag, pattern in raw]
 
