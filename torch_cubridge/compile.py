@@ -76,7 +76,7 @@ class CompiledAttention:
         functools.update_wrapper(self, fn)
 
     # -- the call path -----------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return self._traced(args, kwargs)
         if self._watch is not None and not self._watch.unchanged():
@@ -198,8 +198,9 @@ class CompiledAttention:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
         e = self._find(traced_signature(args, kwargs), args, kwargs, traced=True)
         runner = e.runners.get(e.kernel_for(args, kwargs)) if e is not None and e.result is not None else None
-        if runner is None:
-            # no kernel verified for this call: trace the spec itself. No warning here: warnings.warn
+        if runner is None or runner.p.epilogue:
+            # no kernel verified for this call (or ops after the attention output, which the custom op does
+            # not run): trace the spec itself. No warning here: warnings.warn
             # cannot be traced under fullgraph=True. explain() says which calls a kernel serves.
             return self.fn(*args, **kwargs)
         return runner.op_call(args, kwargs)

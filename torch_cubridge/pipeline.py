@@ -180,7 +180,7 @@ def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Pr
     sizes = example_sizes(prog, bound)
     keep = ("B", "H", "Hkv", "Sq", "Skv")
     # a generic prologue is fitted in the lengths only: batch and heads stay the call's
-    held = ("B", "H", "Hkv") if prog.prologue else ()
+    held = ("B", "H", "Hkv") if prog.prologue or prog.epilogue else ()
     req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic or k in held)
     return replace(prog, requires=req)
 
@@ -190,7 +190,7 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
     seq = [length_of(op) for op in (prog.q, prog.k, prog.v)]
     moving = tuple(s[:2] for s in seq if s is not None and s[0] != FIXED) + tuple(
         pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in length_rule(op)[3])
-    unmoved = _unmoved(prog, bound) if generic and prog.prologue else ()
+    unmoved = _unmoved(prog, bound) if generic and (prog.prologue or prog.epilogue) else ()
     pinned = frozenset((path, int(d)) for e in unmoved for path, d in [e.args[0].attr.rsplit(":", 1)])
     sizes = size_guards(fn, bound, moving, pinned) if generic and None not in seq else None
     if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
@@ -198,7 +198,7 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
     elif operand_length(prog.q, bound) == operand_length(prog.k, bound):
         # generalisation fitted scalars in Sq alone when the example was square
         sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
-    if generic and prog.prologue:
+    if generic and (prog.prologue or prog.epilogue):
         sizes += unmoved
     if generic:
         sizes += _divisor_pins(prog, bound)

@@ -20,7 +20,7 @@ import torch
 from .bind import bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
 from .expr import FLOAT_UNARY, ROW_LSE, Expr
 from .interval import classify_tile
-from .prologue import run_prologue
+from .prologue import run_epilogue, run_prologue
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -103,7 +103,7 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
     return fn(x, y)
 
 
-def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
+def run_program(p: Program, /, *args: Any, **kwargs: Any) -> Any:
     bound = bind_args(p.signature, args, kwargs)
     made = run_prologue(p, bound, call_device(bound))
     q = to_canonical(operand_value(bound, p.q, made), p.q)
@@ -186,7 +186,8 @@ def run_program(p: Program, *args: Any, **kwargs: Any) -> Any:
         out[:, :, q0:q1] = res
     if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)
         out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, dict(env, **{ROW_LSE: lse}), B, H, Sq, fdt)
-    return _to_output_layout(p, out.to(out_dtype))
+    res = _to_output_layout(p, out.to(out_dtype))
+    return run_epilogue(p, res, bound) if p.epilogue else res
 
 
 def index_env(sizes: dict[str, int], scal: dict[str, Any], tensors: dict[str, torch.Tensor], B: int, H: int,

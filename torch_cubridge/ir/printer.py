@@ -44,6 +44,8 @@ def format_program(p: Program) -> str:
     o = p.out
     where = f" (element {o.index} of a {o.tuple_len}-tuple)" if o.tuple_len else ""
     lines.append(f"  out    : [{', '.join(o.dims)}] dtype {o.dtype}{where}")
+    for st in p.epilogue:  # PyTorch, on the kernel's output (read as __attention__)
+        lines.append(f"  after  {st.name} = {st.op}{_args(st)}")
     if p.requires:
         lines.append("  only at : " + ", ".join(f"{k}={v}" for k, v in p.requires))
     if p.guards:

@@ -108,6 +108,8 @@ class Program:
     prologue: tuple[Step, ...] = ()     # ops PyTorch runs before the kernel; extras read their results
     row_scale: Expr | None = None       # over b, h, q (and ROW_LSE): the probabilities scaled (or zeroed) by row
                                         # after the softmax; the same factor on the output, applied by PyTorch after the kernel
+    epilogue: tuple[Step, ...] = ()     # ops PyTorch runs on the attention output (in `out`'s layout) after the
+                                        # kernel: the spec's own, up to its result (an output projection, a gate)
 
     # -- JSON ------------------------------------------------------------
     def to_json(self) -> str:
@@ -123,7 +125,7 @@ class Program:
                        extras=tuple(replace(e, value=None) for e in self.extras), notes=())
 
     # -- behaviour lives in sibling modules; imported lazily to keep this plain data
-    def run(self, *args: Any, **kwargs: Any):
+    def run(self, /, *args: Any, **kwargs: Any):
         """Execute on a call's arguments; a call outside the program's guards is refused."""
         from .guards import GuardSet
         from .interpreter import run_program
@@ -172,7 +174,7 @@ def _from_obj(cls: type, o: dict) -> Any:
             val = tuple(_from_obj(ExtraTensor, e) for e in val)
         elif f.name == "scalars":
             val = tuple(_from_obj(Scalar, s) for s in val)
-        elif f.name == "prologue":
+        elif f.name in ("prologue", "epilogue"):
             val = tuple(Step(s["name"], s["op"], _tuple(s["args"]), _tuple(s["kwargs"])) for s in val)
         elif f.name == "guards":
             val = tuple(Expr.from_obj(g) for g in val)

@@ -77,11 +77,12 @@ def _lists(x: Any) -> Any:
 
 
 def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device,
-              sizes: dict[str, int] | None = None, rewrite: Any = None) -> dict[str, Any]:
+              sizes: dict[str, int] | None = None, rewrite: Any = None,
+              given: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every step's result by name. Tensors read from the call stay where they are; made ones go
     on `device` (the query's). sizes: Sq and Skv, for literals fitted to them. rewrite(op, args):
     the arguments a step runs with instead (transfer/lengths.py's symbolic run)."""
-    done: dict[str, Any] = {}
+    done: dict[str, Any] = dict(given or {})  # results made elsewhere (the epilogue's attention output)
     sizes = sizes or {}
     for s in steps:  # under the caller's grad mode: a result that needs a backward says so
         args = [_decode(a, bound, done, device, sizes) for a in s.args]
@@ -119,6 +120,16 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
     steps = needed_steps(p.prologue, set(used)) if in_place else p.prologue
     done = run_steps(steps, bound, device, call_lengths(p, bound))
     return {s: done[s].to(device) for s in used}
+
+
+ATTENTION = "__attention__"  # the step name epilogue steps read the attention output by
+
+
+def run_epilogue(p: Program, out: torch.Tensor, bound: dict[str, Any]) -> torch.Tensor:
+    """The spec's ops after its attention output (transfer/epilogue.py), run by PyTorch on `out`, the
+    attention output in the spec's layout; the function's result."""
+    done = run_steps(p.epilogue, bound, out.device, call_lengths(p, bound), given={ATTENTION: out})
+    return done[p.epilogue[-1].name]
 
 
 def call_lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from ..ir.expr import scalars as scalars_of
 from ..ir.interpreter import index_env, row_factor
 from ..ir.interval import interval
 from ..ir.program import Program
-from ..ir.prologue import run_prologue
+from ..ir.prologue import run_epilogue, run_prologue
 from ..lower import Lowered
 from ..lower.tiles import value_dim_of
 from .launch import CubinKernel
@@ -59,7 +59,8 @@ class KernelRunner:
         self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
         self._row_lse = p.row_scale is not None and ROW_LSE in free_vars(p.row_scale)  # the kernel writes it
         # what a call must work out, decided once: most programs need none of it per call
-        self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars) and not p.prologue
+        self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars) and not p.prologue \
+            and not p.epilogue
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
@@ -78,7 +79,7 @@ class KernelRunner:
             self._scale_const = self._scale({}, self._lit or {})
 
     # -- calls -----------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if self._fast:
             plan = self.plan
             if plan.qkv_at is not None and len(args) > plan.qkv_at[3] and not self._extra_paths:
@@ -95,6 +96,11 @@ class KernelRunner:
         return self.run_bound(bind_args(self.p.signature, args, kwargs))
 
     def run_bound(self, bound: dict[str, Any], poison: bool = False) -> Any:
+        out = self._attention(bound, poison)
+        return run_epilogue(self.p, out, bound) if self.p.epilogue else out
+
+    def _attention(self, bound: dict[str, Any], poison: bool) -> Any:
+        """The attention output in the spec's layout (before any epilogue)."""
         p = self.p
         if self.paged is not None:
             made = run_prologue(p, bound, call_device(bound), in_place=("k", "v"))

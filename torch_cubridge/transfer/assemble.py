@@ -56,7 +56,7 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
             raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
         dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
     except UnsupportedSpec:
-        if not step and any(ix.op not in ("var", "const") for ix in ld.args):  # dims packed in the argument
+        if any(ix.op not in ("var", "const") for ix in ld.args):  # dims packed in the argument (or made tensor)
             raise SplitLayoutRefused(f"{name} packs dims the spec splits apart (heads with the head dim?)",
                                      op=name, input=ld.attr) from None
         raise

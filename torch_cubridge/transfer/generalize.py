@@ -84,8 +84,8 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
     progs = _probes(fn, example, prog, transfer_fn, ex)
     if progs is None:
         return prog, False
-    steps = _fit_steps(progs, names)
-    if steps is None:
+    steps, after = _fit_steps(progs, names, "prologue"), _fit_steps(progs, names, "epilogue")
+    if steps is None or after is None:
         return prog, False
     scalars = []
     for i, s in enumerate(prog.scalars):
@@ -99,7 +99,7 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
         if expr is None or any(_eval(coef, [sz[n] for n in names]) != v for (sz, _), v in zip(progs, vals)):
             return prog, False
         scalars.append(replace(s, value=None, expr=expr))
-    return replace(prog, scalars=tuple(scalars), prologue=steps), True
+    return replace(prog, scalars=tuple(scalars), prologue=steps, epilogue=after), True
 
 
 def _probes(fn: Callable, example: dict[str, Any], prog: Program, transfer_fn: Callable[[Any], Program],
@@ -131,9 +131,10 @@ def _multiples(ex: dict[str, int]) -> list[dict[str, int]]:
 
 def _size_free(p: Program) -> Program:
     """The structure with the prologue's integer literals blanked: probes may move those."""
-    steps = tuple(replace(st, args=_blank(st.args), kwargs=_blank(st.kwargs)) for st in p.prologue)
+    def blank(steps: tuple) -> tuple:
+        return tuple(replace(st, args=_blank(st.args), kwargs=_blank(st.kwargs)) for st in steps)
     ops = {r: replace(getattr(p, r), length=None) for r in ("q", "k", "v")}  # probes' programs have no rules
-    return replace(p.structure(), prologue=steps, **ops)
+    return replace(p.structure(), prologue=blank(p.prologue), epilogue=blank(p.epilogue), **ops)
 
 
 def _blank(x: Any) -> Any:
@@ -142,9 +143,10 @@ def _blank(x: Any) -> Any:
     return 0 if type(x) is int else x
 
 
-def _fit_steps(progs: list[tuple[dict[str, int], Program]], names: list[str]) -> tuple | None:
-    """The prologue with every integer literal that moves with the lengths (arange(S), a view's S) an
-    exact affine form ("@size", c0, ((name, c), ...)) of them; None where no such form fits."""
+def _fit_steps(progs: list[tuple[dict[str, int], Program]], names: list[str], which: str) -> tuple | None:
+    """The prologue (or epilogue: `which`) with every integer literal that moves with the lengths
+    (arange(S), a view's S) an exact affine form ("@size", c0, ((name, c), ...)) of them; None where no
+    such form fits."""
     def fit(vals: list[Any]) -> Any:
         if type(vals[0]) is not int or all(v == vals[0] for v in vals):
             return vals[0]
@@ -160,9 +162,9 @@ def _fit_steps(progs: list[tuple[dict[str, int], Program]], names: list[str]) ->
             return tuple(walk([x[i] for x in xs]) for i in range(len(xs[0])))
         return fit(xs)
     try:
-        return tuple(replace(st, args=walk([p.prologue[i].args for _, p in progs]),
-                             kwargs=walk([p.prologue[i].kwargs for _, p in progs]))
-                     for i, st in enumerate(progs[0][1].prologue))
+        return tuple(replace(st, args=walk([getattr(p, which)[i].args for _, p in progs]),
+                             kwargs=walk([getattr(p, which)[i].kwargs for _, p in progs]))
+                     for i, st in enumerate(getattr(progs[0][1], which)))
     except _NoFit:
         return None
 

@@ -33,25 +33,68 @@ def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
         return p
     steps = needed_steps(p.prologue, {op.step for _, op in computed})
     paths = sorted(operand_inputs(p))
-    tensors = {}
-    for path in paths:
-        t = lookup(bound, path)
-        if isinstance(t, torch.Tensor):
-            tensors[path] = t
+    tensors = {path: t for path in paths if isinstance(t := lookup(bound, path), torch.Tensor)}
+    # the run as captured, then with view sizes made symbolic ([B*T, C] viewed as [B, T, H, D] holds T as
+    # a literal): the first that ties every length to an argument; a fixed length only where neither does
+    found = None
+    for views in (False, True):
+        rules = _rules(computed, steps, tensors, bound, views)
+        if rules is not None and (found is None or not any(r[0] == FIXED for r in rules.values())):
+            found = rules
+        if found is not None and not any(r[0] == FIXED for r in found.values()):
+            break
+    if found is None:
+        return None
+    return replace(p, **{role: replace(op, length=found[role]) for role, op in computed})
+
+
+def _rules(computed: list, steps: tuple, tensors: dict[str, torch.Tensor], bound: dict[str, Any],
+           views: bool) -> dict[str, tuple] | None:
+    """Each computed operand's length rule from one symbolic run; None where some has none."""
     try:
         env, mode, fakes, owner = symbolic_fakes(tensors)
         with mode:
-            done = run_steps(steps, {**bound, **fakes}, call_device(bound), rewrite=_same_size)
+            done = run_steps(steps, {**bound, **fakes}, call_device(bound), rewrite=_rewriter(fakes, views))
     except Exception:  # an op symbolic sizes cannot run: held at its shape
         return None
     out = {}
     for role, op in computed:
-        n = done[op.step].shape[op.dims.index("s")]
-        rule = _rule(n, env, owner, bound)
+        rule = _rule(done[op.step].shape[op.dims.index("s")], env, owner, bound)
         if rule is None:
             return None
-        out[role] = replace(op, length=rule)
-    return replace(p, **out)
+        out[role] = rule
+    return out
+
+
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _rewriter(fakes: dict[str, torch.Tensor], views: bool):
+    """rewrite(op, args) for the symbolic run: literals captured at the call's sizes made symbolic again
+    (an expand's always, a view's where `views`)."""
+    sizes = [n for t in fakes.values() for n in t.shape if isinstance(n, torch.SymInt)]
+
+    def rewrite(op: str, args: list) -> list:
+        if views and op in _VIEWS:
+            return _view_sizes(args, sizes)
+        return _same_size(op, args)
+    return rewrite
+
+
+def _view_sizes(args: list, sizes: list) -> list:
+    """A view's literal size equal to an argument's size that the viewed tensor's sizes are made of, as
+    that symbolic size ([B*T, C] viewed as [B, T, H, D]: B and T). A guess where two sizes are equal:
+    generalisation's probes and verification decide whether the program holds."""
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor):
+        return args
+    made = set().union(*(n.node.expr.free_symbols for n in args[0].shape if isinstance(n, torch.SymInt)))
+    by_hint: dict[int, list] = {}
+    for n in sizes:
+        if n.node.expr.is_Symbol and n.node.expr in made:
+            by_hint.setdefault(n.node.hint, []).append(n)
+    new = [by_hint[n][0] if type(n) is int and n > 1 and len({x.node.expr for x in by_hint.get(n, ())}) == 1 else n
+           for n in args[1]]
+    return [args[0], new] + list(args[2:])
 
 
 def _same_size(op: str, args: list) -> list:

@@ -103,13 +103,13 @@ class Prologue:
         raise UnsupportedSpec(f"an argument of type {type(x).__name__} the prologue cannot record", op="prologue")
 
 
-def cone_of(node: Node) -> list[Node]:
-    """The call nodes `node` depends on, itself last, in graph order."""
+def cone_of(node: Node, stop: frozenset[Node] = frozenset()) -> list[Node]:
+    """The call nodes `node` depends on, itself last, in graph order; none past a node in `stop`."""
     seen: set[Node] = set()
     out: list[Node] = []
 
     def visit(n: Node) -> None:
-        if n in seen or n.op != "call_function":
+        if n in seen or n.op != "call_function" or n in stop:
             return
         seen.add(n)
         for a in n.all_input_nodes:

@@ -10,6 +10,7 @@ from ..errors import HeldTensorRefused, SplitLayoutRefused, UnsupportedSpec
 from ..ir.expr import free_vars, loads
 from ..ir.program import Program, row_sink
 from .assemble import assemble
+from .epilogue import epilogue_steps
 from .masks import extract_mask
 from .prologue import Prologue
 from .scalars import lift_literals
@@ -37,7 +38,7 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
             break
         not_score: set[str] = set()
         split: set[str] = set()
-        for _ in range(4):
+        for _ in range(12):  # each retry leaves one more matmul or split view to the prologue
             walker: list[Walker] = []
             try:
                 return _transfer_once(cap, prologue, not_score, walker, held, split)
@@ -99,8 +100,10 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     extras = tuple(x for x in parts.pop("extras") if x.name in used)
     computed = {op.step for op in (parts["q"], parts["k"], parts["v"]) if op.step}
     steps = pro.needed({x.step for x in extras if x.step} | computed) if pro is not None else ()
+    after = epilogue_steps(cap.graph, walker.boundary, walker.on_score, Prologue(placeholders, sources)) \
+        if walker.boundary is not None else ()
     prog = Program(score=score, mask=mask, sink=sink, scalars=tuple(scalars), block_rule=rule,
-                   empty_rows=empty, extras=extras, prologue=steps, **parts)
+                   empty_rows=empty, extras=extras, prologue=steps, epilogue=after, **parts)
     prog.validate()
     return prog
 

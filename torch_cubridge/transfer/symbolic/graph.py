@@ -44,6 +44,7 @@ class Walker(OffScorePath):
         self.held_operand = False  # q.k may have one side the function holds itself (symbolic_transfer)
         self.score_node: str | None = None
         self.split_inputs: set[str] = set()  # arguments whose split views the prologue makes (symbolic_transfer)
+        self.boundary: Node | None = None  # the attention output the epilogue starts from (transfer/epilogue.py)
 
     def arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -74,8 +75,8 @@ class Walker(OffScorePath):
                 self.from_call.add(node)
                 if name in self.split_inputs:
                     split_from.add(node)
-            elif node.op == "call_function" and split_from and self.prologue is not None \
-                    and node.args and node.args[0] in split_from and merges_dims(node):
+            elif node.op == "call_function" and self.split_inputs and self.prologue is not None \
+                    and node.args and self._split_source(node.args[0], split_from) and merges_dims(node):
                 self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
             elif node.op == "get_attr":
@@ -88,7 +89,13 @@ class Walker(OffScorePath):
                     e.node = e.node or node.name
                     alt = self.recover(node)
                     if alt is None:
-                        raise
+                        at = self._attention_output_read_by(node)
+                        if at is None:
+                            raise
+                        # an op on the finished attention output (o @ W_o, o * g): the rest of the graph
+                        # is the epilogue, which PyTorch runs on the kernel's output
+                        self.boundary = at
+                        return self.env[at]
                     self.env[node] = alt
                 ins = node.all_input_nodes
                 if (not had_score and "score" in self.ctx.facts) or any(a in self.on_score for a in ins):
@@ -98,6 +105,21 @@ class Walker(OffScorePath):
             elif node.op == "output":
                 return self.arg(node.args[0])
         raise UnsupportedSpec("graph has no output")
+
+    def _split_source(self, a: Any, split_from: set[Node]) -> bool:
+        """`a` is an argument, or a tensor the prologue made, whose split view the prologue is to make."""
+        if a in split_from:
+            return True
+        v = self.env.get(a) if isinstance(a, Node) else None
+        return isinstance(v, Sym) and v.expr is not None and v.expr.op == "load" and v.expr.attr in self.split_inputs
+
+    def _attention_output_read_by(self, node: Node) -> Node | None:
+        """The one attention output (softmax(...) @ v, as its views) `node` reads, where the epilogue may
+        start there (the prologue is on: values off the kernel's path go to PyTorch); else None."""
+        if self.prologue is None:
+            return None
+        outs = [a for a in node.all_input_nodes if isinstance(self.env.get(a), Sym) and self.env[a].kind == "attn"]
+        return outs[0] if len(outs) == 1 else None
 
     def call(self, node: Node) -> Any:
         t = node.target

@@ -1,0 +1,87 @@
+"""Ops after the attention output (transfer/epilogue.py): PyTorch runs the spec's own ops on the kernel's
+output. Each spec transfers with its epilogue, matches float64 at lengths other than the capture's, and
+a result that reads the probabilities is refused with that reason."""
+import pytest
+import torch
+
+import epilogue_specs as es
+import torch_cubridge as tc
+from helpers import rel_err
+from torch_cubridge.ir.program import Program
+
+
+def _to64(args):
+    return tuple(a.double() if isinstance(a, (torch.Tensor, torch.nn.Module)) else a for a in args)
+
+
+def _check(fn, make, lengths):
+    prog = tc.transfer(fn, *make(lengths[0]))
+    assert prog.epilogue, str(prog)
+    for S in lengths:
+        args = make(S)
+        with torch.no_grad():
+            got = prog.run(*args)
+            ref = fn(*_to64(args))
+        _to64(args)  # (a module converted for the reference is converted back below)
+        for a in args:
+            if isinstance(a, torch.nn.Module):
+                a.float()
+        assert got.shape == ref.shape and rel_err(got, ref) < 1e-5, (S, rel_err(got, ref))
+    return prog
+
+
+def test_gate_on_the_output():
+    gate = {}
+    prog = _check(es.gated_output, lambda S: es.qkv(2, 4, S, 16) + (gate.setdefault(S, torch.randn(2, 4, S, 16)),),
+                  (33, 50, 7))
+    assert [s.op for s in prog.epilogue][-1] == "aten.mul.Tensor"
+
+
+def test_scale_and_shift_is_generic_in_the_length():
+    prog = _check(es.scale_shift, lambda S: es.qkv(2, 4, S, 16), (33, 50, 7))
+    assert "Sq" not in dict(prog.requires)
+
+
+def test_heads_merged_and_projected():
+    w = es.weights(64, 1)[0]
+    prog = _check(es.merged_and_projected, lambda S: es.qkv(2, 4, S, 16) + (w,), (40, 17, 90))
+    assert not {"Sq", "Skv"} & set(dict(prog.requires))  # the epilogue's reshape is fitted to the length
+
+
+def test_whole_attention_with_projections_in_and_out():
+    ws = es.weights(64, 4)
+    prog = _check(es.separate_projections, lambda T: (es.hidden(2, T, 64),) + ws, (40, 17, 90))
+    assert prog.q.step and prog.k.step and prog.v.step  # q, k and v made by the prologue from x
+    assert not {"Sq", "Skv"} & set(dict(prog.requires))
+
+
+def test_nanogpt_attention_module():
+    torch.manual_seed(0)
+    m = es.CausalSelfAttention()
+    prog = _check(es.nanogpt_forward, lambda T: (m, es.hidden(2, T, 64)), (40, 17, 90))
+    assert prog.mask is not None  # is_causal became the kernel's mask, not PyTorch's
+    assert any("c_proj" in str(s.args) for s in prog.epilogue)
+
+
+def test_a_result_that_reads_the_probabilities_is_refused():
+    with pytest.raises(tc.UnsupportedSpec, match="probabilities apart from the attention output"):
+        tc.transfer(es.reads_probs_after, *es.qkv(2, 4, 30, 16))
+
+
+def test_epilogue_round_trips_through_json():
+    w = es.weights(64, 1)[0]
+    prog = tc.transfer(es.merged_and_projected, *es.qkv(2, 4, 40, 16), w)
+    back = Program.from_json(prog.to_json())
+    assert back == prog
+    args = es.qkv(2, 4, 23, 16) + (w,)
+    assert rel_err(back.run(*args), es.merged_and_projected(*_to64(args))) < 1e-5
+
+
+def test_compiled_function_serves_the_epilogue_spec_on_the_cpu():
+    """On the CPU the spec serves; the program is transferred and verified all the same."""
+    ws = es.weights(64, 4)
+    f = tc.compile(es.separate_projections, fallback="silent")
+    x = es.hidden(2, 40, 64)
+    assert torch.allclose(f(x, *ws), es.separate_projections(x, *ws))
+    e = f.entries()[-1]
+    assert e.result is not None and e.result.program.epilogue and e.result.report.ok
