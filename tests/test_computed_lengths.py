@@ -117,3 +117,21 @@ def test_a_decode_loop_over_a_widening_block_table_captures_once(monkeypatch):
         t = torch.randint(0, kp.shape[0], (2, width))
         assert rel_err(f(q, kp, vp, t), ps.flash_slots_first(*to64((q, kp, vp, t)))) < 1e-5
     assert calls == []
+
+
+def test_a_large_pinned_argument_is_drawn_once_per_verification(monkeypatch):
+    """A page pool keeps its size in every trial: within one verification it is drawn once (each trial
+    still draws its own table and queries), outside one every call draws it again."""
+    import torch_cubridge.verify.inputs as vi
+    from torch_cubridge.verify.reference import module_copies
+    monkeypatch.setattr(vi, "BIG", 1 << 10)
+    args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32)
+    prog = tc.transfer(ps.vllm_heads_first, *args)
+    bound = dict(zip(("q", "k_pages", "v_pages", "block_table", "seq_lens"), args))
+    sizes = vi.example_sizes(prog, bound)
+    with module_copies():
+        a, b = (vi.make_inputs(prog, bound, sizes, seed=s) for s in (1, 2))
+        assert a["k_pages"] is b["k_pages"] and not torch.equal(a["k_pages"], args[1])
+        assert not torch.equal(a["q"], b["q"]) and not torch.equal(a["block_table"], b["block_table"])
+    c, d = (vi.make_inputs(prog, bound, sizes, seed=s) for s in (1, 2))
+    assert not torch.equal(c["k_pages"], d["k_pages"])

@@ -53,6 +53,20 @@ def module_copies() -> Iterator[None]:
         _local.memo = outer
 
 
+BIG = 1 << 24  # elements: a tensor this large that keeps its size in every trial is drawn once per verification
+
+
+def once(key: tuple, hold: Any, make: Callable[[], Any]) -> Any:
+    """make() once per `key` within module_copies() (every trial of one verification), else every time.
+    `hold` is kept with the result, so an id() in the key is not reused while the memo lives."""
+    memo = getattr(_local, "memo", None)
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = (hold, make())
+    return memo[key][1]
+
+
 def to64(v: Any, dtype: torch.dtype = torch.float64, device: torch.device = CPU) -> Any:
     """v on `device` with its floating-point tensors (a module's too, on a copy) in `dtype`."""
     if isinstance(v, torch.nn.Module):
@@ -67,9 +81,15 @@ def to64(v: Any, dtype: torch.dtype = torch.float64, device: torch.device = CPU)
             memo[key] = (v, c)  # v held: its id is not reused while the memo lives
         return c
     if isinstance(v, torch.Tensor):
-        v = v.detach().to(device)
-        return v.to(dtype) if v.is_floating_point() else v
+        if v.numel() >= BIG:  # a page pool drawn once (verify/inputs.py) is converted once too
+            return once(("to", id(v), dtype, device), v, lambda: _converted(v, dtype, device))
+        return _converted(v, dtype, device)
     return v
+
+
+def _converted(v: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    v = v.detach().to(device)
+    return v.to(dtype) if v.is_floating_point() else v
 
 
 def _module_copy(m: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
