@@ -6,7 +6,12 @@ pays torch's tracing imports, the later ones show what a new variant costs a run
 With --against DIR the same children run from another checkout, alternating with ours, so both
 are timed on one machine in one session.
 
-Usage: python benchmarks/cold_start.py [--out DIR] [--against OTHER_CHECKOUT] [--rounds N]
+With --bytecode the children may write Python bytecode (under a cache prefix in /tmp), as any
+installed Python does: the device machine sets PYTHONDONTWRITEBYTECODE=1, so each of its processes
+compiled ~950 of torch's modules from source (2.4 s of a 5.5 s first call, NOTES v18 and v20). One
+child runs first to write the bytecode and is not counted.
+
+Usage: python benchmarks/cold_start.py [--out DIR] [--against OTHER_CHECKOUT] [--rounds N] [--bytecode]
 (writes cold_start.json)
 """
 from __future__ import annotations
@@ -41,10 +46,16 @@ print(json.dumps({{"import_s": import_s, "calls": rows}}))
 """
 
 
-def child(root: Path) -> dict:
+PYCACHE = "/tmp/cubridge-cold-start-pycache"
+
+
+def child(root: Path, bytecode: bool = False) -> dict:
     code = CHILD.format(root=str(root), bench=str(ROOT / "benchmarks"), variants=VARIANTS)
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
+        if bytecode:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = PYCACHE
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
     if r.returncode:
         return {"error": r.stderr[-1500:]}
@@ -56,18 +67,23 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--against", metavar="DIR")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--bytecode", action="store_true", help="children write and read bytecode (see above)")
     a = ap.parse_args()
     import torch
     print(torch.cuda.get_device_name(), flush=True)
     roots = {"ours": ROOT} | ({"other": Path(a.against).resolve()} if a.against else {})
     runs: dict[str, list] = {n: [] for n in roots}
+    if a.bytecode:  # writes the bytecode of everything a first call imports; not counted
+        for root in roots.values():
+            child(root, True)
     for _ in range(a.rounds):
         for name, root in roots.items():
-            runs[name].append(child(root))
+            runs[name].append(child(root, a.bytecode))
             print(name, json.dumps(runs[name][-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "cold_start.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                             "variants": VARIANTS, "runs": runs}, indent=1))
+                                                             "variants": VARIANTS, "bytecode": a.bytecode,
+                                                             "runs": runs}, indent=1))
     print(f"{'':8}" + "".join(f"{v:>16}" for v in VARIANTS))
     for name, rs in runs.items():
         ok = [r for r in rs if "calls" in r]
