@@ -15,7 +15,7 @@ from torch.fx import Node
 from ..errors import UnsupportedSpec
 from ..ir.program import Step
 from ..ir.prologue import ATTENTION
-from .prologue import Prologue, _mutates_input, _op_name, cone_of
+from .prologue import Prologue, cone_of, mutates_input, op_name
 
 
 def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node], encoder: Prologue
@@ -32,14 +32,13 @@ def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node]
     for n in cone:
         if n in on_score and n not in after:
             e = UnsupportedSpec("the output reads the scores or probabilities apart from the attention "
-                                "output (the kernel does not write them)", op=_op_name(n))
+                                "output (the kernel does not write them)", op=op_name(n))
             e.node = n.name
             raise e
-        if _mutates_input(n):
+        if mutates_input(n):
             raise UnsupportedSpec("an in-place op on an argument after the attention output", op="epilogue")
     renamed = {boundary: ATTENTION}
-    return tuple(Step(n.name, _op_name(n), tuple(encoder._enc(a, renamed) for a in n.args),
-                      tuple((k, encoder._enc(v, renamed)) for k, v in n.kwargs.items())) for n in cone)
+    return tuple(encoder.step_for(n, renamed) for n in cone)
 
 
 def _downstream(node: Node) -> set[Node]:

@@ -36,11 +36,10 @@ class Prologue:
     def record(self, node: Node) -> str:
         """Steps computing `node` (and what it reads that is not recorded yet); its step name."""
         for dep in cone_of(node):
-            if _mutates_input(dep):  # replaying it would change the caller's tensor on every call
+            if mutates_input(dep):  # replaying it would change the caller's tensor on every call
                 raise UnsupportedSpec("an in-place op on an argument, off the score path", op="prologue")
             if dep.name not in self.steps:
-                self.steps[dep.name] = Step(dep.name, _op_name(dep), tuple(self._enc(a) for a in dep.args),
-                                            tuple((k, self._enc(v)) for k, v in dep.kwargs.items()))
+                self.steps[dep.name] = self.step_for(dep)
         return node.name
 
     def record_by_distance(self, diff: Node, sign: int, chain: list[Node], sq: int, skv: int) -> str:
@@ -59,10 +58,15 @@ class Prologue:
                 if a not in renamed and a.op == "call_function":
                     self.record(a)
             renamed[n] = f"{n.name}_dist"
-            self.steps.setdefault(renamed[n], Step(renamed[n], _op_name(n),
-                                                   tuple(self._enc(a, renamed) for a in n.args),
-                                                   tuple((k, self._enc(v, renamed)) for k, v in n.kwargs.items())))
+            self.steps.setdefault(renamed[n], self.step_for(n, renamed))
         return renamed[chain[-1]]
+
+    def step_for(self, node: Node, renamed: dict[Node, str] | None = None) -> Step:
+        """`node` as a step: its aten op and arguments, the nodes it reads named by their steps (those in
+        `renamed` by the names given there, the node's own too)."""
+        return Step((renamed or {}).get(node, node.name), op_name(node),
+                    tuple(self._enc(a, renamed) for a in node.args),
+                    tuple((k, self._enc(v, renamed)) for k, v in node.kwargs.items()))
 
     def reads_arguments_only(self, node: Node) -> bool:
         """Every tensor `node` reads comes from the call (an argument or a tensor an argument holds),
@@ -119,7 +123,7 @@ def cone_of(node: Node, stop: frozenset[Node] = frozenset()) -> list[Node]:
     return out
 
 
-def _mutates_input(n: Node) -> bool:
+def mutates_input(n: Node) -> bool:
     """An in-place aten op (its schema writes its first argument) on a call argument or constant."""
     t = n.target
     if not isinstance(t, torch._ops.OpOverload) or not n.args or not isinstance(n.args[0], Node):
@@ -128,7 +132,7 @@ def _mutates_input(n: Node) -> bool:
     return writes and n.args[0].op in ("placeholder", "get_attr")
 
 
-def _op_name(n: Node) -> str:
+def op_name(n: Node) -> str:
     t = n.target
     if t is operator.getitem:
         return "getitem"
