@@ -460,3 +460,21 @@ def test_second_process_reads_what_the_first_built(tmp_path: Path) -> None:
         second = subprocess.run([sys.executable, "-c", _READ], env=env, capture_output=True, text=True)
         assert second.returncode == 0, second.stderr
         assert second.stdout.split(maxsplit=1) == [sha, "\x7fELF built in process one\n"]
+
+
+def test_a_directory_moved_aside_meanwhile_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """Another process may move a corrupt index aside between our check that it exists and our look at
+    it (seen in CI: FileNotFoundError out of ArtifactCache.get); the directory is made again."""
+    from torch_cubridge.cache import safedir
+    d = tmp_path / "index"
+    safedir.make_private_dir(d)
+    real = safedir._tighten_if_empty
+    moved = []
+
+    def vanish_once(p):
+        if not moved:
+            moved.append(p)
+            os.rename(p, tmp_path / ".index.corrupt-1")  # what Index._rebuild does
+        return real(p)
+    monkeypatch.setattr(safedir, "_tighten_if_empty", vanish_once)
+    assert safedir.make_private_dir(d) == safedir.resolve(d) and d.is_dir() and moved

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import time
 from pathlib import Path
 
 from .errors import UnsafeCacheDirError
@@ -114,7 +115,20 @@ def _tighten_if_empty(real: Path) -> None:
 
 
 def make_private_dir(path: Path) -> Path:
-    """Create `path` (and missing parents) 0700, or check an existing one; return its real path."""
+    """Create `path` (and missing parents) 0700, or check an existing one; return its real path.
+    A directory that vanishes meanwhile (another process moving a corrupt index aside to rebuild it)
+    is made again."""
+    for attempt in range(5):
+        try:
+            return _make_private_dir(path)
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _make_private_dir(path: Path) -> Path:
     real = resolve(path)
     missing = []
     p = real
