@@ -191,15 +191,14 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
     moving = tuple(s[:2] for s in seq if s is not None and s[0] != FIXED) + tuple(
         pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in length_rule(op)[3])
     unmoved = _unmoved(prog, bound) if generic and (prog.prologue or prog.epilogue) else ()
-    pinned = frozenset((path, int(d)) for e in unmoved for path, d in [e.args[0].attr.rsplit(":", 1)])
+    pinned = frozenset((path, d) for path, d, _ in unmoved)
     sizes = size_guards(fn, bound, moving, pinned) if generic and None not in seq else None
     if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
         sizes = pin_all(bound)
     elif operand_length(prog.q, bound) == operand_length(prog.k, bound):
         # generalisation fitted scalars in Sq alone when the example was square
         sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
-    if generic and (prog.prologue or prog.epilogue):
-        sizes += unmoved
+    sizes += tuple(call("eq", dim(path, d), const(n)) for path, d, n in unmoved)
     if generic:
         sizes += _divisor_pins(prog, bound)
     return sizes + value_guards(fn, bound)
@@ -217,14 +216,14 @@ def _divisor_pins(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
                  for d, n in enumerate(t.shape) if n in used and n > 1)
 
 
-def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
-    """Every argument size that does not follow the lengths, pinned: a generic prologue has only its
-    length-fitted literals moving (a view's B * H or a table's size stays a literal)."""
+def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    """(path, dim, size) of every argument size that does not follow the lengths, to be pinned: a generic
+    prologue has only its length-fitted literals moving (a view's B * H or a table's size stays a literal)."""
     from .verify.inputs import example_sizes, length_steps, make_inputs
     ex, step = example_sizes(prog, bound), length_steps(prog)
     probe = dict(ex, Sq=ex["Sq"] + 3 * step["Sq"], Skv=ex["Skv"] + (3 if ex["Sq"] == ex["Skv"] else 5) * step["Skv"])
     moved = make_inputs(prog, bound, probe, seed=0, values=False)
-    return tuple(call("eq", dim(path, d), const(int(n))) for path, t in bound.items() if isinstance(t, torch.Tensor)
+    return tuple((path, d, int(n)) for path, t in bound.items() if isinstance(t, torch.Tensor)
                  for d, n in enumerate(t.shape) if moved[path].shape[d] == n)
 
 

@@ -118,14 +118,12 @@ def make_private_dir(path: Path) -> Path:
     """Create `path` (and missing parents) 0700, or check an existing one; return its real path.
     A directory that vanishes meanwhile (another process moving a corrupt index aside to rebuild it)
     is made again."""
-    for attempt in range(5):
+    for attempt in range(4):
         try:
             return _make_private_dir(path)
         except FileNotFoundError:
-            if attempt == 4:
-                raise
             time.sleep(0.01 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return _make_private_dir(path)
 
 
 def _make_private_dir(path: Path) -> Path:

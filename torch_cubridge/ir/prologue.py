@@ -162,7 +162,8 @@ FIXED = ""  # the path of a length rule that no argument moves: the length is it
 def length_rule(op: Any) -> tuple[str, int, int, tuple, int] | None:
     """A computed operand's (path, dim, offset, moved dims, scale): its length is that argument dim
     times scale plus offset (a block table's width times the page size has scale P); with path FIXED,
-    the offset alone (latent queries a module holds). None: held at the call's shape."""
+    the offset alone (latent queries a module holds). None: held at the call's shape, or an argument
+    operand (its length is its own)."""
     if op.length is None:
         return None
     path, d, off, moved = op.length[:4]

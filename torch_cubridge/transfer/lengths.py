@@ -36,16 +36,18 @@ def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
     tensors = {path: t for path in paths if isinstance(t := lookup(bound, path), torch.Tensor)}
     # the run as captured, then with view sizes made symbolic ([B*T, C] viewed as [B, T, H, D] holds T as
     # a literal): the first that ties every length to an argument; a fixed length only where neither does
-    found = None
-    for views in (False, True):
-        rules = _rules(computed, steps, tensors, bound, views)
-        if rules is not None and (found is None or not any(r[0] == FIXED for r in rules.values())):
-            found = rules
-        if found is not None and not any(r[0] == FIXED for r in found.values()):
-            break
+    found = _rules(computed, steps, tensors, bound, views=False)
+    if not _tied(found):
+        again = _rules(computed, steps, tensors, bound, views=True)
+        found = again if _tied(again) else found or again
     if found is None:
         return None
     return replace(p, **{role: replace(op, length=found[role]) for role, op in computed})
+
+
+def _tied(rules: dict[str, tuple] | None) -> bool:
+    """Every computed operand's length follows an argument dim (none fixed)."""
+    return rules is not None and all(r[0] != FIXED for r in rules.values())
 
 
 def _rules(computed: list, steps: tuple, tensors: dict[str, torch.Tensor], bound: dict[str, Any],

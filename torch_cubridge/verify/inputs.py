@@ -211,7 +211,7 @@ def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
     keys cannot make fewer keys than the new ones; whole pages make a multiple of the page size)."""
     out: dict[str, dict[int, int]] = {}
     for name, op in (("Sq", p.q), ("Skv", p.k), ("Skv", p.v)):
-        rule = length_rule(op) if op.step is not None else None
+        rule = length_rule(op)
         if rule is None:
             continue
         path, d, off, moved, scale = rule
@@ -233,7 +233,7 @@ def length_steps(p: Program) -> dict[str, int]:
     for a fixed length."""
     out = {"Sq": 1, "Skv": 1}
     for name, op in (("Sq", p.q), ("Skv", p.k)):
-        rule = length_rule(op) if op.step is not None else None
+        rule = length_rule(op)
         if rule is not None:
             out[name] = 0 if rule[0] == FIXED else rule[4]
     return out
@@ -244,7 +244,7 @@ def snap(p: Program, sizes: dict[str, int]) -> dict[str, int]:
     up to the smallest such where it is below."""
     out = dict(sizes)
     for name, op in (("Sq", p.q), ("Skv", p.k)):
-        rule = length_rule(op) if op.step is not None else None
+        rule = length_rule(op)
         if rule is not None and rule[0] == FIXED:
             out[name] = rule[2]
         elif rule is not None and rule[4] != 1:

@@ -72,14 +72,7 @@ def to64(v: Any, dtype: torch.dtype = torch.float64, device: torch.device = CPU)
     if isinstance(v, torch.nn.Module):
         if _module_in(v, dtype, device):  # a copy made here already
             return v
-        memo = getattr(_local, "memo", None)
-        key = (id(v), dtype, device)
-        if memo is not None and key in memo:
-            return memo[key][1]
-        c = _module_copy(v, dtype, device)
-        if memo is not None:
-            memo[key] = (v, c)  # v held: its id is not reused while the memo lives
-        return c
+        return once((id(v), dtype, device), v, lambda: _module_copy(v, dtype, device))
     if isinstance(v, torch.Tensor):
         if v.numel() >= BIG:  # a page pool drawn once (verify/inputs.py) is converted once too
             return once(("to", id(v), dtype, device), v, lambda: _converted(v, dtype, device))
