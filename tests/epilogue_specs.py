@@ -29,6 +29,13 @@ def merged_and_projected(q, k, v, w_o):
     return o.transpose(1, 2).reshape(B, S, H * D) @ w_o
 
 
+def decode_projected(q, k, v, w_o):
+    """A decode step (one query against the cache) with its heads merged and projected."""
+    B, H, S, D = q.shape
+    o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1) @ v
+    return o.transpose(1, 2).reshape(B, S, H * D) @ w_o
+
+
 def separate_projections(x, wq, wk, wv, wo, heads=4):
     """The whole attention from the hidden states: q, k, v projected, causal SDPA, projected out."""
     B, T, C = x.shape

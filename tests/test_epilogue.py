@@ -48,6 +48,13 @@ def test_heads_merged_and_projected():
     assert not {"Sq", "Skv"} & set(dict(prog.requires))  # the epilogue's reshape is fitted to the length
 
 
+def test_decode_step_merged_and_projected_over_a_growing_cache():
+    w = es.weights(64, 1)[0]
+    q = torch.randn(2, 4, 1, 16)
+    prog = _check(es.decode_projected, lambda S: (q,) + es.qkv(2, 4, S, 16)[1:] + (w,), (40, 17, 90))
+    assert dict(prog.requires).get("Sq") == 1 and "Skv" not in dict(prog.requires)
+
+
 def test_whole_attention_with_projections_in_and_out():
     ws = es.weights(64, 4)
     prog = _check(es.separate_projections, lambda T: (es.hidden(2, T, 64),) + ws, (40, 17, 90))
