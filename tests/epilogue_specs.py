@@ -36,6 +36,20 @@ def decode_projected(q, k, v, w_o):
     return o.transpose(1, 2).reshape(B, S, H * D) @ w_o
 
 
+def masked_projected_normed(q, k, v, mask, w_o):
+    """An additive mask, then heads merged, projected and layer-normed (BERT's and GIT's attention block):
+    a row whose keys are all masked is NaN in the spec, whatever the kernel's zeros become here."""
+    B, H, S, D = q.shape
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, -1)
+    o = (p @ v).permute(0, 2, 1, 3).reshape(B, S, H * D)
+    return F.layer_norm(o @ w_o, (H * D,))
+
+
+def through_star_args(*args):
+    """A spec that takes its tensors as *args (a wrapper around a module's forward)."""
+    return merged_and_projected(*args)
+
+
 def separate_projections(x, wq, wk, wv, wo, heads=4):
     """The whole attention from the hidden states: q, k, v projected, causal SDPA, projected out."""
     B, T, C = x.shape

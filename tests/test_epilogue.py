@@ -55,6 +55,30 @@ def test_decode_step_merged_and_projected_over_a_growing_cache():
     assert dict(prog.requires).get("Sq") == 1 and "Skv" not in dict(prog.requires)
 
 
+def test_rows_all_masked_before_a_layer_norm():
+    """Verification's structured masks leave rows with every key masked: NaN in the spec, and what the
+    epilogue makes of the kernel's zero rows in the program; the rest must match."""
+    w = es.weights(64, 1)[0]
+    mask = torch.zeros(2, 1, 40, 40)
+    mask[:, :, 5] = float("-inf")
+    f = tc.compile(es.masked_projected_normed, fallback="raise")
+    args = es.qkv(2, 4, 40, 16) + (mask, w)
+    got = f(*args)
+    ref = es.masked_projected_normed(*_to64(args))
+    assert torch.isnan(ref[:, 5]).all() and not torch.isnan(ref[:, 4]).any()
+    keep = torch.arange(40) != 5
+    assert rel_err(got[:, keep], ref[:, keep]) < 1e-5
+    assert f.entries()[0].result is not None  # transferred and verified (CPU: the spec serves)
+
+
+def test_a_spec_taking_star_args():
+    w = es.weights(64, 1)[0]
+    f = tc.compile(es.through_star_args, fallback="raise")
+    args = es.qkv(2, 4, 40, 16) + (w,)
+    assert rel_err(f(*args), es.merged_and_projected(*_to64(args))) < 1e-5
+    assert f.served["spec"] == 1 and f.entries()[0].result is not None  # transferred (CPU: the spec serves)
+
+
 def test_whole_attention_with_projections_in_and_out():
     ws = es.weights(64, 4)
     prog = _check(es.separate_projections, lambda T: (es.hidden(2, T, 64),) + ws, (40, 17, 90))

@@ -52,3 +52,12 @@ def test_nanogpt_attention_module_in_bf16():
     f = _serve(es.nanogpt_forward, (m, es.hidden(2, 300, 256, torch.bfloat16)))
     _serve(es.nanogpt_forward, (m, es.hidden(2, 77, 256, torch.bfloat16)))  # a new compile, same spec
     assert f.kernels()[-1].p.epilogue
+
+
+def test_masked_projected_and_layer_normed():
+    """An additive mask and a LayerNorm after the projection (BERT-style blocks): verification's masks
+    with whole rows masked are judged by rows, and the served call matches fp64."""
+    q, k, v = es.qkv(2, 4, 300, 64, torch.bfloat16)
+    mask = torch.zeros(2, 1, 300, 300, dtype=torch.bfloat16)
+    mask[..., 250:] = -1e4  # the last keys masked for every query (padding)
+    _serve(es.masked_projected_normed, (q, k, v, mask, es.weights(256, 1, torch.bfloat16)[0]))
