@@ -45,6 +45,15 @@ def masked_projected_normed(q, k, v, mask, w_o):
     return F.layer_norm(o @ w_o, (H * D,))
 
 
+def projected_with_weights(q, k, v, w_o, bias):
+    """A module's forward that returns (output, attention weights, a bias of its own), as BERT-style
+    and GPT-NeoX-Japanese attention modules do."""
+    B, H, S, D = q.shape
+    p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1)
+    o = (p @ v).transpose(1, 2).reshape(B, S, H * D) @ w_o
+    return o, p, bias * 2
+
+
 def through_star_args(*args):
     """A spec that takes its tensors as *args (a wrapper around a module's forward)."""
     return merged_and_projected(*args)

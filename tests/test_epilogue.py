@@ -71,6 +71,21 @@ def test_rows_all_masked_before_a_layer_norm():
     assert f.entries()[0].result is not None  # transferred and verified (CPU: the spec serves)
 
 
+def test_a_tuple_result_beside_the_projected_output():
+    """The output is the epilogue's, the weights are served as None (as a tuple result without an
+    epilogue serves them), a value off the score path is the spec's own."""
+    w, bias = es.weights(64, 1)[0], torch.randn(64)
+    args = es.qkv(2, 4, 40, 16) + (w, bias)
+    prog = tc.transfer(es.projected_with_weights, *args)
+    assert (prog.out.tuple_len, prog.out.index) == (3, 0)
+    for S in (40, 23):
+        args = es.qkv(2, 4, S, 16) + (w, bias)
+        got = prog.run(*args)
+        ref = es.projected_with_weights(*_to64(args))
+        assert len(got) == 3 and got[1] is None
+        assert rel_err(got[0], ref[0]) < 1e-5 and torch.equal(got[2], bias * 2)
+
+
 def test_a_spec_taking_star_args():
     w = es.weights(64, 1)[0]
     f = tc.compile(es.through_star_args, fallback="raise")

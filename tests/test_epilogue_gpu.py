@@ -61,3 +61,16 @@ def test_masked_projected_and_layer_normed():
     mask = torch.zeros(2, 1, 300, 300, dtype=torch.bfloat16)
     mask[..., 250:] = -1e4  # the last keys masked for every query (padding)
     _serve(es.masked_projected_normed, (q, k, v, mask, es.weights(256, 1, torch.bfloat16)[0]))
+
+
+def test_tuple_result_with_weights_and_a_bias():
+    """A module-style result (output, weights, bias): the kernel serves the output through the epilogue,
+    the weights are None, the bias is the spec's own."""
+    q, k, v = es.qkv(2, 4, 200, 64, torch.bfloat16)
+    w, bias = es.weights(256, 1, torch.bfloat16)[0], torch.randn(256, dtype=torch.bfloat16)
+    f = tc.compile(es.projected_with_weights, fallback="raise")
+    with torch.no_grad():
+        out, weights, b2 = f(q.cuda(), k.cuda(), v.cuda(), w.cuda(), bias.cuda())
+    ref = es.projected_with_weights(*(a.double() for a in (q, k, v, w, bias)))
+    assert f.served["kernel"] == 1 and weights is None
+    assert rel_err(out.float().cpu(), ref[0]) < 1e-2 and torch.equal(b2.cpu(), bias * 2)

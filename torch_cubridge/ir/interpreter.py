@@ -238,7 +238,7 @@ def _to_output_layout(p: Program, o: torch.Tensor) -> torch.Tensor:
             i += 1
         shape.append(n)
     o = o.reshape(shape)
-    if p.out.tuple_len:
+    if p.out.tuple_len and not p.epilogue:  # an epilogue's last step packs the tuple
         res: list[Any] = [None] * p.out.tuple_len
         res[p.out.index] = o
         return tuple(res)

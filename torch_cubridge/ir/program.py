@@ -63,7 +63,7 @@ class Step:
     ("@layout", l), ("@memory_format", m). kwargs: (name, value) pairs.
     """
     name: str
-    op: str                    # "aten.cumsum.default", or "getitem" of a tuple result
+    op: str                    # "aten.cumsum.default", "getitem" of a tuple result, "tuple" packs results
     args: tuple = ()
     kwargs: tuple = ()
 
@@ -80,7 +80,8 @@ class Scalar:
 
 @dataclass(frozen=True)
 class Output:
-    """The spec's output layout; "h*d" is merged heads. index: position in a tuple result."""
+    """The spec's output layout; "h*d" is merged heads. index: position in a tuple result (with an
+    epilogue: of the item made from the attention output, which the epilogue's last step packs)."""
     dims: tuple[str, ...]
     dtype: str = "q"           # "q" follows the query dtype
     tuple_len: int = 0         # 0: the spec returns a tensor

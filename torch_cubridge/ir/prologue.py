@@ -17,9 +17,12 @@ if TYPE_CHECKING:
 
 
 def resolve_op(name: str) -> Any:
-    """torch.ops.aten.<op>.<overload> from "aten.<op>.<overload>"; "getitem" indexes a tuple."""
+    """torch.ops.aten.<op>.<overload> from "aten.<op>.<overload>"; "getitem" indexes a tuple (None),
+    "tuple" packs the function's several results."""
     if name == "getitem":
         return None
+    if name == "tuple":
+        return _pack
     ns, op, overload = name.split(".")
     return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
@@ -123,6 +126,11 @@ def run_prologue(p: Program, bound: dict[str, Any], device: torch.device,
 
 
 ATTENTION = "__attention__"  # the step name epilogue steps read the attention output by
+RESULT = "__result__"  # the epilogue's last step where the function returns a tuple (op "tuple")
+
+
+def _pack(*items: Any) -> tuple:
+    return items
 
 
 def run_epilogue(p: Program, out: torch.Tensor, bound: dict[str, Any]) -> torch.Tensor:

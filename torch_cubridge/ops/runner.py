@@ -194,7 +194,7 @@ class KernelRunner:
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
         out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        if self.p.out.tuple_len:
+        if self.p.out.tuple_len and not self.p.epilogue:
             full: list[Any] = [None] * self.p.out.tuple_len
             full[self.p.out.index] = out
             return tuple(full)
@@ -322,7 +322,7 @@ class KernelRunner:
         if raw:
             return out
         res = out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype))
-        if p.out.tuple_len:
+        if p.out.tuple_len and not p.epilogue:
             full: list[Any] = [None] * p.out.tuple_len
             full[p.out.index] = res
             return tuple(full)

@@ -14,22 +14,33 @@ from torch.fx import Node
 
 from ..errors import UnsupportedSpec
 from ..ir.program import Step
-from ..ir.prologue import ATTENTION
+from ..ir.prologue import ATTENTION, RESULT
 from .prologue import Prologue, cone_of, mutates_input, op_name
 
 
 def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node], encoder: Prologue
-                   ) -> tuple[Step, ...]:
-    """The steps from the attention output `boundary` to the function's result, in graph order."""
+                   ) -> tuple[tuple[Step, ...], int, int]:
+    """The steps from the attention output `boundary` to the function's result, in graph order, and
+    (tuple length, index of the item made from the attention output) where the result is a tuple
+    (else (0, 0)). A tuple's other items are None, the attention weights (served as None, as a
+    tuple result without an epilogue serves them) or values off the score path (a module's bias
+    returned beside the output); the last step packs them."""
     result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    if not isinstance(result, Node):
+    after = _downstream(boundary)
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    made = [i for i, r in enumerate(items) if isinstance(r, Node) and r in after]
+    if not made:
+        raise UnsupportedSpec("the function's result does not use the attention output", op="output")
+    if len(made) > 1:
         raise UnsupportedSpec("the function returns several values computed after the attention output",
                               op="output")
-    after = _downstream(boundary)
-    if result not in after:
-        raise UnsupportedSpec("the function's result does not use the attention output", op="output")
-    cone = cone_of(result, stop=frozenset({boundary}))
-    for n in cone:
+    kept = [r if isinstance(r, Node) and (r in after or r not in on_score) else None for r in items]
+    if any(not isinstance(r, Node) and r is not None for r in items):
+        raise UnsupportedSpec("the function returns a value that is not a tensor beside the attention output",
+                              op="output")
+    steps: list[Step] = []
+    renamed = {boundary: ATTENTION}
+    for n in cone_of([r for r in kept if r is not None], stop=frozenset({boundary})):
         if n in on_score and n not in after:
             e = UnsupportedSpec("the output reads the scores or probabilities apart from the attention "
                                 "output (the kernel does not write them)", op=op_name(n))
@@ -37,8 +48,11 @@ def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node]
             raise e
         if mutates_input(n):
             raise UnsupportedSpec("an in-place op on an argument after the attention output", op="epilogue")
-    renamed = {boundary: ATTENTION}
-    return tuple(encoder.step_for(n, renamed) for n in cone)
+        steps.append(encoder.step_for(n, renamed))
+    if not isinstance(result, (tuple, list)):
+        return tuple(steps), 0, 0
+    pack = Step(RESULT, "tuple", tuple(None if r is None else encoder.encode(r, renamed) for r in kept))
+    return tuple(steps) + (pack,), len(items), made[0]
 
 
 def _downstream(node: Node) -> set[Node]:

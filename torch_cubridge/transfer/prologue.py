@@ -78,6 +78,10 @@ class Prologue:
         """The steps the named results need, in order."""
         return needed_steps(tuple(self.steps.values()), names)
 
+    def encode(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
+        """A step argument: nodes as tagged references (see Step), literals as they are."""
+        return self._enc(x, renamed)
+
     def _enc(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
         if isinstance(x, Node):
             if renamed and x in renamed:
@@ -107,8 +111,9 @@ class Prologue:
         raise UnsupportedSpec(f"an argument of type {type(x).__name__} the prologue cannot record", op="prologue")
 
 
-def cone_of(node: Node, stop: frozenset[Node] = frozenset()) -> list[Node]:
-    """The call nodes `node` depends on, itself last, in graph order; none past a node in `stop`."""
+def cone_of(node: Node | list[Node], stop: frozenset[Node] = frozenset()) -> list[Node]:
+    """The call nodes `node` (or each of a list) depends on, itself last, in an order that runs; none
+    past a node in `stop`."""
     seen: set[Node] = set()
     out: list[Node] = []
 
@@ -119,7 +124,8 @@ def cone_of(node: Node, stop: frozenset[Node] = frozenset()) -> list[Node]:
         for a in n.all_input_nodes:
             visit(a)
         out.append(n)
-    visit(node)
+    for root in node if isinstance(node, list) else [node]:
+        visit(root)
     return out
 
 
