@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..compile import CompiledAttention, compile
+from .own_attention import has_own_attention, serve_own_attention
 
 NAME = "cubridge"
 # weak keys: a table dies with its module (the table holds its module only weakly)
@@ -201,8 +202,9 @@ def register(name: str = NAME) -> str:
 def _own_tables_run_eager(name: str) -> None:
     """Models that pick an attention class from a table of their own (falcon, gptj, gpt_neo:
     `FALCON_ATTENTION_CLASSES[config._attn_implementation]`) raised KeyError for `name`. When such a
-    model is built, its file's tables get `name` -> their "eager" class: the model runs its own
-    attention code (no kernel; `benchmarks/survey_transformers.py` lists it as bypassed)."""
+    model is built, its file's tables get `name` -> their "eager" class. A model whose attention code
+    is its own (no attention interface: bloom, mpt, falcon, git, ...) has its attention modules routed
+    through their compiled forward at its first call (integrations/own_attention.py)."""
     from transformers import PreTrainedModel
     init = PreTrainedModel.__init__
     if getattr(init, "_cubridge_names", None) is not None:
@@ -216,9 +218,16 @@ def _own_tables_run_eager(name: str) -> None:
                 if attr.endswith("_ATTENTION_CLASSES") and isinstance(table, dict) and "eager" in table:
                     for n in __init__._cubridge_names:
                         table.setdefault(n, table["eager"])
+            if has_own_attention(self):  # its modules exist only after the subclass's __init__: route at the first call
+                self._cubridge_route = self.register_forward_pre_hook(_route_own_attention)
     __init__._cubridge_names = {name}
     __init__.__wrapped__ = init
     PreTrainedModel.__init__ = __init__
+
+
+def _route_own_attention(model: torch.nn.Module, args: Any) -> None:
+    model._cubridge_route.remove()
+    serve_own_attention(model)
 
 
 PAGED_NAME = "paged|eager"  # a name continuous batching accepts (with "sdpa" and flash ones)

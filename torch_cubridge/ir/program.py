@@ -63,7 +63,7 @@ class Step:
     ("@layout", l), ("@memory_format", m). kwargs: (name, value) pairs.
     """
     name: str
-    op: str                    # "aten.cumsum.default", "getitem" of a tuple result, "tuple" packs results
+    op: str                    # "aten.cumsum.default", "getitem" of a tuple result, "tuple"/"list" pack results
     args: tuple = ()
     kwargs: tuple = ()
 

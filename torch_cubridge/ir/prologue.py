@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 
 def resolve_op(name: str) -> Any:
     """torch.ops.aten.<op>.<overload> from "aten.<op>.<overload>"; "getitem" indexes a tuple (None),
-    "tuple" packs the function's several results."""
+    "tuple" and "list" pack the function's several results."""
     if name == "getitem":
         return None
     if name == "tuple":
         return _pack
+    if name == "list":
+        return _pack_list
     ns, op, overload = name.split(".")
     return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
@@ -131,6 +133,10 @@ RESULT = "__result__"  # the epilogue's last step where the function returns a t
 
 def _pack(*items: Any) -> tuple:
     return items
+
+
+def _pack_list(*items: Any) -> list:
+    return list(items)
 
 
 def run_epilogue(p: Program, out: torch.Tensor, bound: dict[str, Any]) -> torch.Tensor:

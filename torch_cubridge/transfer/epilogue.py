@@ -51,7 +51,7 @@ def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node]
         steps.append(encoder.step_for(n, renamed))
     if not isinstance(result, (tuple, list)):
         return tuple(steps), 0, 0
-    pack = Step(RESULT, "tuple", tuple(None if r is None else encoder.encode(r, renamed) for r in kept))
+    pack = Step(RESULT, "list" if isinstance(result, list) else "tuple", tuple(None if r is None else encoder.encode(r, renamed) for r in kept))
     return tuple(steps) + (pack,), len(items), made[0]
 
 

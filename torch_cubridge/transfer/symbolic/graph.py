@@ -111,7 +111,9 @@ class Walker(OffScorePath):
         if a in split_from:
             return True
         v = self.env.get(a) if isinstance(a, Node) else None
-        return isinstance(v, Sym) and v.expr is not None and v.expr.op == "load" and v.expr.attr in self.split_inputs
+        # the tensor itself, or an elementwise function of it (q scaled before its heads are split)
+        return isinstance(v, Sym) and v.expr is not None and a not in self.on_score and \
+            any(n.op == "load" and n.attr in self.split_inputs for n in walk(v.expr))
 
     def _attention_output_read_by(self, node: Node) -> Node | None:
         """The one attention output (softmax(...) @ v, as its views) `node` reads, where the epilogue may

@@ -204,12 +204,20 @@ def _gathers(e: Expr) -> bool:
 
 def _to_merge(x: Node) -> list[Node]:
     """x and the views above it that merge or split dims (bmm's [B*H, S, D]), up to the last value the
-    spec itself shaped: the chain, that value last."""
+    spec itself shaped: the chain, that value last. Transposes between x and a merge are climbed too
+    (a key folded to [B*H, S, D] and then transposed for q @ k^T); with no merge above them, x alone."""
     chain = [x]
-    while _view_op(chain[-1]) and merges_dims(chain[-1]) and isinstance(chain[-1].args[0], Node) \
-            and chain[-1].args[0].op == "call_function":
+    while _view_op(chain[-1]) and not merges_dims(chain[-1]) and _made(chain[-1].args[0]):
+        chain.append(chain[-1].args[0])
+    if not (_view_op(chain[-1]) and merges_dims(chain[-1])):
+        return [x]
+    while _view_op(chain[-1]) and merges_dims(chain[-1]) and _made(chain[-1].args[0]):
         chain.append(chain[-1].args[0])
     return chain
+
+
+def _made(a: Any) -> bool:
+    return isinstance(a, Node) and a.op == "call_function"
 
 
 def merges_dims(n: Node) -> bool:

@@ -1,0 +1,96 @@
+"""Models whose attention code is their own, with each attention module routed through its compiled
+forward (integrations/own_attention.py), against the same model running its own code: a forward of
+the whole model (use_cache=False), bf16, on the GPU. Also the first call (capture, transfer, fp64
+verification, build, GPU verification) per model.
+
+Usage: python benchmarks/bench_own_attention.py [--out DIR] [--families git,xglm,...] [--seq 2048]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+import warnings
+
+import torch
+
+
+def build(family: str, hidden: int, heads: int, layers: int) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+              num_attention_heads=heads, max_position_embeddings=8192, pad_token_id=None, bos_token_id=None,
+              eos_token_id=None)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **kw), attn_implementation="eager").eval()
+
+
+def timed(fn, reps: int = 10) -> float:
+    """Median ms of `reps` calls, after two warm ones (CUDA events)."""
+    for _ in range(2):
+        fn()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return sorted(out)[len(out) // 2]
+
+
+def main() -> None:
+    from torch_cubridge.integrations import own_attention as oa
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--families", default="git,megatron-bert,openai-gpt,xglm,falcon,mpt,trocr,roformer")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=2)
+    a = ap.parse_args()
+    warnings.simplefilter("ignore")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    for fam in a.families.split(","):
+        try:
+            eager = build(fam, a.hidden, a.heads, a.layers).to("cuda", torch.bfloat16)
+        except Exception as e:  # noqa: BLE001  (a family this config does not fit)
+            print(f"{fam}: does not build ({type(e).__name__}: {str(e)[:80]})", flush=True)
+            continue
+        ours = copy.deepcopy(eager)
+        oa.serve_own_attention(ours)
+        oa._compiled.clear()
+        ids = torch.randint(0, 1024, (a.batch, a.seq), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = ours(ids, use_cache=False).logits
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            ref = eager(ids, use_cache=False).logits
+            served = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
+            t_ours = timed(lambda: ours(ids, use_cache=False))
+            t_eager = timed(lambda: eager(ids, use_cache=False))
+        rel = float((got.float() - ref.float()).norm() / ref.float().norm())
+        row = dict(family=fam, B=a.batch, S=a.seq, hidden=a.hidden, heads=a.heads, layers=a.layers, first_call_s=first,
+                   ours_ms=t_ours, eager_ms=t_eager, speedup=t_eager / t_ours, rel_vs_eager_bf16=rel, served=served)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del eager, ours
+        torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "own_attention.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'family':14s} {'ours ms':>8s} {'eager ms':>8s} {'x':>6s} {'first s':>7s} served")
+    for r in rows:
+        print(f"{r['family']:14s} {r['ours_ms']:8.2f} {r['eager_ms']:8.2f} {r['speedup']:6.2f} {r['first_call_s']:7.1f} "
+              f"{r['served']}")
+
+
+if __name__ == "__main__":
+    main()
