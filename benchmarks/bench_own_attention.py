@@ -75,9 +75,26 @@ def main() -> None:
             served = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
             t_ours = timed(lambda: ours(ids, use_cache=False))
             t_eager = timed(lambda: eager(ids, use_cache=False))
+            # every timed call too: a call that re-captured (a guard failing each call) shows here
+            served_all = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
+            if os.environ.get("PROFILE"):
+                from torch.profiler import ProfilerActivity, profile
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    ours(ids, use_cache=False)
+                    torch.cuda.synchronize()
+                import cProfile
+                import pstats
+                pr = cProfile.Profile()
+                pr.enable()
+                ours(ids, use_cache=False)
+                torch.cuda.synchronize()
+                pr.disable()
+                pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+            entries = sum(len(c.entries()) for c in oa.tables())
         rel = float((got.float() - ref.float()).norm() / ref.float().norm())
         row = dict(family=fam, B=a.batch, S=a.seq, hidden=a.hidden, heads=a.heads, layers=a.layers, first_call_s=first,
-                   ours_ms=t_ours, eager_ms=t_eager, speedup=t_eager / t_ours, rel_vs_eager_bf16=rel, served=served)
+                   ours_ms=t_ours, eager_ms=t_eager, speedup=t_eager / t_ours, rel_vs_eager_bf16=rel, served=served,
+                   served_incl_timed=served_all, entries=entries)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del eager, ours

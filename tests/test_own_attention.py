@@ -68,10 +68,10 @@ def test_whole_attention_module_transfers_and_matches_fp64(family):
     with torch.no_grad():
         try:
             ref = oa.module_spec(type(m))(m64, *_to64(args), **_to64(kwargs))
-            got = prog.run(m64, *_to64(args), **_to64(kwargs))
+            got = prog.run(m64, *_to64(args), **oa.split(_to64(kwargs)))
         except RuntimeError:  # xglm's torch.full((), finfo(float64).min) overflows float32: judged in float32
             ref = oa.module_spec(type(m))(m, *args, **kwargs)
-            got = prog.run(m, *args, **kwargs)
+            got = prog.run(m, *args, **oa.split(kwargs))
     if isinstance(ref, (tuple, list)):
         assert type(got) is type(ref) and len(got) == len(ref)  # a list stays a list: callers add to it
         got, ref = got[0], ref[0]
@@ -103,3 +103,31 @@ def test_calls_the_compiled_spec_cannot_see_run_the_module():
         assert cache is not None and cache.get_seq_length() == 16
         model(ids, use_cache=False, output_attentions=True)
     assert oa.tables() == []
+
+
+def test_a_tensor_inside_a_tuple_argument_is_never_baked_in():
+    """(cos, sin) passed as one tuple: the trace sees no input there, so a program would hold the first
+    call's values. Either the transfer refuses, or the program reads each call's tensors."""
+    import torch_cubridge as tc
+    from torch_cubridge.errors import UnsupportedSpec
+
+    def rope_attn(q, k, v, cs):
+        cos, sin = cs
+        q = q * cos + q.flip(-1) * sin
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    try:
+        prog = tc.transfer(rope_attn, q, k, v, (torch.randn(16, 8), torch.randn(16, 8)))
+    except UnsupportedSpec as e:
+        assert "tuple" in str(e)
+        return
+    other = (torch.randn(16, 8), torch.randn(16, 8))
+    assert rel_err(prog.run(q, k, v, other), rope_attn(q, k, v, other)) < 1e-5
+
+
+def test_keywords_split_and_joined():
+    cs = (torch.zeros(2), torch.ones(2))
+    flat = oa.split({"position_embeddings": cs, "mask": None, "n": 3})
+    assert set(flat) == {"position_embeddings__item0", "position_embeddings__item1", "mask", "n"}
+    back = oa.joined(flat)
+    assert back["position_embeddings"][1] is cs[1] and back["n"] == 3 and back["mask"] is None

@@ -84,6 +84,27 @@ def _module_tensors(bound: dict[str, Any]) -> dict[int, str]:
     return found
 
 
+def _nested_tensors(bound: dict[str, Any]) -> dict[int, str]:
+    """data_ptr -> "arg[i]" for tensors inside tuple, list or dict arguments (the trace sees no such
+    tensor as an input)."""
+    found: dict[int, str] = {}
+
+    def visit(x: Any, where: str) -> None:
+        if isinstance(x, torch.Tensor):
+            if x.numel():
+                found.setdefault(x.data_ptr(), where)
+        elif isinstance(x, (tuple, list)):
+            for i, v in enumerate(x):
+                visit(v, f"{where}[{i}]")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                visit(v, f"{where}[{k!r}]")
+    for name, obj in bound.items():
+        if isinstance(obj, (tuple, list, dict)):
+            visit(obj, name)
+    return found
+
+
 def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable[..., Any]:
     """The spec as a function of the tensors at `paths` (the rest of the call bound), SDPA as math."""
     def flat(*tensors: torch.Tensor) -> Any:
@@ -120,6 +141,12 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
         raise UnsupportedSpec(f"capture failed: {name}: {str(e).splitlines()[0] if str(e) else ''}",
                               op=_last_frame(e)) from None
     consts = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    nested = _nested_tensors(bound)
+    for t in consts.values():
+        if isinstance(t, torch.Tensor) and t.data_ptr() in nested:
+            # it would be baked into the program: a later call's values would be ignored
+            raise UnsupportedSpec(f"the tensor {nested[t.data_ptr()]} sits inside a tuple or list argument, so "
+                                  "the trace would bake it in; pass it as an argument of its own", op="capture")
     owners = _module_tensors(bound)
     cpaths = {k: owners[t.data_ptr()] for k, t in consts.items()
               if isinstance(t, torch.Tensor) and t.data_ptr() in owners}

@@ -34,9 +34,38 @@ def module_spec(cls: type) -> Callable:
     fwd = cls.forward
 
     def own_attention_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return fwd(module, *args, **kwargs)
+        return fwd(module, *args, **joined(kwargs))
     own_attention_forward.__name__ = f"{cls.__name__}_forward"
     return _specs.setdefault(cls, own_attention_forward)
+
+
+_SEP = "__item"  # position_embeddings=(cos, sin) travels as position_embeddings__item0, ..item1
+
+
+def split(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Tuples of tensors among the keywords (rotary (cos, sin)) as one keyword per tensor: a tensor
+    inside a tuple is no input of the trace (capture refuses it rather than bake it in)."""
+    out: dict[str, Any] = {}
+    for k, v in kwargs.items():
+        if isinstance(v, tuple) and v and all(isinstance(t, torch.Tensor) for t in v):
+            out.update({f"{k}{_SEP}{i}": t for i, t in enumerate(v)})
+        else:
+            out[k] = v
+    return out
+
+
+def joined(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords as the module's forward takes them (split's inverse)."""
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[int, Any]] = {}
+    for k, v in kwargs.items():
+        base, sep, i = k.rpartition(_SEP)
+        if sep and i.isdigit():
+            parts.setdefault(base, {})[int(i)] = v
+        else:
+            out[k] = v
+    out.update({b: tuple(d[i] for i in range(len(d))) for b, d in parts.items()})
+    return out
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -79,7 +108,7 @@ def serve_own_attention(model: torch.nn.Module) -> int:
             c = _compiled.get(mod)
             if c is None:
                 c = _compiled[mod] = compile(_spec)
-            return c(mod, *args, **kwargs)
+            return c(mod, *args, **split(kwargs))
         m.forward = forward
         n += 1
     return n

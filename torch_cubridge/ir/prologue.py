@@ -41,7 +41,7 @@ def _decode(x: Any, bound: dict[str, Any], done: dict[str, Any], device: torch.d
         if tag == "@step":
             return done[x[1]]
         if tag == "@const":
-            return torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device)
+            return _constant(x, device)
         if tag == "@dtype":
             return getattr(torch, x[1])
         if tag == "@dtype_of":  # the dtype of this call's argument
@@ -75,6 +75,20 @@ def step_refs(x: Any):
         else:
             for i in x:
                 yield from step_refs(i)
+
+
+_CONSTANTS: dict[tuple[int, str], tuple[tuple, torch.Tensor]] = {}
+
+
+def _constant(x: tuple, device: torch.device) -> torch.Tensor:
+    """A captured constant ("@const", dtype, nested values) as a tensor, made once per program and
+    device: building it from nested lists took 60 ms a call for a 1M-element table (falcon). No step
+    writes it (an in-place op on a constant is refused at transfer, transfer/prologue.py)."""
+    key = (id(x), str(device))
+    hit = _CONSTANTS.get(key)
+    if hit is None or hit[0] is not x:  # the held tuple keeps its id from being reused
+        hit = _CONSTANTS[key] = (x, torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device))
+    return hit[1]
 
 
 def _lists(x: Any) -> Any:

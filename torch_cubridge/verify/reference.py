@@ -77,6 +77,8 @@ def to64(v: Any, dtype: torch.dtype = torch.float64, device: torch.device = CPU)
         if v.numel() >= BIG:  # a page pool drawn once (verify/inputs.py) is converted once too
             return once(("to", id(v), dtype, device), v, lambda: _converted(v, dtype, device))
         return _converted(v, dtype, device)
+    if isinstance(v, (tuple, list)):  # (cos, sin) passed as one argument
+        return type(v)(to64(x, dtype, device) for x in v)
     return v
 
 
