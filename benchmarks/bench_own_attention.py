@@ -4,6 +4,7 @@ the whole model (use_cache=False), bf16, on the GPU. Also the first call (captur
 verification, build, GPU verification) per model.
 
 Usage: python benchmarks/bench_own_attention.py [--out DIR] [--families git,xglm,...] [--seq 2048]
+       PROFILE=1 ...: also a cProfile of one routed call (Python time the CUDA profiler does not show)
 """
 from __future__ import annotations
 
@@ -78,10 +79,6 @@ def main() -> None:
             # every timed call too: a call that re-captured (a guard failing each call) shows here
             served_all = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
             if os.environ.get("PROFILE"):
-                from torch.profiler import ProfilerActivity, profile
-                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    ours(ids, use_cache=False)
-                    torch.cuda.synchronize()
                 import cProfile
                 import pstats
                 pr = cProfile.Profile()
@@ -97,7 +94,7 @@ def main() -> None:
                    served_incl_timed=served_all, entries=entries)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del eager, ours
+        eager = ours = None  # freed before the next family
         torch.cuda.empty_cache()
     if a.out:
         os.makedirs(a.out, exist_ok=True)
