@@ -48,10 +48,13 @@ def _to64(x):
     return x
 
 
+@pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_whole_attention_module_transfers_and_matches_fp64(family):
+def test_whole_attention_module_transfers_and_matches_fp64(family, B):
+    """B = 1 leaves size-1 dims the analysis names by position: MQA's one K head broadcast by an
+    expand (falcon), heads packed with the head dim in [1, S, 3*H*D] (mpt)."""
     model = tiny(family)
-    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 128, (B, 24), generator=torch.Generator().manual_seed(0))
     assert oa.has_own_attention(model)
     calls = _first_calls(model, ids)
     assert oa.serve_own_attention(model) == len(oa.attention_modules(model)) > 0

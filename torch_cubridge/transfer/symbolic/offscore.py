@@ -213,6 +213,8 @@ def _to_merge(x: Node) -> list[Node]:
         return [x]
     while _view_op(chain[-1]) and merges_dims(chain[-1]) and _made(chain[-1].args[0]):
         chain.append(chain[-1].args[0])
+    if packet_name(chain[-1]) == "expand" and _made(chain[-1].args[0]):
+        chain.append(chain[-1].args[0])  # a broadcast over heads (MQA's one K head): the head map reads it
     return chain
 
 
