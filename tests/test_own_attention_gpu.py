@@ -14,14 +14,15 @@ from torch_cubridge.integrations import own_attention as oa
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_own_attention_served_by_kernel(family):
+def test_own_attention_served_by_kernel(family, B):
     model = tiny(family)
     ref_model = copy.deepcopy(model).float()
     model = model.to("cuda", torch.bfloat16)
     assert oa.serve_own_attention(model) > 0
     oa._compiled.clear()
-    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 128, (B, 200), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = model(ids.cuda(), use_cache=False).logits.double().cpu()
