@@ -133,3 +133,15 @@ def test_a_captured_constant_is_made_once_per_program_and_device():
     a = _decode(c, {}, {}, torch.device("cpu"), {})
     b = _decode(c, {}, {}, torch.device("cpu"), {})
     assert a is b and a.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_a_constant_made_under_fake_tensors_is_not_kept():
+    """The symbolic-lengths run replays steps over fake tensors: a constant made there is fake, and a
+    later real call must get a real one (a kept fake was an illegal address on the GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch_cubridge.ir.prologue import _decode
+    c = ("@const", "int64", (-2,))
+    with FakeTensorMode():
+        fake = _decode(c, {}, {}, torch.device("cpu"), {})
+    real = _decode(c, {}, {}, torch.device("cpu"), {})
+    assert isinstance(fake, FakeTensor) and not isinstance(real, FakeTensor) and real.tolist() == [-2]

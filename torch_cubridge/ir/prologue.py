@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .bind import lookup
 
@@ -82,13 +83,18 @@ _CONSTANTS: dict[tuple[int, str], tuple[tuple, torch.Tensor]] = {}
 
 def _constant(x: tuple, device: torch.device) -> torch.Tensor:
     """A captured constant ("@const", dtype, nested values) as a tensor, made once per program and
-    device: building it from nested lists took 60 ms a call for a 1M-element table (falcon). No step
+    device (real tensors only): building it from nested lists took 60 ms a call for a 1M-element table (falcon). No step
     writes it (an in-place op on a constant is refused at transfer, transfer/prologue.py)."""
     key = (id(x), str(device))
     hit = _CONSTANTS.get(key)
-    if hit is None or hit[0] is not x:  # the held tuple keeps its id from being reused
-        hit = _CONSTANTS[key] = (x, torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device))
-    return hit[1]
+    if hit is not None and hit[0] is x:  # the held tuple keeps its id from being reused
+        return hit[1]
+    t = torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device)
+    # a run over fake tensors (transfer/lengths.py) makes a fake one: kept, a later real call would read
+    # memory that was never allocated (an illegal address on the GPU, device run 8)
+    if not isinstance(t, FakeTensor):
+        _CONSTANTS[key] = (x, t)
+    return t
 
 
 def _lists(x: Any) -> Any:
