@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 # not yet: bloom (baddbmm of alibi with q.k), cpmant (probabilities masked after the softmax),
 # gpt_neox_japanese (v sliced from a fused qkv, then folded with the heads)
-FAMILIES = ["git", "megatron-bert", "openai-gpt", "xglm", "falcon", "mpt", "trocr", "roformer"]
+FAMILIES = ["git", "megatron-bert", "openai-gpt", "xglm", "falcon", "mpt", "trocr", "roformer", "big_bird", "rembert"]
 
 
 def tiny(family: str, attn: str = "eager") -> torch.nn.Module:
