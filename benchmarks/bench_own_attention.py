@@ -46,7 +46,8 @@ def main() -> None:
     from torch_cubridge.integrations import own_attention as oa
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--families", default="git,megatron-bert,openai-gpt,xglm,falcon,mpt,trocr,roformer,big_bird,rembert")
+    ap.add_argument("--families", default="git,megatron-bert,openai-gpt,xglm,falcon,mpt,trocr,roformer,big_bird,rembert,bloom,"
+                                             "gpt_neox_japanese")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=2048)

@@ -15,9 +15,9 @@ from torch_cubridge.integrations import own_attention as oa
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-# not yet: bloom (baddbmm of alibi with q.k), cpmant (probabilities masked after the softmax),
-# gpt_neox_japanese (v sliced from a fused qkv, then folded with the heads)
-FAMILIES = ["git", "megatron-bert", "openai-gpt", "xglm", "falcon", "mpt", "trocr", "roformer", "big_bird", "rembert"]
+# not yet: cpmant (probabilities masked after the softmax)
+FAMILIES = ["git", "megatron-bert", "openai-gpt", "xglm", "falcon", "mpt", "trocr", "roformer", "big_bird", "rembert",
+            "bloom", "gpt_neox_japanese"]
 
 
 def tiny(family: str, attn: str = "eager") -> torch.nn.Module:

@@ -6,7 +6,7 @@ loaded input over the key axis is the output.
 """
 from __future__ import annotations
 
-from ...errors import UnsupportedSpec
+from ...errors import SplitLayoutRefused, UnsupportedSpec
 from ...ir.expr import Expr, call, const, walk
 from .simplify import simplify
 from .sym import Ctx, Sym, unify
@@ -37,6 +37,23 @@ def _factor(e: Expr, over: str) -> tuple[Expr, Expr]:
         if f is not reads[0]:
             coef = f if coef is None else call("mul", coef, f)
     return (coef if coef is not None else const(1.0)), reads[0]
+
+
+def _factor_or_split(ctx: Ctx, e: Expr, over: str) -> tuple[Expr, Expr]:
+    """_factor; where it fails on a tensor the prologue made that packs two axes in one dim (a fused
+    qkv projection [B*S, 3*H*D] read as q), the walk is retried with that tensor's split view made by
+    the prologue (symbolic_backend: SplitLayoutRefused)."""
+    try:
+        return _factor(e, over)
+    except UnsupportedSpec:
+        made = ctx.facts.get("prologue", {})
+        for n in walk(e):
+            if n.op == "load" and n.attr in made and any(
+                    ix.op not in ("var", "const") and len({x.attr for x in walk(ix) if x.op == "var"}) > 1
+                    for ix in n.args):
+                raise SplitLayoutRefused("a matmul operand packs dims the spec splits apart", op="matmul",
+                                         input=n.attr) from None
+        raise
 
 
 def _operands(ctx: Ctx, a: Sym, b: Sym, op: str) -> tuple[tuple, tuple, tuple, Expr, Expr]:
@@ -82,9 +99,11 @@ def _score(ctx: Ctx, a: Sym, b: Sym, op: str) -> Sym:
     batch, m, n, ea, eb = _operands(ctx, a, b, op)
     k = a.axes[-1]
     kd = _single(k, "head-dim", op)
-    ca, la = _factor(ea, kd)
-    cb, lb = _factor(eb, kd)
+    ca, la = _factor_or_split(ctx, ea, kd)
+    cb, lb = _factor_or_split(ctx, eb, kd)
     if la.attr == lb.attr:
+        if la.attr in ctx.facts.get("prologue", {}):  # slices of one made tensor (a fused qkv): each made apart
+            raise SplitLayoutRefused("q and k are slices of one tensor", op=op, input=la.attr)
         raise UnsupportedSpec("q and k are the same tensor", op=op)
     qa, kva = _query_atom(ctx, m, op), _single(n, "key", op)
     ctx.roles.update({qa: "q", kva: "kv", kd: "d"})

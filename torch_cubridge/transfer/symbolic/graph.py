@@ -76,7 +76,8 @@ class Walker(OffScorePath):
                 if name in self.split_inputs:
                     split_from.add(node)
             elif node.op == "call_function" and self.split_inputs and self.prologue is not None \
-                    and node.args and self._split_source(node.args[0], split_from) and merges_dims(node):
+                    and node.args and self._split_source(node.args[0], split_from) \
+                    and (merges_dims(node) or packet_name(node) in ("select", "slice")):
                 self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
             elif node.op == "get_attr":
