@@ -46,7 +46,7 @@ def main() -> None:
     from torch_cubridge.integrations import own_attention as oa
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--families", default="git,megatron-bert,openai-gpt,xglm,falcon,mpt,trocr,roformer,big_bird,rembert,bloom,"
+    ap.add_argument("--families", default="git,megatron-bert,openai-gpt,xglm,falcon,mpt,trocr,roformer,big_bird,rembert,bloom,cpmant,"
                                              "gpt_neox_japanese")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)

@@ -15,9 +15,8 @@ from torch_cubridge.integrations import own_attention as oa
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-# not yet: cpmant (probabilities masked after the softmax)
 FAMILIES = ["git", "megatron-bert", "openai-gpt", "xglm", "falcon", "mpt", "trocr", "roformer", "big_bird", "rembert",
-            "bloom", "gpt_neox_japanese"]
+            "bloom", "gpt_neox_japanese", "cpmant"]
 
 
 def tiny(family: str, attn: str = "eager") -> torch.nn.Module:
@@ -134,3 +133,31 @@ def test_keywords_split_and_joined():
     assert set(flat) == {"position_embeddings__item0", "position_embeddings__item1", "mask", "n"}
     back = oa.joined(flat)
     assert back["position_embeddings"][1] is cs[1] and back["n"] == 3 and back["mask"] is None
+
+
+def _masked_twice(q, k, v, mask, post):
+    s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1).masked_fill(~post, 0.0) @ v
+
+
+def test_probabilities_zeroed_where_the_scores_were_masked():
+    """cpmant's style: the weights are zeroed after the softmax where the scores were filled with -inf.
+    Only a row with every key masked changes (NaN to 0, the kernel's empty row); zeroing under another
+    mask changes the weights and is refused."""
+    import torch_cubridge as tc
+    from torch_cubridge.errors import UnsupportedSpec
+    q, k, v = (torch.randn(2, 2, 12, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 12, 12) > 0.3
+    mask[:, :, 4] = False  # a row with every key masked
+
+    def same(q, k, v, mask):
+        return _masked_twice(q, k, v, mask, mask)
+    prog = tc.transfer(same, q, k, v, mask)
+    ref = same(*(t.double() if t.is_floating_point() else t for t in (q, k, v, mask)))
+    assert torch.equal(ref[:, :, 4], torch.zeros_like(ref[:, :, 4]))
+    assert rel_err(prog.run(q, k, v, mask), ref) < 1e-6
+
+    def other(q, k, v, mask, post):
+        return _masked_twice(q, k, v, mask, post)
+    with pytest.raises(UnsupportedSpec):
+        tc.transfer(other, q, k, v, mask, torch.rand(2, 1, 12, 12) > 0.5)

@@ -6,6 +6,7 @@ and head grouping fall out of how values combine.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 from torch.fx import Node
 
 from ...errors import UnsupportedSpec
-from ...ir.expr import Expr, call, const, walk
+from ...ir.expr import Expr, call, const, rewrite, walk
 from ..prologue import Prologue
 from . import views
 from .contract import contract
@@ -343,12 +344,58 @@ class Walker(OffScorePath):
         change the weights the softmax gave, and is refused."""
         axes, (_, e) = broadcast(self.ctx, [Sym(p.axes, const(0.0), p.dtype), f], op)
         kv = set(p.axes[-1])
+        if tuple(axes) == tuple(p.axes) and self._zeroes_masked_keys(p, e):
+            return p
         if tuple(axes) != tuple(p.axes) or any(n.op == "var" and n.attr in kv for n in walk(e)):
             raise UnsupportedSpec("the probabilities are scaled or masked along the key axis after the softmax "
                                   "(only a factor per query row moves to the output)", op=op)
         old = p.payload.get("row_scale")
         new = e if old is None else call("mul", old, e)
         return Sym(p.axes, None, p.dtype, "probs", {**p.payload, "row_scale": simplify(new, self.ctx.ranges())})
+
+    def _zeroes_masked_keys(self, p: Sym, f: Expr) -> bool:
+        """f is 0 exactly where the score was filled with -inf before the softmax, 1 elsewhere (cpmant:
+        `probs.masked_fill(~mask, 0)` after `scores.masked_fill(~mask, -inf)`): the weights are already 0
+        there, so only a row with every key masked changes, from NaN to 0, which is the kernel's empty
+        row. Conditions are compared as written, with one-element constants read as their values."""
+        while f.op == "to_float":
+            f = f.args[0]
+        if f.op == "where" and f.args[1] == const(0.0) and f.args[2] == const(1.0):
+            f = call("not", f.args[0])
+        elif f.op == "where" and f.args[1] == const(1.0) and f.args[2] == const(0.0):
+            f = f.args[0]
+        zero_where = self._norm(call("not", f))
+        e = p.payload["score"].expr
+        while e.op == "where":
+            c, x, y = e.args
+            if x == const(-math.inf) and self._norm(c) == zero_where:
+                return True
+            if y == const(-math.inf) and self._norm(call("not", c)) == zero_where:
+                return True
+            e = y if x == const(-math.inf) else x if y == const(-math.inf) else const(0.0)
+        return False
+
+    def _norm(self, c: Expr) -> Expr:
+        """A boolean condition with one-element captured constants as values and negations pushed into
+        (in)equalities, for comparing two spellings of one mask."""
+        def value(n: Expr) -> Expr:
+            t = self.ctx.facts.get("inputs", {}).get(n.attr) if n.op == "load" else None
+            if t is not None and n.attr.startswith("const") and t.numel() == 1 and t.device.type != "meta":
+                return const(t.item())
+            return n
+        c = rewrite(c, value)
+        flips = {"eq": "ne", "ne": "eq"}
+        while c.op == "not":
+            inner = c.args[0]
+            if inner.op == "not":
+                c = inner.args[0]
+            elif inner.op in flips:
+                c = Expr(flips[inner.op], inner.args, inner.attr)
+            else:
+                break
+        if c.op in ("eq", "ne") and c.args[1] == const(False):  # x != False is x itself (a boolean load)
+            return c.args[0] if c.op == "ne" else call("not", c.args[0])
+        return c
 
     def _check_sink(self, sink: Expr, op: str) -> None:
         """A sink logit is one per row: over batch and head (the kernel's sink hook) or the query row too
