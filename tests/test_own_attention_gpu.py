@@ -15,7 +15,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("B", [1, 2])
-@pytest.mark.parametrize("family", FAMILIES)
+# cpmant transfers and passes fp64 verification on the CPU, but its kernel fails GPU verification in bf16
+# (rel L2 1.8e-2 in device run 16, d4f8db6), so the spec serves it: not yet served by a kernel
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "cpmant"])
 def test_own_attention_served_by_kernel(family, B):
     model = tiny(family)
     ref_model = copy.deepcopy(model).float()
