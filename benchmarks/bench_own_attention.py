@@ -27,22 +27,8 @@ def build(family: str, hidden: int, heads: int, layers: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **kw), attn_implementation="eager").eval()
 
 
-def timed(fn, reps: int = 10) -> float:
-    """Median ms of `reps` calls, after two warm ones (CUDA events)."""
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return sorted(out)[len(out) // 2]
-
-
 def main() -> None:
+    from torch_cubridge.benchmark import median_ms
     from torch_cubridge.integrations import own_attention as oa
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -75,8 +61,8 @@ def main() -> None:
             first = time.perf_counter() - t0
             ref = eager(ids, use_cache=False).logits
             served = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
-            t_ours = timed(lambda: ours(ids, use_cache=False))
-            t_eager = timed(lambda: eager(ids, use_cache=False))
+            t_ours = median_ms(lambda: ours(ids, use_cache=False), 10)
+            t_eager = median_ms(lambda: eager(ids, use_cache=False), 10)
             # every timed call too: a call that re-captured (a guard failing each call) shows here
             served_all = {k: sum(c.served[k] for c in oa.tables()) for k in ("kernel", "spec")}
             if os.environ.get("PROFILE"):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 
-def _median_ms(fn: Callable[[], Any], reps: int) -> float:
+def median_ms(fn: Callable[[], Any], reps: int) -> float:
     fn()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -42,14 +42,14 @@ def bench_spec(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     with torch.no_grad():
         f(q, k, v)  # capture, verify, build: not timed
         served = "kernel" if f.served["kernel"] else "spec"
-        rows = {"spec (eager)": _median_ms(lambda: fn(q, k, v), reps),
-                f"torch_cubridge ({served})": _median_ms(lambda: f(q, k, v), reps)}
+        rows = {"spec (eager)": median_ms(lambda: fn(q, k, v), reps),
+                f"torch_cubridge ({served})": median_ms(lambda: f(q, k, v), reps)}
         gqa = k.shape[1] != q.shape[1]
-        rows["SDPA, plain"] = _median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), reps)
+        rows["SDPA, plain"] = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), reps)
         try:
             from torch.nn.attention.flex_attention import flex_attention
             flex = torch.compile(flex_attention) if q.is_cuda else flex_attention
-            rows["FlexAttention, plain"] = _median_ms(lambda: flex(q, k, v, enable_gqa=gqa), reps)
+            rows["FlexAttention, plain"] = median_ms(lambda: flex(q, k, v, enable_gqa=gqa), reps)
         except Exception:  # no FlexAttention for this device, dtype or build
             pass
     return {"shape": list(q.shape), "kv_shape": list(k.shape), "dtype": str(q.dtype).replace("torch.", ""),

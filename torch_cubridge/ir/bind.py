@@ -69,6 +69,16 @@ def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
     return t.permute([dims.index(c) for c in "bhsd"])
 
 
+def as_result(p: "Program", out: Any) -> Any:
+    """The attention output in the spec's result: alone, or at its place in a tuple whose other items
+    (attention weights) are None. With an epilogue the epilogue's last step makes the result instead."""
+    if not p.out.tuple_len or p.epilogue:
+        return out
+    full: list[Any] = [None] * p.out.tuple_len
+    full[p.out.index] = out
+    return tuple(full)
+
+
 def sizes_of(p: Program, q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
     B, H, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]

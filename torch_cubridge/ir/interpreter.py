@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .bind import bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
+from .bind import as_result, bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
 from .expr import FLOAT_UNARY, ROW_LSE, Expr
 from .interval import classify_tile
 from .prologue import run_epilogue, run_prologue
@@ -237,9 +237,4 @@ def _to_output_layout(p: Program, o: torch.Tensor) -> torch.Tensor:
             n *= o.shape[i]
             i += 1
         shape.append(n)
-    o = o.reshape(shape)
-    if p.out.tuple_len and not p.epilogue:  # an epilogue's last step packs the tuple
-        res: list[Any] = [None] * p.out.tuple_len
-        res[p.out.index] = o
-        return tuple(res)
-    return o
+    return as_result(p, o.reshape(shape))

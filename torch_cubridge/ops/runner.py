@@ -15,7 +15,7 @@ import torch
 
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
-from ..ir.bind import bind_args, call_device, lookup, operand_value, scalar_values, to_canonical
+from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, scalar_values, to_canonical
 from ..ir.paged import PagedRead
 from ..ir.segments import KVSegments
 from ..ir.expr import ROW_LSE, free_vars
@@ -194,11 +194,7 @@ class KernelRunner:
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
         out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        if self.p.out.tuple_len and not self.p.epilogue:
-            full: list[Any] = [None] * self.p.out.tuple_len
-            full[self.p.out.index] = out
-            return tuple(full)
-        return out
+        return as_result(self.p, out)
 
     def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> torch.Tensor:
         it = iter(scalars)
@@ -321,12 +317,7 @@ class KernelRunner:
         p = self.p
         if raw:
             return out
-        res = out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype))
-        if p.out.tuple_len and not p.epilogue:
-            full: list[Any] = [None] * p.out.tuple_len
-            full[p.out.index] = res
-            return tuple(full)
-        return res
+        return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)))
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
                        q: torch.Tensor, stream: int, pages: bytes) -> None:

@@ -6,8 +6,9 @@ from typing import Any
 import torch
 
 from ..errors import SplitLayoutRefused, UnsupportedSpec
-from ..ir.expr import Expr, call, const, free_vars, rewrite, substitute, var, walk
+from ..ir.expr import Expr, call, const, rewrite, substitute, var, walk
 from ..ir.program import ExtraTensor, Operand, Output
+from .symbolic.contract import packs_axes
 from .symbolic.simplify import simplify
 from .symbolic.sym import Ctx, Sym
 
@@ -49,7 +50,7 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
                               zip(ld.args, shape)]
     named = [d for d in dims if d is not None]
-    if step and any(ix.op not in ("var", "const") and len(free_vars(ix)) > 1 for ix in ld.args):
+    if step and packs_axes(ld):
         # a computed tensor read with two axes packed in one dim (heads with the head dim, [1, S, H*D] at
         # B = 1): taken again as its split view (a head map h // g reads one axis and stays)
         raise SplitLayoutRefused(f"{name} packs dims the spec splits apart (heads with the head dim?)",

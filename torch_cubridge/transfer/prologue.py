@@ -48,7 +48,7 @@ class Prologue:
         distances is t - (Sq - 1) where diff is col - row, (Sq - 1) - t where it is row - col."""
         base = f"{diff.name}_dist"
         start, end, step = (1 - sq, skv, 1) if sign > 0 else (sq - 1, -skv, -1)
-        dtype = self._enc(diff.meta["val"].dtype)
+        dtype = self.encode(diff.meta["val"].dtype)
         self.steps.setdefault(base + "_range", Step(base + "_range", "aten.arange.start_step", (start, end, step),
                                                     (("dtype", dtype), ("device", ("@device",)))))
         self.steps.setdefault(base, Step(base, "aten.unsqueeze.default", (("@step", base + "_range"), 0), ()))
@@ -65,8 +65,8 @@ class Prologue:
         """`node` as a step: its aten op and arguments, the nodes it reads named by their steps (those in
         `renamed` by the names given there, the node's own too)."""
         return Step((renamed or {}).get(node, node.name), op_name(node),
-                    tuple(self._enc(a, renamed) for a in node.args),
-                    tuple((k, self._enc(v, renamed)) for k, v in node.kwargs.items()))
+                    tuple(self.encode(a, renamed) for a in node.args),
+                    tuple((k, self.encode(v, renamed)) for k, v in node.kwargs.items()))
 
     def reads_arguments_only(self, node: Node) -> bool:
         """Every tensor `node` reads comes from the call (an argument or a tensor an argument holds),
@@ -80,9 +80,6 @@ class Prologue:
 
     def encode(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
         """A step argument: nodes as tagged references (see Step), literals as they are."""
-        return self._enc(x, renamed)
-
-    def _enc(self, x: Any, renamed: dict[Node, str] | None = None) -> Any:
         if isinstance(x, Node):
             if renamed and x in renamed:
                 return ("@step", renamed[x])
@@ -93,7 +90,7 @@ class Prologue:
                 return ("@arg", owner) if owner else ("@const", str(t.dtype).replace("torch.", ""), _tuples(t.tolist()))
             return ("@step", x.name)
         if isinstance(x, (list, tuple)):
-            return tuple(self._enc(i, renamed) for i in x)
+            return tuple(self.encode(i, renamed) for i in x)
         if isinstance(x, torch.dtype):
             if x in self.dtype_of:
                 return ("@dtype_of", self.dtype_of[x])

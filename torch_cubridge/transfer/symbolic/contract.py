@@ -39,6 +39,13 @@ def _factor(e: Expr, over: str) -> tuple[Expr, Expr]:
     return (coef if coef is not None else const(1.0)), reads[0]
 
 
+def packs_axes(ld: Expr) -> bool:
+    """A load with two axes packed in one index (h * D + d: heads with the head dim); a head map h // g
+    reads one axis and does not count."""
+    return any(ix.op not in ("var", "const") and len({x.attr for x in walk(ix) if x.op == "var"}) > 1
+               for ix in ld.args)
+
+
 def _factor_or_split(ctx: Ctx, e: Expr, over: str) -> tuple[Expr, Expr]:
     """_factor; where it fails on a tensor the prologue made that packs two axes in one dim (a fused
     qkv projection [B*S, 3*H*D] read as q), the walk is retried with that tensor's split view made by
@@ -48,9 +55,7 @@ def _factor_or_split(ctx: Ctx, e: Expr, over: str) -> tuple[Expr, Expr]:
     except UnsupportedSpec:
         made = ctx.facts.get("prologue", {})
         for n in walk(e):
-            if n.op == "load" and n.attr in made and any(
-                    ix.op not in ("var", "const") and len({x.attr for x in walk(ix) if x.op == "var"}) > 1
-                    for ix in n.args):
+            if n.op == "load" and n.attr in made and packs_axes(n):
                 raise SplitLayoutRefused("a matmul operand packs dims the spec splits apart", op="matmul",
                                          input=n.attr) from None
         raise
