@@ -15,12 +15,14 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("B", [1, 2])
-# cpmant transfers and passes fp64 verification on the CPU, but its kernel fails GPU verification in bf16
-# (rel L2 1.8e-2 in device run 16, d4f8db6), so the spec serves it: not yet served by a kernel
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "cpmant"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_own_attention_served_by_kernel(family, B):
+    """cpmant's tiny model (initial std 1.0) is ill-conditioned in bf16: its own eager code in bf16 misses
+    float32 by more than 3e-2, so ours is held to the bf16 eager model's own distance from float32
+    (a separate copy, run with its own attention code)."""
     model = tiny(family)
     ref_model = copy.deepcopy(model).float()
+    eager16 = copy.deepcopy(model).to("cuda", torch.bfloat16)
     model = model.to("cuda", torch.bfloat16)
     assert oa.serve_own_attention(model) > 0
     oa._compiled.clear()
@@ -29,8 +31,10 @@ def test_own_attention_served_by_kernel(family, B):
         warnings.simplefilter("ignore")
         got = model(ids.cuda(), use_cache=False).logits.double().cpu()
         ref = ref_model(ids, use_cache=False).logits
+        own = eager16(ids.cuda(), use_cache=False).logits.double().cpu()
     served = [c.served for c in oa.tables()]
     assert served and all(s["spec"] == 0 and s["kernel"] >= 1 for s in served), \
         (served, [e.reasons or e.reason for c in oa.tables() for e in c.entries()])
     # bf16 weights and activations through two layers: the logits agree to bf16's precision
-    assert float((got - ref).norm() / ref.norm()) < 3e-2
+    err, err_own = float((got - ref).norm() / ref.norm()), float((own - ref).norm() / ref.norm())
+    assert err < max(3e-2, 1.5 * err_own), (err, err_own)
