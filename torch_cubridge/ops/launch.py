@@ -303,6 +303,11 @@ class CubinKernel:
         if sizes is not None:
             self._sizes = sizes
 
+    def handle(self, ordinal: int) -> int:
+        """The CUfunction on device `ordinal`, loaded there (the host fast path launches it itself)."""
+        ld = self._per_device.get(ordinal) or self._load(ordinal)
+        return int(ld.fn)
+
     # ---- params --------------------------------------------------------
     def _setup_params(self, blocks: Sequence[bytes]) -> None:
         got = tuple(len(b) for b in blocks)

@@ -75,6 +75,12 @@ class KernelRunner:
         if self._lit is not None and not p.extras and low.prepass is None:
             self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
         self._scale_const = 1.0 if low.scale is None else None  # 1.0: the score hook applies its own scale
+        # one launch whose blocks differ between calls of one layout only in q's, k's, v's and the output's
+        # pointers: the host fast path may replay it (ops/hotpath.py); _last holds the latest such launch
+        self.replayable = self._fast and self._params_const is not None and not aux and p.row_scale is None \
+            and not self._row_lse and paged is None and segments is None and p.out.dtype == "q" \
+            and not p.out.tuple_len
+        self._last: tuple | None = None
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
 
@@ -221,6 +227,7 @@ class KernelRunner:
         """paged: K's and V's canonical sizes and strides over their pages (or pieces) and the PagedKV (or
         SegKV) words (k and v are then the pages, or the first pieces)."""
         p = self.p
+        self._last = None
         (B, H, Sq, D), qs = canon(q, perms[0])
         if paged is not None:
             ((Bk, Hkv, Skv, Dk), ks), ((Bv, Hv, Sv, Dv), vs) = paged[0], paged[1]
@@ -296,12 +303,26 @@ class KernelRunner:
                 if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
                     grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
                 self.kernel.launch(grid, blocks, stream)
+                if self.replayable and not raw and not poison:
+                    self._last = (grid, blocks, stream, di, None)
         else:
             out.zero_()
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
                                                             "D": D}, scal, tensors, lse)
         return self._result(out, raw)
+
+    def take_launch(self) -> tuple | None:
+        """The latest replayable launch (grid, blocks, stream, device, what it needs kept alive), once."""
+        last, self._last = self._last, None
+        return last
+
+    def replay_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
+        """Where a replayed launch takes each call's pointers: (source, block, byte offset, tensor map?),
+        sources 0-2 q, k, v and 3 the output: FwdArgs' first words (pack.FWD_FORMAT) and, on the Hopper
+        kernel, the three tensor maps after the Params block."""
+        words = tuple((i, 0, 8 * i, False) for i in range(4))
+        return words + tuple((i, 2 + i, 0, True) for i in range(3)) if self._tma else words
 
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
                     tensors: dict, lse: torch.Tensor | None) -> None:
@@ -330,7 +351,11 @@ class KernelRunner:
         words = _NO_SCRATCH
         if n_split > 1:  # partial O has V's head dim
             words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
-        self.kernel.launch((n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages), stream)
+        grid, blocks = (n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages)
+        self.kernel.launch(grid, blocks, stream)
+        if self.replayable and not _capturing():  # a graph's scratch is its own: never replayed
+            # the record keeps this stream's scratch alive: a larger call may replace it in _scratch
+            self._last = (grid, blocks, stream, di, self._scratch[(di, stream)] if n_split > 1 else None)
 
     def _scratch_for(self, rows: int, D: int, tiles: int, di: int, dev: torch.device, stream: int) -> tuple:
         """The words for the splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32 and the split

@@ -1,0 +1,362 @@
+/* The host fast path (torch_cubridge/ops/hotpath.py builds and loads it).
+
+   A Record replays one launch the Python runner made: a later call whose arguments have exactly that
+   call's types, dtypes, devices, shapes, strides and plain values, on the same current stream, gets the
+   same kernel with the same parameter blocks, its own data pointers patched in (8-byte words, or the
+   address of a TMA tensor map), a fresh output, one cuLaunchKernel. Anything else is a miss (None) and
+   the Python path decides. The GIL is held from the first patch to the launch, so two threads never
+   patch one record's blocks at once. No torch headers: tensors are read through their Python methods. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ARGS 16
+#define MAX_BLOCKS 16
+#define MAX_PATCH 24
+#define CUDA_ERROR_INVALID_CONTEXT 201
+
+typedef int CUresult;
+typedef CUresult (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              void *, void **, void **);
+typedef CUresult (*replace_fn)(void *, void *);
+typedef CUresult (*errname_fn)(CUresult, const char **);
+
+static launch_fn cu_launch;
+static replace_fn cu_replace;
+static errname_fn cu_errname;
+static PyObject *s_dtype, *s_shape, *s_stride, *s_get_device, *s_data_ptr, *s_requires_grad;
+
+static int load_driver(void) {
+    if (cu_launch) return 0;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        PyErr_Format(PyExc_RuntimeError, "cannot load libcuda.so.1: %s", dlerror());
+        return -1;
+    }
+    cu_replace = (replace_fn)dlsym(h, "cuTensorMapReplaceAddress");
+    cu_errname = (errname_fn)dlsym(h, "cuGetErrorName");
+    cu_launch = (launch_fn)dlsym(h, "cuLaunchKernel");
+    if (!cu_launch) {
+        PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 has no cuLaunchKernel");
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nargs;
+    PyObject *expect;           /* per argument: (dtype, device, shape, stride) of a tensor, or the value */
+    char is_tensor[MAX_ARGS];
+    int nsrc, src_arg[MAX_ARGS]; /* arguments whose data pointers are patched in; source nsrc is the output */
+    int npatch, p_src[MAX_PATCH], p_block[MAX_PATCH], p_tmap[MAX_PATCH];
+    Py_ssize_t p_off[MAX_PATCH];
+    int nblocks;
+    void *mem;                  /* every block, each 64-byte aligned (tensor maps must be) */
+    void *kparams[MAX_BLOCKS];
+    void *fn;
+    unsigned grid[3], threads, smem;
+    unsigned long long stream;
+    long device;
+    PyObject *tensor_type, *alloc, *get_stream, *capturing, *keep;
+    Py_ssize_t hits;
+} Record;
+
+static void Record_dealloc(Record *r) {
+    Py_XDECREF(r->expect);
+    Py_XDECREF(r->tensor_type);
+    Py_XDECREF(r->alloc);
+    Py_XDECREF(r->get_stream);
+    Py_XDECREF(r->capturing);
+    Py_XDECREF(r->keep);
+    free(r->mem);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* Record(expect, is_tensor, src_args, patches, blocks, fn, grid, threads, smem, stream, device,
+          tensor_type, alloc, get_stream, capturing, keep)
+   patches: (source, block, offset, is_tensor_map) tuples. */
+static int Record_init(Record *r, PyObject *args, PyObject *kw) {
+    PyObject *expect, *is_tensor, *src_args, *patches, *blocks, *grid, *tensor_type, *alloc, *get_stream,
+        *capturing, *keep;
+    unsigned long long fn, stream;
+    unsigned threads, smem;
+    long device;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!KO!IIKlOOOOO", &PyTuple_Type, &expect, &PyTuple_Type, &is_tensor,
+                          &PyTuple_Type, &src_args, &PyTuple_Type, &patches, &PyTuple_Type, &blocks, &fn,
+                          &PyTuple_Type, &grid, &threads, &smem, &stream, &device, &tensor_type, &alloc,
+                          &get_stream, &capturing, &keep))
+        return -1;
+    r->nargs = PyTuple_GET_SIZE(expect);
+    if (r->nargs > MAX_ARGS || PyTuple_GET_SIZE(is_tensor) != r->nargs || PyTuple_GET_SIZE(src_args) >= MAX_ARGS ||
+        PyTuple_GET_SIZE(patches) > MAX_PATCH || PyTuple_GET_SIZE(blocks) > MAX_BLOCKS ||
+        PyTuple_GET_SIZE(grid) != 3) {
+        PyErr_SetString(PyExc_ValueError, "record too large or malformed");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < r->nargs; i++) r->is_tensor[i] = (char)PyObject_IsTrue(PyTuple_GET_ITEM(is_tensor, i));
+    r->nsrc = (int)PyTuple_GET_SIZE(src_args);
+    for (int i = 0; i < r->nsrc; i++) {
+        long a = PyLong_AsLong(PyTuple_GET_ITEM(src_args, i));
+        if (a < 0 || a >= r->nargs || !r->is_tensor[a]) {
+            PyErr_SetString(PyExc_ValueError, "a pointer source must be a tensor argument");
+            return -1;
+        }
+        r->src_arg[i] = (int)a;
+    }
+    r->nblocks = (int)PyTuple_GET_SIZE(blocks);
+    Py_ssize_t total = 0, offs[MAX_BLOCKS], lens[MAX_BLOCKS];
+    for (int b = 0; b < r->nblocks; b++) {
+        PyObject *blk = PyTuple_GET_ITEM(blocks, b);
+        if (!PyBytes_Check(blk)) {
+            PyErr_SetString(PyExc_TypeError, "blocks must be bytes");
+            return -1;
+        }
+        lens[b] = PyBytes_GET_SIZE(blk);
+        offs[b] = total;
+        total += (lens[b] + 63) & ~(Py_ssize_t)63;
+    }
+    free(r->mem);
+    r->mem = NULL;
+    if (total && posix_memalign(&r->mem, 64, (size_t)total)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int b = 0; b < r->nblocks; b++) {
+        r->kparams[b] = (char *)r->mem + offs[b];
+        memcpy(r->kparams[b], PyBytes_AS_STRING(PyTuple_GET_ITEM(blocks, b)), (size_t)lens[b]);
+    }
+    r->npatch = (int)PyTuple_GET_SIZE(patches);
+    for (int i = 0; i < r->npatch; i++) {
+        int src, blk, tmap;
+        Py_ssize_t off;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(patches, i), "iinp", &src, &blk, &off, &tmap)) return -1;
+        if (src < 0 || src > r->nsrc || blk < 0 || blk >= r->nblocks || off < 0 ||
+            off + (tmap ? 128 : 8) > lens[blk] || (tmap && off % 64)) {
+            PyErr_SetString(PyExc_ValueError, "a patch outside its block");
+            return -1;
+        }
+        r->p_src[i] = src;
+        r->p_block[i] = blk;
+        r->p_off[i] = off;
+        r->p_tmap[i] = tmap;
+    }
+    for (int i = 0; i < 3; i++) r->grid[i] = (unsigned)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(grid, i));
+    if (PyErr_Occurred()) return -1;
+    r->fn = (void *)(uintptr_t)fn;
+    r->threads = threads;
+    r->smem = smem;
+    r->stream = stream;
+    r->device = device;
+#define SET(field, v) do { Py_XSETREF(r->field, v); Py_INCREF(v); } while (0)
+    SET(expect, expect);
+    SET(tensor_type, tensor_type);
+    SET(alloc, alloc);
+    SET(get_stream, get_stream);
+    SET(capturing, capturing);
+    SET(keep, keep);
+#undef SET
+    for (int i = 0; i < r->npatch; i++)
+        if (r->p_tmap[i] && load_driver() == 0 && !cu_replace) {
+            PyErr_SetString(PyExc_RuntimeError, "this CUDA driver has no cuTensorMapReplaceAddress");
+            return -1;
+        }
+    return load_driver();
+}
+
+static PyObject *Record_hits(Record *r, void *unused) { return PyLong_FromSsize_t(r->hits); }
+
+static PyGetSetDef Record_getset[] = {
+    {"hits", (getter)Record_hits, NULL, "calls this record launched", NULL},
+    {NULL},
+};
+
+static PyTypeObject RecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torch_cubridge._hotpath.Record",
+    .tp_basicsize = sizeof(Record),
+    .tp_dealloc = (destructor)Record_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "one launch, replayed for calls of exactly its arguments' layout",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Record_init,
+    .tp_getset = Record_getset,
+};
+
+/* What a call's tensor arguments are, read once per call and shared by every record tried. */
+typedef struct {
+    char got;
+    PyObject *dtype, *shape, *stride;
+    long device;
+    int grad;
+} Seen;
+
+static void forget(Seen *seen, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (seen[i].got) {
+            Py_XDECREF(seen[i].dtype);
+            Py_XDECREF(seen[i].shape);
+            Py_XDECREF(seen[i].stride);
+        }
+}
+
+static int see(PyObject *t, Seen *s) {
+    s->got = 1;
+    s->dtype = PyObject_GetAttr(t, s_dtype);
+    s->shape = s->dtype ? PyObject_GetAttr(t, s_shape) : NULL;
+    s->stride = s->shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
+    if (!s->stride) return -1;
+    PyObject *d = PyObject_CallMethodNoArgs(t, s_get_device);
+    if (!d) return -1;
+    s->device = PyLong_AsLong(d);
+    Py_DECREF(d);
+    PyObject *g = PyObject_GetAttr(t, s_requires_grad);
+    if (!g) return -1;
+    s->grad = (g == Py_True);
+    Py_DECREF(g);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int eq(PyObject *a, PyObject *b) { return a == b || PyObject_RichCompareBool(a, b, Py_EQ) == 1; }
+
+/* 1: the call matches the record, 0: it does not, -1: an error. */
+static int matches(Record *r, PyObject *args, Seen *seen) {
+    for (Py_ssize_t i = 0; i < r->nargs; i++) {
+        PyObject *x = PyTuple_GET_ITEM(args, i), *e = PyTuple_GET_ITEM(r->expect, i);
+        if (r->is_tensor[i]) {
+            if (Py_TYPE(x) != (PyTypeObject *)r->tensor_type) return 0;
+            if (!seen[i].got && see(x, &seen[i]) < 0) return -1;
+            Seen *s = &seen[i];
+            if (s->grad || s->dtype != PyTuple_GET_ITEM(e, 0) || s->device != PyLong_AsLong(PyTuple_GET_ITEM(e, 1)) ||
+                !eq(s->shape, PyTuple_GET_ITEM(e, 2)) || !eq(s->stride, PyTuple_GET_ITEM(e, 3)))
+                return 0;
+        } else if (x != e && (Py_TYPE(x) != Py_TYPE(e) || PyObject_RichCompareBool(x, e, Py_EQ) != 1)) {
+            if (PyErr_Occurred()) PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int pointer(PyObject *t, unsigned long long *p) {
+    PyObject *v = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (!v) return -1;
+    *p = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The launch of a matching call: the output, or None where this call must take the Python path. */
+static PyObject *fire(Record *r, PyObject *args) {
+    unsigned long long ptr[MAX_ARGS + 1];
+    for (int i = 0; i < r->nsrc; i++) {
+        if (pointer(PyTuple_GET_ITEM(args, r->src_arg[i]), &ptr[i]) < 0) return NULL;
+        if (ptr[i] % 16) Py_RETURN_NONE;  /* the recorded call's rows were 16-byte aligned: this one copies */
+    }
+    if (r->capturing != Py_None) {  /* a graph captures its own scratch (ops.runner._scratch_for) */
+        PyObject *c = PyObject_CallNoArgs(r->capturing);
+        if (!c) return NULL;
+        int cap = PyObject_IsTrue(c);
+        Py_DECREF(c);
+        if (cap) Py_RETURN_NONE;
+    }
+    PyObject *dev = PyLong_FromLong(r->device);
+    PyObject *st = dev ? PyObject_CallOneArg(r->get_stream, dev) : NULL;
+    Py_XDECREF(dev);
+    if (!st) return NULL;
+    unsigned long long stream = PyLong_AsUnsignedLongLong(st);
+    Py_DECREF(st);
+    if (PyErr_Occurred()) return NULL;
+    if (stream != r->stream) Py_RETURN_NONE;
+    PyObject *out = PyObject_CallNoArgs(r->alloc);
+    if (!out) return NULL;
+    if (pointer(out, &ptr[r->nsrc]) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    /* from here to the launch no Python code runs: the GIL keeps the blocks ours */
+    for (int i = 0; i < r->npatch; i++) {
+        char *at = (char *)r->kparams[r->p_block[i]] + r->p_off[i];
+        unsigned long long v = ptr[r->p_src[i]];
+        if (r->p_tmap[i]) {
+            CUresult rc = cu_replace(at, (void *)(uintptr_t)v);
+            if (rc) {
+                Py_DECREF(out);
+                PyErr_Format(PyExc_RuntimeError, "cuTensorMapReplaceAddress failed (%d)", rc);
+                return NULL;
+            }
+        } else {
+            memcpy(at, &v, 8);
+        }
+    }
+    CUresult rc = cu_launch(r->fn, r->grid[0], r->grid[1], r->grid[2], r->threads, 1, 1, r->smem,
+                            (void *)(uintptr_t)stream, r->kparams, NULL);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT) {  /* a thread torch never made current: the Python path fixes it */
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (rc) {
+        const char *name = NULL;
+        if (cu_errname) cu_errname(rc, &name);
+        Py_DECREF(out);
+        PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: %s (%d)", name ? name : "?", rc);
+        return NULL;
+    }
+    r->hits++;
+    return out;
+}
+
+/* serve(records, args): the output of the first record the call matches, or None. */
+static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2 || !PyList_Check(a[0]) || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "serve(records: list, args: tuple)");
+        return NULL;
+    }
+    PyObject *records = a[0], *args = a[1];
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (nargs > MAX_ARGS) Py_RETURN_NONE;
+    Seen seen[MAX_ARGS];
+    memset(seen, 0, sizeof(seen));
+    PyObject *result = Py_None;
+    Py_INCREF(result);
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(records); j++) {
+        Record *r = (Record *)PyList_GET_ITEM(records, j);
+        if (Py_TYPE(r) != &RecordType || r->nargs != nargs) continue;
+        int m = matches(r, args, seen);
+        if (m < 0) {
+            Py_CLEAR(result);
+            break;
+        }
+        if (m) {
+            Py_DECREF(result);
+            result = fire(r, args);
+            break;
+        }
+    }
+    forget(seen, nargs);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL, "the first matching record's launch, or None"},
+    {NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    if (PyType_Ready(&RecordType) < 0) return NULL;
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_get_device = PyUnicode_InternFromString("get_device");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&RecordType);
+    if (PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0) return NULL;
+    return m;
+}

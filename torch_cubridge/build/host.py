@@ -1,0 +1,78 @@
+"""The host fast path's C module (csrc/host/hotpath.c), built with the system C compiler.
+
+Built once per machine and Python against this interpreter's own headers, as Triton builds its launcher
+stubs, into the private cache (`<cache>/host/`), named by the source's and the interpreter's digest so an
+edit or another Python never loads a stale one. Read-only mode loads a module already there and never
+compiles. Nothing here needs CUDA.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from .. import config
+from .errors import BuildError, CompilerUnavailable
+
+NAME = "_hotpath"
+_TIMEOUT_S = 120
+
+
+def source_path() -> Path:
+    return Path(config.csrc_dir()) / "host" / "hotpath.c"
+
+
+def _compiler() -> str | None:
+    for cand in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc", "gcc", "clang"):
+        exe = cand.split()[0] if cand else None
+        if exe and shutil.which(exe):
+            return exe
+    return None
+
+
+def module_path() -> Path:
+    src = source_path().read_bytes()
+    tag = hashlib.sha256(src + sys.version.encode() + sysconfig.get_paths()["include"].encode()).hexdigest()[:16]
+    ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return config.cache_root() / "host" / f"{NAME}-{sys.implementation.cache_tag}-{tag}{ext}"
+
+
+def build_module(path: Path) -> None:
+    """Compile the module to `path` (atomically: a reader sees no half-written library)."""
+    cc = _compiler()
+    include = sysconfig.get_paths()["include"]
+    if cc is None:
+        raise CompilerUnavailable("no C compiler (cc, gcc or clang) for the host fast path", compiler="cc")
+    if not (Path(include) / "Python.h").is_file():
+        raise CompilerUnavailable(f"no Python headers at {include} for the host fast path", compiler="cc")
+    config.ensure_private_dir(path.parent)
+    with tempfile.TemporaryDirectory(prefix="cubridge-host-", dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE", f"-I{include}", str(source_path()),
+               "-o", str(out), "-ldl"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+        if res.returncode != 0:
+            raise BuildError("the host fast path did not compile", res.stdout + res.stderr, compiler="cc")
+        os.replace(out, path)
+
+
+def load_module() -> ModuleType:
+    """The C module: loaded from the cache, built first where it is not there (never in read-only mode)."""
+    path = module_path()
+    if not path.is_file():
+        if config.is_readonly():
+            raise CompilerUnavailable("read-only mode and no host fast path module in the cache", compiler="cc")
+        build_module(path)
+    spec = importlib.util.spec_from_file_location(f"torch_cubridge.{NAME}", path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"cannot load {path}", "", compiler="cc")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
