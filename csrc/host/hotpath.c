@@ -27,7 +27,7 @@ typedef CUresult (*errname_fn)(CUresult, const char **);
 static launch_fn cu_launch;
 static replace_fn cu_replace;
 static errname_fn cu_errname;
-static PyObject *s_dtype, *s_shape, *s_stride, *s_get_device, *s_data_ptr, *s_requires_grad;
+static PyObject *s_dtype, *s_shape, *s_stride, *s_get_device, *s_data_ptr, *s_requires_grad, *s_new_empty;
 
 static int load_driver(void) {
     if (cu_launch) return 0;
@@ -61,14 +61,16 @@ typedef struct {
     unsigned grid[3], threads, smem;
     unsigned long long stream;
     long device;
-    PyObject *tensor_type, *alloc, *get_stream, *capturing, *keep;
+    PyObject *tensor_type, *out_shape, *get_stream, *capturing, *keep, *device_obj;
+    int like_arg;               /* the output is args[like_arg].new_empty(out_shape), as the runner makes it */
     Py_ssize_t hits;
 } Record;
 
 static void Record_dealloc(Record *r) {
     Py_XDECREF(r->expect);
     Py_XDECREF(r->tensor_type);
-    Py_XDECREF(r->alloc);
+    Py_XDECREF(r->out_shape);
+    Py_XDECREF(r->device_obj);
     Py_XDECREF(r->get_stream);
     Py_XDECREF(r->capturing);
     Py_XDECREF(r->keep);
@@ -77,18 +79,19 @@ static void Record_dealloc(Record *r) {
 }
 
 /* Record(expect, is_tensor, src_args, patches, blocks, fn, grid, threads, smem, stream, device,
-          tensor_type, alloc, get_stream, capturing, keep)
+          tensor_type, out_shape, like_arg, get_stream, capturing, keep)
    patches: (source, block, offset, is_tensor_map) tuples. */
 static int Record_init(Record *r, PyObject *args, PyObject *kw) {
-    PyObject *expect, *is_tensor, *src_args, *patches, *blocks, *grid, *tensor_type, *alloc, *get_stream,
+    PyObject *expect, *is_tensor, *src_args, *patches, *blocks, *grid, *tensor_type, *out_shape, *get_stream,
         *capturing, *keep;
+    int like_arg;
     unsigned long long fn, stream;
     unsigned threads, smem;
     long device;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!KO!IIKlOOOOO", &PyTuple_Type, &expect, &PyTuple_Type, &is_tensor,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!KO!IIKlOO!iOOO", &PyTuple_Type, &expect, &PyTuple_Type, &is_tensor,
                           &PyTuple_Type, &src_args, &PyTuple_Type, &patches, &PyTuple_Type, &blocks, &fn,
-                          &PyTuple_Type, &grid, &threads, &smem, &stream, &device, &tensor_type, &alloc,
-                          &get_stream, &capturing, &keep))
+                          &PyTuple_Type, &grid, &threads, &smem, &stream, &device, &tensor_type, &PyTuple_Type,
+                          &out_shape, &like_arg, &get_stream, &capturing, &keep))
         return -1;
     r->nargs = PyTuple_GET_SIZE(expect);
     if (r->nargs > MAX_ARGS || PyTuple_GET_SIZE(is_tensor) != r->nargs || PyTuple_GET_SIZE(src_args) >= MAX_ARGS ||
@@ -98,6 +101,14 @@ static int Record_init(Record *r, PyObject *args, PyObject *kw) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < r->nargs; i++) r->is_tensor[i] = (char)PyObject_IsTrue(PyTuple_GET_ITEM(is_tensor, i));
+    if (like_arg < 0 || like_arg >= r->nargs || !r->is_tensor[like_arg]) {
+        PyErr_SetString(PyExc_ValueError, "the output is made like a tensor argument");
+        return -1;
+    }
+    r->like_arg = like_arg;
+    PyObject *dev = PyLong_FromLong(device);
+    if (!dev) return -1;
+    Py_XSETREF(r->device_obj, dev);
     r->nsrc = (int)PyTuple_GET_SIZE(src_args);
     for (int i = 0; i < r->nsrc; i++) {
         long a = PyLong_AsLong(PyTuple_GET_ITEM(src_args, i));
@@ -154,7 +165,7 @@ static int Record_init(Record *r, PyObject *args, PyObject *kw) {
 #define SET(field, v) do { Py_XSETREF(r->field, v); Py_INCREF(v); } while (0)
     SET(expect, expect);
     SET(tensor_type, tensor_type);
-    SET(alloc, alloc);
+    SET(out_shape, out_shape);
     SET(get_stream, get_stream);
     SET(capturing, capturing);
     SET(keep, keep);
@@ -262,15 +273,14 @@ static PyObject *fire(Record *r, PyObject *args) {
         Py_DECREF(c);
         if (cap) Py_RETURN_NONE;
     }
-    PyObject *dev = PyLong_FromLong(r->device);
-    PyObject *st = dev ? PyObject_CallOneArg(r->get_stream, dev) : NULL;
-    Py_XDECREF(dev);
+    PyObject *st = PyObject_CallOneArg(r->get_stream, r->device_obj);
     if (!st) return NULL;
     unsigned long long stream = PyLong_AsUnsignedLongLong(st);
     Py_DECREF(st);
     if (PyErr_Occurred()) return NULL;
     if (stream != r->stream) Py_RETURN_NONE;
-    PyObject *out = PyObject_CallNoArgs(r->alloc);
+    PyObject *call[2] = {PyTuple_GET_ITEM(args, r->like_arg), r->out_shape};
+    PyObject *out = PyObject_VectorcallMethod(s_new_empty, call, 2, NULL);
     if (!out) return NULL;
     if (pointer(out, &ptr[r->nsrc]) < 0) {
         Py_DECREF(out);
@@ -354,6 +364,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     s_get_device = PyUnicode_InternFromString("get_device");
     s_data_ptr = PyUnicode_InternFromString("data_ptr");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    s_new_empty = PyUnicode_InternFromString("new_empty");
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&RecordType);

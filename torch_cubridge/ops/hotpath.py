@@ -14,7 +14,6 @@ cannot be built, or with CUBRIDGE_HOTPATH=0, every call takes the Python path.
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from types import ModuleType
@@ -97,11 +96,11 @@ def record(runner: Any, args: tuple, out: Any) -> Any | None:
            if not tmap):
         return None  # the runner copied an operand: the kernel read the copy, not the argument
     kern = runner.kernel
-    alloc = functools.partial(torch.empty, tuple(out.shape), dtype=out.dtype, device=out.device)
     capturing = _capturing if keep is not None and _capturing is not None else None
     try:
         return mod.Record(tuple(expect), tuple(is_tensor), tuple(at), patches, tuple(bytes(b) for b in blocks),
                           kern.handle(device), tuple(grid), kern.threads, kern.smem_bytes, stream, device,
-                          torch.Tensor, alloc, torch._C._cuda_getCurrentRawStream, capturing, (keep, runner))
+                          torch.Tensor, tuple(out.shape), at[0], torch._C._cuda_getCurrentRawStream, capturing,
+                          (keep, runner))
     except Exception:
         return None

@@ -247,12 +247,12 @@ class KernelRunner:
         tma = self._tma
         if paged is not None:  # the pages are read where they lie (checked in _pages); q may be copied
             if not _ok(q, qs):
-                q = q.contiguous()
+                q = _readable_copy(q)
                 qs = canon(q, perms[0])[1]
         elif not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
                 no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
                 and no_broadcast((B, Hkv, Skv, Dv), vs)):
-            q, k, v = (t.contiguous() for t in (q, k, v))
+            q, k, v = (_readable_copy(t) for t in (q, k, v))
             qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
         sizes = None
         hkv_spec = self.paged[0].heads if self.paged is not None else Hkv  # the kernel packs paged heads its own way
@@ -448,6 +448,13 @@ _capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _readable_copy(t: torch.Tensor) -> torch.Tensor:
+    """A dense copy the kernel reads: `contiguous()` returns a dense view as it is, even one whose
+    pointer is not 16-byte aligned (a slice one element in), which cp.async and TMA cannot read."""
+    c = t.contiguous()
+    return c if c.data_ptr() % 16 == 0 else c.clone()
 
 
 def _ok(t: torch.Tensor, st: tuple) -> bool:
