@@ -73,12 +73,13 @@ class CompiledAttention:
         self.fn = fn
         self.options = options
         self._table: dict[tuple, list[Entry]] = {}
-        self.served: collections.Counter = collections.Counter()  # "kernel" / "spec": who computed each call
+        self._served: collections.Counter = collections.Counter()  # calls of the Python path, by who computed them
         self._warned: set[str] = set()  # per instance: a set keyed by id(self) would silence a successor at its address
         self._watch: GlobalsWatch | None = None  # the globals and closure cells the captured programs read
         # launches replayed from C for calls of exactly a served call's layout (ops/hotpath.py)
         self._hot: list = []
         self._hot_made = 0
+        self._hot_folded = 0  # calls served by records since dropped
         self._serve: Callable[[list, tuple], Any] | None = None  # the C module's serve, once a record exists
         functools.update_wrapper(self, fn)
 
@@ -92,11 +93,10 @@ class CompiledAttention:
             try:
                 out = self._serve(self._hot, args)
             except Exception as err:  # a failed launch: the Python path serves, and decides what to retire
-                self._hot.clear()
+                self._drop_hot()
                 self._warn(f"the host fast path failed ({type(err).__name__}: {err}); the Python path serves")
                 out = None
-            if out is not None:
-                self.served["kernel"] += 1
+            if out is not None:  # counted by its record (served)
                 return out
         key = call_signature(args, kwargs)
         e = self._find(key, args, kwargs)
@@ -106,8 +106,8 @@ class CompiledAttention:
         if runner is not None:
             try:
                 out = runner(*args, **kwargs)
-                self.served["kernel"] += 1
-                if runner.replayable and not kwargs and e.modules is None:
+                self._served["kernel"] += 1
+                if not kwargs and e.modules is None and getattr(runner, "replayable", False):
                     self._remember(runner, args, out)
                 return out
             except NeedsAutograd:
@@ -116,7 +116,7 @@ class CompiledAttention:
             except SpecServes as why:
                 self._warn(f"the spec computes this call: {why}")
             except Exception as err:  # never an internal exception out of a call: retire this kernel
-                self._hot.clear()
+                self._drop_hot()
                 d = e.kernel_for(args, kwargs)
                 e.runners[d] = None
                 e.reasons[d] = f"the kernel failed ({type(err).__name__}: {err}); the spec serves"
@@ -124,7 +124,7 @@ class CompiledAttention:
         return self._spec(e, args, kwargs)
 
     def _spec(self, e: Entry, args: tuple, kwargs: dict) -> Any:
-        self.served["spec"] += 1
+        self._served["spec"] += 1
         if e.bad_input is None:
             return self.fn(*args, **kwargs)
         try:
@@ -151,11 +151,27 @@ class CompiledAttention:
                 self._warn(e.reasons[d])
         return e.runners[d]
 
+    @property
+    def served(self) -> collections.Counter:
+        """Who computed each call so far: "kernel" (the Python path's launches and the fast path's) and "spec"."""
+        out = collections.Counter(self._served)
+        hits = sum(r.hits for r in self._hot)
+        if hits:
+            out["kernel"] += hits
+        return out
+
+    def _drop_hot(self, keep: int = 0) -> None:
+        """Drop the records past the first `keep`, their calls counted."""
+        hits = sum(r.hits for r in self._hot[keep:])
+        self._served["kernel"] += hits
+        self._hot_folded += hits
+        del self._hot[keep:]
+
     def _remember(self, runner: Any, args: tuple, out: Any) -> None:
         """Record the launch that served this call for the host fast path, while records pay: once eight
         were made, only while they have served at least one call each on average (a decode loop over a
         growing cache never repeats a layout)."""
-        if self._hot_made >= hotpath.MAX_RECORDS and sum(r.hits for r in self._hot) < self._hot_made:
+        if self._hot_made >= hotpath.MAX_RECORDS and sum(r.hits for r in self._hot) + self._hot_folded < self._hot_made:
             runner.take_launch()
             return
         rec = hotpath.record(runner, args, out)
@@ -163,12 +179,12 @@ class CompiledAttention:
             self._serve = hotpath.module().serve
             self._hot_made += 1
             self._hot.insert(0, rec)
-            del self._hot[hotpath.MAX_RECORDS:]
+            self._drop_hot(keep=hotpath.MAX_RECORDS)
 
     # -- the slow path: capture, transfer, verify -----------------------------------
     def _forget(self) -> None:
         self._table.clear()
-        self._hot.clear()
+        self._drop_hot()
         self._watch = None
 
     def _prepare(self, key: tuple, args: tuple, kwargs: dict) -> Entry:
