@@ -1,0 +1,55 @@
+"""The host fast path's C module (csrc/host/hotpath.c) builds with this machine's C compiler and Python
+headers, into the cache under a name that changes with its source, and refuses malformed records. Replays
+themselves need a GPU (tests/test_hotpath_gpu.py)."""
+import shutil
+
+import pytest
+import torch
+
+from torch_cubridge.build import host
+from torch_cubridge.build.errors import BuildError, CompilerUnavailable
+
+
+@pytest.fixture
+def built(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        return host.load_module()
+    except CompilerUnavailable as e:  # no compiler or headers: the Python path serves, nothing to test here
+        pytest.skip(str(e))
+
+
+def test_module_builds_into_the_cache_and_misses_without_records(built, tmp_path):
+    assert host.module_path().is_file() and str(host.module_path()).startswith(str(tmp_path))
+    q = torch.randn(1, 2, 8, 16)
+    assert built.serve([], (q, q, q)) is None
+    with pytest.raises(TypeError):
+        built.serve((), (q,))
+
+
+def test_an_edited_source_is_another_module(built, tmp_path, monkeypatch):
+    first = host.module_path()
+    src = tmp_path / "csrc" / "host" / "hotpath.c"
+    src.parent.mkdir(parents=True)
+    shutil.copy(host.source_path(), src)
+    src.write_text(src.read_text() + "\n/* edited */\n")
+    monkeypatch.setattr(host, "source_path", lambda: src)
+    assert host.module_path() != first
+
+
+def test_malformed_records_are_refused(built):
+    bad = dict(expect=(1,), is_tensor=(False,), src=(0,), patches=(), blocks=(b"\0" * 8,), fn=0, grid=(1, 1, 1),
+               threads=32, smem=0, stream=0, device=0, tensor_type=torch.Tensor, out_shape=(1,), like=0,
+               get_stream=None, capturing=None, keep=None)
+    with pytest.raises((ValueError, RuntimeError)):  # a pointer source that is not a tensor (or no driver)
+        built.Record(*bad.values())
+    with pytest.raises(TypeError):
+        built.Record(1, 2, 3)
+
+
+def test_read_only_mode_never_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUBRIDGE_READONLY", "1")
+    with pytest.raises(BuildError):
+        host.load_module()
+    assert not (tmp_path / "empty").exists()
