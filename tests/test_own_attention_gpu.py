@@ -15,10 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("B", [1, 2])
-# cpmant's kernel still fails GPU verification in one trial (inputs x4: logits of ~1600 from bf16
-# projections, rows near-tied beyond what the spec's sampled rounding moves them; device run 4 of the
-# session at e3f5132), so the spec serves it: not yet served by a kernel
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "cpmant"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_own_attention_served_by_kernel(family, B):
     """cpmant's tiny model (initial std 1.0) is ill-conditioned in bf16: its own eager code in bf16 misses
     float32 by more than 3e-2, so ours is held to the bf16 eager model's own distance from float32

@@ -66,3 +66,36 @@ def test_a_well_conditioned_spec_keeps_the_fixed_tolerance():
     got = accurate.double() * 1.03
     judged, verdict = _verdict(p, bound, got, ref)
     assert not judged and verdict is not None and not verdict[2], verdict
+
+
+def projected(x, w):
+    """q, k, v made by a projection inside the spec (the prologue), in the call's dtype."""
+    B, S, _ = x.shape
+    q, k, v = (x @ w).view(B, S, 3, 4, 32).permute(2, 0, 3, 1, 4)
+    return torch.softmax(q @ k.transpose(-1, -2) / 32 ** 0.5, -1) @ v
+
+
+def _projected_case():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 96, 64, generator=g).bfloat16()
+    w = torch.randn(64, 384, generator=g).bfloat16()   # logits of ~60 from projections rounded to bf16
+    p = tc.transfer(projected, x, w)
+    bound = bind_example(projected, (x, w), {})
+    return p, bound, run_reference(projected, bound), p.run(x, w)  # p.run: the kernel's arithmetic
+
+
+def test_rows_beyond_the_spec_rounding_are_held_to_the_exact_attention_of_the_operands():
+    """Near-tied rows the kernel and the spec's sampled rounding break differently: the kernel is judged
+    against the program's float64 attention of the bf16 operands the prologue made."""
+    p, bound, ref, got = _projected_case()
+    assert p.prologue
+    verdict = vcpu.no_worse_than_own_dtype(projected, p, bound, got, ref, torch.bfloat16, REL_TOL, 5e-2)
+    assert verdict[2] and "operands the kernel read" in verdict[3], verdict
+
+
+def test_a_wrong_row_fails_against_the_exact_attention_of_the_operands():
+    p, bound, ref, got = _projected_case()
+    got = got.clone()
+    got[0, 1, 42] = 0.5 * (got[0, 1, 42] + got[0, 1, 10])  # one row mixed with another's answer
+    verdict = vcpu.no_worse_than_own_dtype(projected, p, bound, got, ref, torch.bfloat16, REL_TOL, 5e-2)
+    assert not verdict[2], verdict

@@ -104,13 +104,19 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
 
 
 def run_program(p: Program, /, *args: Any, **kwargs: Any) -> Any:
-    bound = bind_args(p.signature, args, kwargs)
+    return run_bound_program(p, bind_args(p.signature, args, kwargs))
+
+
+def run_bound_program(p: Program, bound: dict[str, Any], core: torch.dtype | None = None) -> Any:
+    """The program on bound arguments. core: the dtype the attention runs in after the prologue (None:
+    float64 for float64 operands, float32 otherwise, as the kernel; float64 on operands a prologue made
+    in a half dtype is the exact attention of what the kernel reads)."""
     made = run_prologue(p, bound, call_device(bound))
     q = to_canonical(operand_value(bound, p.q, made), p.q)
     k = to_canonical(operand_value(bound, p.k, made), p.k)
     v = to_canonical(operand_value(bound, p.v, made), p.v)
     out_dtype = q.dtype
-    fdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    fdt = core or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     sizes = sizes_of(p, q, k)
     B, H, Sq, D = q.shape
     Skv = sizes["Skv"]
