@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .capture.signature import alive, call_signature, traced_signature
 from .capture.trace import bind_example
@@ -26,8 +27,19 @@ from .ir.prologue import operand_shapes
 from .lower.tiles import decode_call
 from .ops import hotpath
 from .ops.errors import NeedsAutograd, SpecServes
-from .pipeline import Transferred, kernel_stage, on_cuda, transfer_stage, warm_key, warm_transfer, warn_once
+from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer, warn_once
 
+
+
+def _fake_call(args: tuple, kwargs: dict) -> bool:
+    """Whether the call's first tensor is a fake one (a capture is tracing the call)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return isinstance(a, FakeTensor)
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            return isinstance(a, FakeTensor)
+    return False
 
 
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
@@ -87,6 +99,8 @@ class CompiledAttention:
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return self._traced(args, kwargs)
+        if stage.depth:  # called inside a spec this thread captures or verifies: that spec's own ops
+            return self.fn(*args, **kwargs)
         if self._watch is not None and not self._watch.unchanged():
             self._forget()  # a global the programs baked in was rebound: none of them holds
         if self._hot and not kwargs:
@@ -98,6 +112,8 @@ class CompiledAttention:
                 out = None
             if out is not None:  # counted by its record (served)
                 return out
+        if _fake_call(args, kwargs):  # traced by someone else's make_fx: the spec's ops, not a capture
+            return self.fn(*args, **kwargs)
         key = call_signature(args, kwargs)
         e = self._find(key, args, kwargs)
         if e is None:

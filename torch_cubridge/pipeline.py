@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 import warnings
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -42,6 +43,26 @@ class Transferred:
     report: VerifyReport
     key: str               # the spec hash
     backend: str           # "symbolic" or "llm"
+
+
+class _Stage(threading.local):
+    depth = 0  # pipeline stages this thread is inside
+
+
+stage = _Stage()
+
+
+@contextmanager
+def _staged() -> Iterator[None]:
+    """A compiled function called while this thread captures or verifies a spec (inside that spec: a model's
+    attention module routed as a whole whose forward calls the attention interface, inkling2) runs its own
+    spec (CompiledAttention reads `stage.depth`): the outer capture traces its ops, and the outer reference
+    is the spec's own answer, never a kernel's."""
+    stage.depth += 1
+    try:
+        yield
+    finally:
+        stage.depth -= 1
 
 
 def warm_key(fn: Callable, call_key: tuple) -> tuple[str, str] | None:
@@ -74,6 +95,12 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal.
     With `where` (warm_key of the call), the verified program is also recorded for warm_transfer."""
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
+    with _staged():
+        return _transfer_stage(fn, bound, backend, llm_options, where)
+
+
+def _transfer_stage(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None,
+                    where: tuple[str, str] | None) -> Transferred:
     try:
         cap = capture(fn, bound)
         key = spec_hash(cap)
@@ -251,7 +278,8 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
     if not on_cuda(bound):
         return None, "the inputs are not CUDA tensors, so no kernel is used; the spec computes the result"
     try:
-        return _build_and_verify(fn, res, bound)
+        with _staged():
+            return _build_and_verify(fn, res, bound)
     except UnsupportedSpec as e:
         return None, f"no kernel for this program: {e}"
     except Exception as e:  # a build or launch problem must never become a wrong answer
