@@ -39,7 +39,7 @@ def test_an_edited_source_is_another_module(built, tmp_path, monkeypatch):
 
 def test_malformed_records_are_refused(built):
     bad = dict(expect=(1,), is_tensor=(False,), src=(0,), patches=(), blocks=(b"\0" * 8,), fn=0, grid=(1, 1, 1),
-               threads=32, smem=0, stream=0, device=0, tensor_type=torch.Tensor, out_shape=(1,), like=0,
+               threads=32, smem=0, stream=0, device=0, tensor_type=torch.Tensor, out_shape=(1,), out_stride=(1,), like=0,
                get_stream=None, capturing=None, keep=None)
     with pytest.raises((ValueError, RuntimeError)):  # a pointer source that is not a tensor (or no driver)
         built.Record(*bad.values())

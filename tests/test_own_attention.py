@@ -92,18 +92,23 @@ def test_drop_in_name_routes_own_attention_at_the_first_call():
 
 
 def test_calls_the_compiled_spec_cannot_see_run_the_module():
-    """A cache object is updated by Python side effects a captured graph does not replay; weights
-    asked for are the probabilities the kernel never writes: both run the module's own forward."""
+    """Weights asked for are the probabilities the kernel never writes, and a cache other than a
+    DynamicCache of plain layers is updated by code the stand-in does not model: both run the module's own
+    forward."""
+    from transformers import StaticCache
     model = tiny("xglm")
     oa.serve_own_attention(model)
     oa._compiled.clear()
+    oa._compiled_cached.clear()
     ids = torch.randint(0, 128, (1, 16))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model(ids, use_cache=True)
-        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)  # renamed in transformers 5.2x
-        assert cache is not None and cache.get_seq_length() == 16
         model(ids, use_cache=False, output_attentions=True)
+        assert oa.tables() == []
+        static = StaticCache(config=model.config, max_cache_len=32)
+        out = model(ids, past_key_values=static, use_cache=True)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)  # renamed in transformers 5.2x
+        assert cache is static and cache.get_seq_length() == 16
     assert oa.tables() == []
 
 
@@ -161,3 +166,55 @@ def test_probabilities_zeroed_where_the_scores_were_masked():
         return _masked_twice(q, k, v, mask, post)
     with pytest.raises(UnsupportedSpec):
         tc.transfer(other, q, k, v, mask, torch.rand(2, 1, 12, 12) > 0.5)
+
+
+CACHED = ["falcon", "bloom", "gpt_neox_japanese", "cpmant", "git", "xglm"]
+
+
+@pytest.mark.parametrize("family", CACHED)
+def test_generate_with_a_dynamic_cache_goes_through_the_cached_spec(family, monkeypatch):
+    """generate passes a DynamicCache: each call is the compiled spec over a stand-in cache made from the layer's
+    past keys and values, and the real cache is updated with the new ones by its own code. Greedy tokens
+    equal a separate copy's (its own code); every call transfers; the program's every result item (the
+    output, the new keys and values the real cache takes) matches the spec in fp64 on a decode step."""
+    from torch_cubridge.compile import CompiledAttention, Options
+
+    class Recording(CompiledAttention):
+        def __call__(self, *args, **kwargs):
+            self.last = (args, kwargs)
+            return super().__call__(*args, **kwargs)
+    monkeypatch.setattr(oa, "compile", lambda fn: Recording(fn, Options()))
+    model = tiny(family)
+    ref_model = copy.deepcopy(model)
+    oa.serve_own_attention(model)
+    oa._compiled.clear()
+    oa._compiled_cached.clear()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        got = model.generate(ids, **kw)
+        ref = ref_model.generate(ids, **kw)
+    # tokens, and each step's logits: a tiny model's attention is nearly uniform, so tokens alone would not
+    # see keys and values joined out of order
+    assert torch.equal(got.sequences, ref.sequences)
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(got.logits, ref.logits))
+    cached = list(oa._compiled_cached.items())
+    assert cached and all(e.result is not None for _, c in cached for e in c.entries()), \
+        [e.reason for _, c in cached for e in c.entries()]
+    m, c = cached[0]
+    args, kwargs = c.last  # the last decode step: the past keys and values, one new token
+    assert kwargs.get(oa._PAST_K) is not None and kwargs[oa._PAST_K].shape[-2] > 12
+    prog = c.entries()[-1].result.program
+    m64 = copy.deepcopy(m).double()
+    with torch.no_grad():
+        try:
+            kw64 = {k: _to64(v) for k, v in kwargs.items()}
+            want = c.fn(m64, *_to64(args[1:]), **kw64)
+            have = prog.run(m64, *_to64(args[1:]), **kw64)
+        except RuntimeError:  # xglm's own code cannot run in float64: judged in float32
+            want, have = c.fn(m, *args[1:], **kwargs), prog.run(m, *args[1:], **kwargs)
+    assert len(have) == len(want) and all(isinstance(x, torch.Tensor) for x in (*have[-2:], have[0]))
+    # the attention weights some modules return are served as None; every other item is compared
+    pairs = [(h, w) for h, w in zip(have, want) if h is not None]
+    assert len(pairs) >= 3 and all(rel_err(h, w) < 1e-5 for h, w in pairs)

@@ -38,3 +38,37 @@ def test_own_attention_served_by_kernel(family, B):
     # bf16 weights and activations through two layers: the logits agree to bf16's precision
     err, err_own = float((got - ref).norm() / ref.norm()), float((own - ref).norm() / ref.norm())
     assert err < max(3e-2, 1.5 * err_own), (err, err_own)
+
+
+@pytest.mark.parametrize("family", ["falcon", "bloom", "gpt_neox_japanese", "git", "xglm", "cpmant"])
+def test_generate_with_a_dynamic_cache_served_by_kernel(family):
+    """generate: the prefill and every decode step through the cached spec (a stand-in cache over the layer's
+    past keys and values, the decode kernel reading them and the new ones in place), served by the kernel.
+    Each step's logits against a float32 copy run over the generated sequence at once (teacher-forced, no
+    cache: a token that differs in bf16 does not end the comparison), held to bf16 eager's own distance."""
+    model = tiny(family)
+    ref_model = copy.deepcopy(model).float()
+    eager16 = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    model = model.to("cuda", torch.bfloat16)
+    oa.serve_own_attention(model)
+    oa._compiled.clear()
+    oa._compiled_cached.clear()
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(2)).cuda()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = model.generate(ids, **kw)
+        own = eager16.generate(ids, **kw)
+        seq = got.sequences.cpu()
+        full = ref_model(seq, use_cache=False).logits  # position t predicts token t + 1
+        full16 = ref_model(own.sequences.cpu(), use_cache=False).logits
+    cached = [c.served for c in oa._compiled_cached.values()]
+    assert cached and all(s["spec"] == 0 and s["kernel"] >= 2 for s in cached), \
+        (cached, [e.reasons or e.reason for c in oa._compiled_cached.values() for e in c.entries()])
+    T = len(got.logits)  # positions counted from the end (cpmant puts prompt positions in front)
+
+    def worst(steps, ref):
+        return max(float((g.double().cpu() - ref[:, i - T - 1].double()).norm() / ref[:, i - T - 1].norm())
+                   for i, g in enumerate(steps))
+    err, err_own = worst(got.logits, full), worst(own.logits, full16)
+    assert err < max(3e-2, 1.5 * err_own), (err, err_own)

@@ -5,10 +5,15 @@ merge of heads, the output projection and any LayerNorm the epilogue (transfer/e
 attention weights it returns are served as None, as transformers' callers ignore them without
 `output_attentions`.
 
-A call is served by the compiled spec only where what it reads is all tensors and plain values: a
-cache object passed in is updated by Python side effects (`cache.update`) that a captured graph does
-not replay, so such a call runs the module's own forward. So does a call that asks for the weights,
-and a module in training mode.
+A call is served by the compiled spec only where what it reads is all tensors and plain values. A cache
+object is updated by Python side effects (`cache.update`) that a captured graph does not replay, so a call
+that passes one is served through a stand-in (`generate`): where the cache is transformers' DynamicCache and
+this module's layer a plain DynamicLayer, the spec is called with that layer's keys and values as tensors
+and a stand-in cache whose `update` joins them with the new ones as DynamicLayer does (a `torch.cat` the
+decode kernel reads in place, as its pieces); the spec also returns the new keys and values, and the real
+cache is then updated with them by its own code. Any other cache (static, sliding, encoder-decoder,
+offloaded) runs the module's own forward, as does a call that asks for the weights, and a module in
+training mode.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from ..compile import CompiledAttention, compile
 _PLAIN = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)
 _specs: dict[type, Callable] = {}
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+# the compiled forward of calls that pass a DynamicCache (_serve_cached)
+_compiled_cached: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
 
 
 def has_own_attention(model: torch.nn.Module) -> bool:
@@ -37,6 +44,74 @@ def module_spec(cls: type) -> Callable:
         return fwd(module, *args, **joined(kwargs))
     own_attention_forward.__name__ = f"{cls.__name__}_forward"
     return _specs.setdefault(cls, own_attention_forward)
+
+
+_CACHE_KW, _PAST_K, _PAST_V = "cubridge_cache_keyword", "cubridge_past_keys", "cubridge_past_values"
+
+
+class _JoiningCache:
+    """The cache a spec called with its layer's past keys and values sees: `update` returns them joined with
+    the new ones along the sequence, as transformers' DynamicLayer does, and keeps the new ones."""
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None) -> None:
+        self.keys, self.values = keys, values
+        self.new_keys: torch.Tensor | None = None
+        self.new_values: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new_keys, self.new_values = key_states, value_states
+        if self.keys is None:
+            return key_states, value_states
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+
+def cached_module_spec(cls: type) -> Callable:
+    """The spec of one attention class called with a cache: its own forward over a _JoiningCache made from
+    the past keys and values it is given; returns the forward's result items, then the new keys and values."""
+    fwd = cls.forward
+
+    def own_attention_forward_cached(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        kw = joined(kwargs)
+        stand = _JoiningCache(kw.pop(_PAST_K, None), kw.pop(_PAST_V, None))
+        where = kw.pop(_CACHE_KW)  # the cache's keyword, or its position among the arguments
+        if isinstance(where, int):
+            args = (*args[:where], stand, *args[where:])
+        else:
+            kw[where] = stand
+        out = fwd(module, *args, **kw)
+        return (*out, stand.new_keys, stand.new_values) if isinstance(out, tuple) else \
+            (out, stand.new_keys, stand.new_values)
+    own_attention_forward_cached.__name__ = f"{cls.__name__}_forward_cached"
+    return _cached_specs.setdefault(cls, own_attention_forward_cached)
+
+
+_cached_specs: dict[type, Callable] = {}
+
+
+def _dynamic_layer(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+                   ) -> tuple[str | int, Any, Any] | None:
+    """(keyword or position, cache, layer or None) where the call passes one transformers DynamicCache (not
+    offloaded) and this module's layer in it is a plain DynamicLayer or not made yet; else None."""
+    given = [*enumerate(args), *kwargs.items()]
+    caches = [(k, v) for k, v in given if type(v).__name__.endswith("Cache")]
+    idx = layer_index(module)
+    if len(caches) != 1 or type(caches[0][1]).__name__ != "DynamicCache" or idx is None:
+        return None
+    name, cache = caches[0]
+    if getattr(cache, "offloading", False):
+        return None
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return None
+    if idx < len(layers):
+        layer = layers[idx]
+        return (name, cache, layer) if type(layer).__name__ == "DynamicLayer" else None
+    made = getattr(cache, "layer_class_to_replicate", None)
+    return (name, cache, None) if made is not None and made.__name__ == "DynamicLayer" else None
 
 
 _SEP = "__item"  # position_embeddings=(cos, sin) travels as position_embeddings__item0, ..item1
@@ -84,6 +159,42 @@ def _servable(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> b
     return all(_plain(a) for a in args) and all(_plain(a) for a in kwargs.values())
 
 
+def layer_index(module: torch.nn.Module) -> int | None:
+    """The cache layer a module updates: its own layer_idx, or that of the self-attention inside it (git)."""
+    for m in module.modules():
+        idx = getattr(m, "layer_idx", None)
+        if isinstance(idx, int):
+            return idx
+    return None
+
+
+def _without(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    """The call's arguments without its cache."""
+    where = route[0]
+    if isinstance(where, int):
+        return args[:where] + args[where + 1:], kwargs
+    return args, {k: v for k, v in kwargs.items() if k != where}
+
+
+def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dict[str, Any],
+                  route: tuple[str | int, Any, Any]) -> Any:
+    """A call with a DynamicCache: the compiled cached spec on the layer's past keys and values, then the
+    real cache updated with the new ones by its own code."""
+    name, cache, layer = route
+    args, kw = _without(route, args, kwargs)
+    past = layer is not None and getattr(layer, "is_initialized", False) and layer.keys is not None \
+        and layer.keys.dim() == 4 and layer.keys.shape[-2] > 0
+    if past:
+        kw[_PAST_K], kw[_PAST_V] = layer.keys, layer.values
+    kw[_CACHE_KW] = name
+    c = _compiled_cached.get(mod)
+    if c is None:
+        c = _compiled_cached[mod] = compile(spec)
+    *out, new_k, new_v = c(mod, *args, **split(kw))
+    cache.update(new_k, new_v, layer_index(mod))
+    return tuple(out) if len(out) != 1 else out[0]
+
+
 def _plain(x: Any) -> bool:
     if isinstance(x, (tuple, list)):
         return all(_plain(i) for i in x)
@@ -103,7 +214,14 @@ def serve_own_attention(model: torch.nn.Module) -> int:
         def forward(*args: Any, _m: Any = weakref.ref(m), _spec: Callable = spec, _own: Callable = own,
                     **kwargs: Any) -> Any:
             mod = _m()
-            if not _servable(mod, args, kwargs) or torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
+                return _own(mod, *args, **kwargs)
+            route = _dynamic_layer(mod, args, kwargs)
+            if route is not None:
+                a, kw = _without(route, args, kwargs)
+                if _servable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}):
+                    return _serve_cached(mod, cached_module_spec(type(mod)), args, kwargs, route)
+            if not _servable(mod, args, kwargs):
                 return _own(mod, *args, **kwargs)
             c = _compiled.get(mod)
             if c is None:
@@ -115,5 +233,5 @@ def serve_own_attention(model: torch.nn.Module) -> int:
 
 
 def tables() -> list[CompiledAttention]:
-    """The compiled forward of every routed module that has been called."""
-    return list(_compiled.values())
+    """The compiled forward of every routed module that has been called, with a cache and without."""
+    return list(_compiled.values()) + list(_compiled_cached.values())

@@ -100,7 +100,8 @@ def record(runner: Any, args: tuple, out: Any) -> Any | None:
     try:
         return mod.Record(tuple(expect), tuple(is_tensor), tuple(at), patches, tuple(bytes(b) for b in blocks),
                           kern.handle(device), tuple(grid), kern.threads, kern.smem_bytes, stream, device,
-                          torch.Tensor, tuple(out.shape), at[0], torch._C._cuda_getCurrentRawStream, capturing,
+                          torch.Tensor, tuple(out.shape), out.stride(), at[0], torch._C._cuda_getCurrentRawStream,
+                          capturing,
                           (keep, runner))
     except Exception:
         return None
