@@ -33,11 +33,17 @@ def test_merged_and_projected():
 
 @pytest.mark.parametrize("Sq", [1, 4])
 def test_decode_step_projected(Sq):
-    """The decode kernel's output through the epilogue (Sq = Skv = 1 is not transferred: the spec serves it)."""
+    """The decode kernel's output through the epilogue."""
     q, k, v = es.qkv(2, 4, 500, 64, torch.bfloat16)
     w = es.weights(64 * 4, 1, torch.bfloat16)[0]
     f = _serve(es.decode_projected, (q[:, :, :Sq].contiguous(), k, v, w))
     assert f.kernels()[-1].p.epilogue
+
+
+def test_one_token_prompt_projected():
+    """Sq = Skv = 1 (a one-token prompt without a cache), heads merged and projected: served by a kernel."""
+    w = es.weights(64 * 4, 1, torch.bfloat16)[0]
+    _serve(es.merged_and_projected, es.qkv(2, 4, 1, 64, torch.bfloat16) + (w,))
 
 
 def test_gate_and_scale_shift():

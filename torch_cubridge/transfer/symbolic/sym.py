@@ -115,6 +115,10 @@ def unify(ctx: Ctx, keep: tuple[str, ...], other: tuple[str, ...], op: str) -> d
     """Substitution for `other`'s atoms so they index like `keep` (same extent)."""
     if keep == other:
         return {}
+    if len(keep) == len(other) == 1 and ctx.sizes[keep[0]] == ctx.sizes[other[0]] == 1:
+        # one unit dim aligned with another (a single key against a single value row: Sq = Skv = 1):
+        # the same axis, read as its variable (always 0), so the role it has on one side reaches the other
+        return {other[0]: Expr("var", (), keep[0])}
     if ctx.dim_size(keep) != ctx.dim_size(other):
         raise UnsupportedSpec(f"cannot align dims of sizes {ctx.dim_size(keep)} and {ctx.dim_size(other)}", op=op)
     k = tuple(a for a in keep if ctx.sizes[a] > 1)
