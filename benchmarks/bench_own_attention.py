@@ -5,6 +5,9 @@ verification, build, GPU verification) per model.
 
 Usage: python benchmarks/bench_own_attention.py [--out DIR] [--families git,xglm,...] [--seq 2048]
        PROFILE=1 ...: also a cProfile of one routed call (Python time the CUDA profiler does not show)
+       --generate N: instead, greedy generate of N tokens after a --seq prompt through a DynamicCache
+       (the cached route), ours against the model's own code: decode tokens/s from the time of N tokens
+       less the time of one (the prefill), the median of three rounds alternating the two
 """
 from __future__ import annotations
 
@@ -27,6 +30,62 @@ def build(family: str, hidden: int, heads: int, layers: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **kw), attn_implementation="eager").eval()
 
 
+def generate_rates(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[float, float]:
+    """(prefill seconds, decode tokens/s) of greedy generate: n tokens against one."""
+    def run(k: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    one, many = run(1), run(n)
+    return one, ids.shape[0] * (n - 1) / (many - one)
+
+
+def generate_main(a: argparse.Namespace) -> None:
+    from torch_cubridge.integrations import own_attention as oa
+    rows = []
+    for fam in a.families.split(","):
+        try:
+            eager = build(fam, a.hidden, a.heads, a.layers).to("cuda", torch.bfloat16)
+        except Exception as e:  # noqa: BLE001
+            print(f"{fam}: does not build ({type(e).__name__}: {str(e)[:80]})", flush=True)
+            continue
+        ours = copy.deepcopy(eager)
+        oa.serve_own_attention(ours)
+        oa._compiled.clear()
+        oa._compiled_cached.clear()
+        ids = torch.randint(0, 1024, (a.batch, a.seq), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            ours.generate(ids, max_new_tokens=a.generate, do_sample=False, pad_token_id=0)  # first: compiles
+            first = time.perf_counter() - t0
+            eager.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+            res = {"ours": [], "eager": []}
+            for _ in range(3):
+                res["ours"].append(generate_rates(ours, ids, a.generate))
+                res["eager"].append(generate_rates(eager, ids, a.generate))
+        med = {k: sorted(v, key=lambda r: r[1])[1] for k, v in res.items()}
+        served = {k: sum(c.served[k] for c in oa._compiled_cached.values()) for k in ("kernel", "spec")}
+        row = dict(family=fam, B=a.batch, prompt=a.seq, new_tokens=a.generate, hidden=a.hidden, heads=a.heads,
+                   layers=a.layers, first_generate_s=first, ours_prefill_s=med["ours"][0],
+                   eager_prefill_s=med["eager"][0], ours_decode_tok_s=med["ours"][1],
+                   eager_decode_tok_s=med["eager"][1], decode_ratio=med["ours"][1] / med["eager"][1],
+                   cached_calls_served=served, rounds=res)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
+        eager = ours = None
+        torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "own_attention_generate.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'family':18s} {'B':>3s} {'ours tok/s':>10s} {'own tok/s':>10s} {'x':>6s} {'prefill s ours/own':>20s} served")
+    for r in rows:
+        print(f"{r['family']:18s} {r['B']:3d} {r['ours_decode_tok_s']:10.1f} {r['eager_decode_tok_s']:10.1f} "
+              f"{r['decode_ratio']:6.2f} {r['ours_prefill_s']:9.3f}/{r['eager_prefill_s']:.3f} {r['cached_calls_served']}")
+
+
 def main() -> None:
     from torch_cubridge.benchmark import median_ms
     from torch_cubridge.integrations import own_attention as oa
@@ -39,9 +98,13 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--generate", type=int, default=0)
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if a.generate:
+        generate_main(a)
+        return
     rows = []
     for fam in a.families.split(","):
         try:
