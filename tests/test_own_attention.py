@@ -184,6 +184,7 @@ def test_generate_with_a_dynamic_cache_goes_through_the_cached_spec(family, monk
             self.last = (args, kwargs)
             return super().__call__(*args, **kwargs)
     monkeypatch.setattr(oa, "compile", lambda fn: Recording(fn, Options()))
+    monkeypatch.setattr(oa, "CACHED_DECODE", True)
     model = tiny(family)
     ref_model = copy.deepcopy(model)
     oa.serve_own_attention(model)
@@ -218,3 +219,23 @@ def test_generate_with_a_dynamic_cache_goes_through_the_cached_spec(family, monk
     # the attention weights some modules return are served as None; every other item is compared
     pairs = [(h, w) for h, w in zip(have, want) if h is not None]
     assert len(pairs) >= 3 and all(rel_err(h, w) < 1e-5 for h, w in pairs)
+
+
+def test_decode_steps_run_the_module_by_default():
+    """CACHED_DECODE off (measured slower, host-bound): generate's prefill goes through the cached spec, its
+    decode steps through the module's own code on the cache the prefill filled; tokens and logits equal."""
+    assert oa.CACHED_DECODE is False
+    model = tiny("falcon")
+    ref_model = copy.deepcopy(model)
+    oa.serve_own_attention(model)
+    oa._compiled.clear()
+    oa._compiled_cached.clear()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, ref = model.generate(ids, **kw), ref_model.generate(ids, **kw)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(got.logits, ref.logits))
+    calls = [sum(c.served.values()) for c in oa._compiled_cached.values()]
+    assert calls and all(n == 1 for n in calls)  # the prefill of each module, once

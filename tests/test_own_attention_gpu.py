@@ -41,11 +41,12 @@ def test_own_attention_served_by_kernel(family, B):
 
 
 @pytest.mark.parametrize("family", ["falcon", "bloom", "gpt_neox_japanese", "git", "xglm", "cpmant"])
-def test_generate_with_a_dynamic_cache_served_by_kernel(family):
+def test_generate_with_a_dynamic_cache_served_by_kernel(family, monkeypatch):
     """generate: the prefill and every decode step through the cached spec (a stand-in cache over the layer's
     past keys and values, the decode kernel reading them and the new ones in place), served by the kernel.
     Each step's logits against a float32 copy run over the generated sequence at once (teacher-forced, no
     cache: a token that differs in bf16 does not end the comparison), held to bf16 eager's own distance."""
+    monkeypatch.setattr(oa, "CACHED_DECODE", True)  # the decode steps through the kernel too (off by default)
     model = tiny(family)
     ref_model = copy.deepcopy(model).float()
     eager16 = copy.deepcopy(model).to("cuda", torch.bfloat16)

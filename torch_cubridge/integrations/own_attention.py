@@ -7,7 +7,8 @@ attention weights it returns are served as None, as transformers' callers ignore
 
 A call is served by the compiled spec only where what it reads is all tensors and plain values. A cache
 object is updated by Python side effects (`cache.update`) that a captured graph does not replay, so a call
-that passes one is served through a stand-in (`generate`): where the cache is transformers' DynamicCache and
+that passes one (`generate`'s prefill; its decode steps too with CACHED_DECODE) is served through a
+stand-in: where the cache is transformers' DynamicCache and
 this module's layer a plain DynamicLayer, the spec is called with that layer's keys and values as tensors
 and a stand-in cache whose `update` joins them with the new ones as DynamicLayer does (a `torch.cat` the
 decode kernel reads in place, as its pieces); the spec also returns the new keys and values, and the real
@@ -47,6 +48,11 @@ def module_spec(cls: type) -> Callable:
 
 
 _CACHE_KW, _PAST_K, _PAST_V = "cubridge_cache_keyword", "cubridge_past_keys", "cubridge_past_values"
+# Decode steps (a few new tokens against a past) through the cached spec too. Off: measured at 0.62-0.72x the
+# model's own code in decode tokens/s (H100, 2-layer models of hidden 2048, a 2k prompt, B 1 and 8: the step
+# is bound by the host, and the compiled call's host path is longer than the module's own), while the prefill
+# through it is up to 1.8x faster (benchmarks/NOTES.md v22). Tests turn it on to check that path.
+CACHED_DECODE = False
 
 
 class _JoiningCache:
@@ -168,6 +174,17 @@ def layer_index(module: torch.nn.Module) -> int | None:
     return None
 
 
+def _decode_step(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]) -> bool:
+    """A few new tokens (the decode kernel's range) against a layer that holds past keys already."""
+    from ..lower.tiles import DECODE_MAX_QUERIES
+    layer = route[2]
+    if layer is None or not getattr(layer, "is_initialized", False) or getattr(layer, "keys", None) is None \
+            or layer.keys.dim() != 4 or layer.keys.shape[-2] == 0:
+        return False
+    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    return first is not None and first.shape[-2] <= DECODE_MAX_QUERIES
+
+
 def _without(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     """The call's arguments without its cache."""
     where = route[0]
@@ -217,6 +234,8 @@ def serve_own_attention(model: torch.nn.Module) -> int:
             if torch.compiler.is_compiling():
                 return _own(mod, *args, **kwargs)
             route = _dynamic_layer(mod, args, kwargs)
+            if route is not None and not CACHED_DECODE and _decode_step(route, args, kwargs):
+                return _own(mod, *args, **kwargs)
             if route is not None:
                 a, kw = _without(route, args, kwargs)
                 if _servable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}):
