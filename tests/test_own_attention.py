@@ -239,3 +239,17 @@ def test_decode_steps_run_the_module_by_default():
     assert all(rel_err(a, b) < 1e-5 for a, b in zip(got.logits, ref.logits))
     calls = [sum(c.served.values()) for c in oa._compiled_cached.values()]
     assert calls and all(n == 1 for n in calls)  # the prefill of each module, once
+
+
+def test_an_own_attention_model_gets_eagers_mask_under_the_cubridge_name():
+    """mpt builds its mask through transformers' mask interface and reads it itself
+    (`create_causal_mask(...).to(torch.bool)`): under attn_implementation="cubridge" it must get eager's
+    mask, never the None the drop-in's mask function gives where SDPA would skip it."""
+    tcx.register()
+    model = tiny("mpt", tcx.NAME)
+    ref_model = tiny("mpt")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, ref = model(ids, use_cache=False).logits, ref_model(ids, use_cache=False).logits
+    assert rel_err(got, ref) < 1e-5

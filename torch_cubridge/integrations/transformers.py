@@ -166,10 +166,17 @@ def clear_tables() -> None:
     _compiled_causal.clear()
 
 
+_own_attention_types: set[str] = set()  # model types whose attention code is their own (own_attention.py)
+
+
 def skipping_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
     """eager's 4-D float mask, or None where transformers' SDPA mask is None (the caller allows the
-    causal skip, no token is padded, and the pattern is torch's causal one: see causal_spec)."""
-    from transformers.masking_utils import sdpa_mask
+    causal skip, no token is padded, and the pattern is torch's causal one: see causal_spec). A model
+    whose attention code is its own reads the mask itself (mpt: `create_causal_mask(...).to(torch.bool)`),
+    so it always gets eager's."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+    if getattr(kwargs.get("config"), "model_type", None) in _own_attention_types:
+        return eager_mask(*args, dtype=dtype, **kwargs)
     kwargs.setdefault("allow_is_causal_skip", True)
     mask = sdpa_mask(*args, **kwargs)
     if mask is None or mask.dtype != torch.bool:
@@ -220,6 +227,7 @@ def _own_tables_run_eager(name: str) -> None:
                         table.setdefault(n, table["eager"])
             if has_own_attention(self):  # its modules exist only after the subclass's __init__: route at the first call
                 self._cubridge_route = self.register_forward_pre_hook(_route_own_attention)
+                _own_attention_types.add(getattr(config, "model_type", ""))
     __init__._cubridge_names = {name}
     __init__.__wrapped__ = init
     PreTrainedModel.__init__ = __init__

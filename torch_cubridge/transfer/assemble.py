@@ -103,9 +103,10 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             ctx.roles[_var(ix)] = nm
     k, kb = _operand(ctx, kld, "key", paths)
     v, vb = _operand(ctx, vld, "value", paths)
-    head_map = _head_map(ctx, qb, kb, "key")
-    if _head_map(ctx, qb, vb, "value") != head_map:
-        raise UnsupportedSpec("key and value map query heads differently", op="value")
+    head_map, by = _head_map(ctx, qb, kb, "key")
+    if _head_map(ctx, qb, vb, "value") != (head_map, by):
+        raise UnsupportedSpec("key and value map query heads differently (one is repeated over the query "
+                              "heads before its matmul, the other is not)", op="value")
 
     def canon(e: Expr | None, what: str) -> Expr | None:
         if e is None:
@@ -264,15 +265,20 @@ def _name_units(odims: list[str | None], canon: list[str]) -> list[str]:
     return names
 
 
-def _head_map(ctx: Ctx, qb: dict[str, Expr], kb: dict[str, Expr], name: str) -> str:
+def _head_map(ctx: Ctx, qb: dict[str, Expr], kb: dict[str, Expr], name: str) -> tuple[str, Expr | None]:
+    """How the operand's heads follow the query's: ("group", None) where they read the query's head
+    index as it is (or broadcast it), ("group" or "tile", the divisor) where they read h // g or h % g.
+    The divisor is kept: a key read at h // 2 and a value read at h (a value repeated to every query head
+    before the matmul, a key not) map heads differently, and one head map for both would read the
+    wrong value heads."""
     for nm, qi in qb.items():
         ki = kb.get(nm, const(0))
         if ki == qi or ki == const(0) or (_unit(ctx, qi) and _unit(ctx, ki)):
             continue  # the same index, a broadcast, or two size-1 axes (both read index 0)
         if nm == "h" and ki.op in ("floordiv", "mod") and ki.args[0] == qi and ki.args[1].op == "const":
-            return "group" if ki.op == "floordiv" else "tile"
+            return ("group" if ki.op == "floordiv" else "tile"), ki.args[1]
         raise UnsupportedSpec(f"{name} is indexed by an unsupported head/batch expression {ki}", op=name)
-    return "group"
+    return "group", None
 
 
 def _unit(ctx: Ctx, e: Expr) -> bool:
