@@ -344,7 +344,9 @@ static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         }
         if (m) {
             Py_DECREF(result);
+            Py_INCREF(r);  /* fire calls Python, which may let another thread drop r from the list */
             result = fire(r, args);
+            Py_DECREF(r);
             break;
         }
     }
