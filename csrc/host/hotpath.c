@@ -337,18 +337,20 @@ static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     for (Py_ssize_t j = 0; j < PyList_GET_SIZE(records); j++) {
         Record *r = (Record *)PyList_GET_ITEM(records, j);
         if (Py_TYPE(r) != &RecordType || r->nargs != nargs) continue;
+        Py_INCREF(r);  /* matching and firing call Python, which may let another thread drop r from the list */
         int m = matches(r, args, seen);
         if (m < 0) {
+            Py_DECREF(r);
             Py_CLEAR(result);
             break;
         }
         if (m) {
             Py_DECREF(result);
-            Py_INCREF(r);  /* fire calls Python, which may let another thread drop r from the list */
             result = fire(r, args);
             Py_DECREF(r);
             break;
         }
+        Py_DECREF(r);
     }
     forget(seen, nargs);
     return result;
