@@ -17,6 +17,7 @@ import json
 import os
 import time
 import warnings
+from typing import Iterator
 
 import torch
 
@@ -28,6 +29,34 @@ def build(family: str, hidden: int, heads: int, layers: int) -> torch.nn.Module:
               eos_token_id=None)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **kw), attn_implementation="eager").eval()
+
+
+def models(a: argparse.Namespace) -> Iterator[tuple[str, torch.nn.Module, torch.nn.Module, torch.Tensor]]:
+    """Per family: (name, the model running its own code, a copy routed through its compiled forwards, prompt
+    ids), bf16 on the GPU; emptied from the allocator before the next family (the caller drops its references
+    first). A family this config does not fit is skipped."""
+    from torch_cubridge.integrations import own_attention as oa
+    for fam in a.families.split(","):
+        try:
+            eager = build(fam, a.hidden, a.heads, a.layers).to("cuda", torch.bfloat16)
+        except Exception as e:  # noqa: BLE001  (a family this config does not fit)
+            print(f"{fam}: does not build ({type(e).__name__}: {str(e)[:80]})", flush=True)
+            continue
+        ours = copy.deepcopy(eager)
+        oa.serve_own_attention(ours)
+        oa._compiled.clear()
+        oa._compiled_cached.clear()
+        ids = torch.randint(0, 1024, (a.batch, a.seq), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        yield fam, eager, ours, ids
+        eager = ours = None  # freed before the next family
+        torch.cuda.empty_cache()
+
+
+def write_rows(rows: list[dict], out: str | None, name: str) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def generate_rates(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[float, float]:
@@ -45,17 +74,7 @@ def generate_rates(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[f
 def generate_main(a: argparse.Namespace) -> None:
     from torch_cubridge.integrations import own_attention as oa
     rows = []
-    for fam in a.families.split(","):
-        try:
-            eager = build(fam, a.hidden, a.heads, a.layers).to("cuda", torch.bfloat16)
-        except Exception as e:  # noqa: BLE001
-            print(f"{fam}: does not build ({type(e).__name__}: {str(e)[:80]})", flush=True)
-            continue
-        ours = copy.deepcopy(eager)
-        oa.serve_own_attention(ours)
-        oa._compiled.clear()
-        oa._compiled_cached.clear()
-        ids = torch.randint(0, 1024, (a.batch, a.seq), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    for fam, eager, ours, ids in models(a):
         with torch.no_grad():
             t0 = time.perf_counter()
             ours.generate(ids, max_new_tokens=a.generate, do_sample=False, pad_token_id=0)  # first: compiles
@@ -74,12 +93,8 @@ def generate_main(a: argparse.Namespace) -> None:
                    cached_calls_served=served, rounds=res)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
-        eager = ours = None
-        torch.cuda.empty_cache()
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "own_attention_generate.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        eager = ours = None  # the loop's references too, before models() builds the next family
+    write_rows(rows, a.out, "own_attention_generate.json")
     print(f"{'family':18s} {'B':>3s} {'ours tok/s':>10s} {'own tok/s':>10s} {'x':>6s} {'prefill s ours/own':>20s} served")
     for r in rows:
         print(f"{r['family']:18s} {r['B']:3d} {r['ours_decode_tok_s']:10.1f} {r['eager_decode_tok_s']:10.1f} "
@@ -106,16 +121,7 @@ def main() -> None:
         generate_main(a)
         return
     rows = []
-    for fam in a.families.split(","):
-        try:
-            eager = build(fam, a.hidden, a.heads, a.layers).to("cuda", torch.bfloat16)
-        except Exception as e:  # noqa: BLE001  (a family this config does not fit)
-            print(f"{fam}: does not build ({type(e).__name__}: {str(e)[:80]})", flush=True)
-            continue
-        ours = copy.deepcopy(eager)
-        oa.serve_own_attention(ours)
-        oa._compiled.clear()
-        ids = torch.randint(0, 1024, (a.batch, a.seq), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    for fam, eager, ours, ids in models(a):
         with torch.no_grad():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -144,12 +150,8 @@ def main() -> None:
                    served_incl_timed=served_all, entries=entries)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        eager = ours = None  # freed before the next family
-        torch.cuda.empty_cache()
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "own_attention.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        eager = ours = None  # the loop's references too, before models() builds the next family
+    write_rows(rows, a.out, "own_attention.json")
     print(f"{'family':14s} {'ours ms':>8s} {'eager ms':>8s} {'x':>6s} {'first s':>7s} served")
     for r in rows:
         print(f"{r['family']:14s} {r['ours_ms']:8.2f} {r['eager_ms']:8.2f} {r['speedup']:6.2f} {r['first_call_s']:7.1f} "

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -25,21 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge.integrations.transformers as tcx  # noqa: E402
 from torch_cubridge.capture.signature import call_signature  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import best_host_us  # noqa: E402
 
-def per_call_us(fn, n: int = 200, rounds: int = 20) -> float:
-    """Host time per call: rounds of n calls timed without a sync (n calls' launches fit in the launch
-    queue, so the GPU's own time does not enter), a sync between rounds; the best round."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
+
+per_call_us = best_host_us  # host time per call, the best of rounds (timing.py)
 
 
 def runner_steps(runner, q, k, v, runner_args: tuple) -> dict:

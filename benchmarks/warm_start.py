@@ -52,23 +52,6 @@ def warm_start(name: str, S: int, cache: str) -> dict:
     return out
 
 
-def per_call_us(fn, n: int = 200, rounds: int = 20) -> float:
-    """Host time per call: rounds of n calls without a sync (they fit in the launch queue, so the GPU's
-    own time does not enter), a sync between rounds; the best round."""
-    import torch
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
-
-
 def host_times() -> list[dict]:
     """Ours with the host fast path (ops/hotpath.py), ours with the Python path only (CUBRIDGE_HOTPATH=0
     while that function serves its calls), SDPA: one process, same inputs."""
@@ -77,6 +60,7 @@ def host_times() -> list[dict]:
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
     import torch_cubridge as tc
     from torch_cubridge.ops import hotpath
+    from timing import best_host_us as per_call_us
     from variants import SPECS
     rows = []
     for label, (B, H, Hkv, Sq, Skv, D) in (("prefill B1 H1 S16 D64", (1, 1, 1, 16, 16, 64)),
