@@ -30,7 +30,6 @@ from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer, warn_once
 
 
-
 def _fake_call(args: tuple, kwargs: dict) -> bool:
     """Whether the call's first tensor is a fake one (a capture is tracing the call)."""
     for a in args:

@@ -174,12 +174,16 @@ def layer_index(module: torch.nn.Module) -> int | None:
     return None
 
 
+def _has_past(layer: Any) -> bool:
+    """The layer (a DynamicLayer, or None when not made yet) holds past keys and values of some length."""
+    return layer is not None and getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None \
+        and layer.keys.dim() == 4 and layer.keys.shape[-2] > 0
+
+
 def _decode_step(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]) -> bool:
     """A few new tokens (the decode kernel's range) against a layer that holds past keys already."""
     from ..lower.tiles import DECODE_MAX_QUERIES
-    layer = route[2]
-    if layer is None or not getattr(layer, "is_initialized", False) or getattr(layer, "keys", None) is None \
-            or layer.keys.dim() != 4 or layer.keys.shape[-2] == 0:
+    if not _has_past(route[2]):
         return False
     first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
     return first is not None and first.shape[-2] <= DECODE_MAX_QUERIES
@@ -195,13 +199,11 @@ def _without(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, A
 
 def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dict[str, Any],
                   route: tuple[str | int, Any, Any]) -> Any:
-    """A call with a DynamicCache: the compiled cached spec on the layer's past keys and values, then the
-    real cache updated with the new ones by its own code."""
+    """A call with a DynamicCache (`args` and `kwargs` without it: _without): the compiled cached spec on
+    the layer's past keys and values, then the real cache updated with the new ones by its own code."""
     name, cache, layer = route
-    args, kw = _without(route, args, kwargs)
-    past = layer is not None and getattr(layer, "is_initialized", False) and layer.keys is not None \
-        and layer.keys.dim() == 4 and layer.keys.shape[-2] > 0
-    if past:
+    kw = dict(kwargs)
+    if _has_past(layer):
         kw[_PAST_K], kw[_PAST_V] = layer.keys, layer.values
     kw[_CACHE_KW] = name
     c = _compiled_cached.get(mod)
@@ -239,7 +241,7 @@ def serve_own_attention(model: torch.nn.Module) -> int:
             if route is not None:
                 a, kw = _without(route, args, kwargs)
                 if _servable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}):
-                    return _serve_cached(mod, cached_module_spec(type(mod)), args, kwargs, route)
+                    return _serve_cached(mod, cached_module_spec(type(mod)), a, kw, route)
             if not _servable(mod, args, kwargs):
                 return _own(mod, *args, **kwargs)
             c = _compiled.get(mod)
