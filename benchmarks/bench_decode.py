@@ -175,6 +175,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--lengths", default="4096,32768")
     ap.add_argument("--sq", default="1,4")
+    ap.add_argument("--batch", default="8", help="batch sizes of the contiguous rows")
     ap.add_argument("--pages", default="16,256", help="page sizes for the paged rows ('' for none)")
     # a paged program is generic in the table width since 974d213 (it was held at its shape and verified
     # there: 90 s at 4k on the CPU at 6946744, 20 s at 32k on the GPU at e61b27b)
@@ -193,9 +194,10 @@ def main() -> None:
             print(f"{r['Skv']:6d} {what}: {r['tbs']:.2f} TB/s")
         return
     rows = []
-    for Sq in [int(x) for x in a.sq.split(",") if x]:
-        for Skv in map(int, a.lengths.split(",")):
-            rows.append(run(8, 32, 8, Sq, Skv, 128))
+    for B in map(int, a.batch.split(",")):
+        for Sq in [int(x) for x in a.sq.split(",") if x]:
+            for Skv in map(int, a.lengths.split(",")):
+                rows.append(run(B, 32, 8, Sq, Skv, 128))
             print(json.dumps(rows[-1]), flush=True)
     paged = []
     for P in [int(x) for x in a.pages.split(",") if x]:
@@ -206,10 +208,10 @@ def main() -> None:
     (Path(a.out) / "decode.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                          "torch": torch.__version__, "rows": rows,
                                                          "paged": paged}, indent=1))
-    print(f"{'Sq':>3} {'Skv':>6} {'kernel':>7} {'ours TB/s':>9} {'flash':>6} {'cudnn':>6} {'flex':>6} {'/flash':>6} {'/flex':>6}")
+    print(f"{'B':>2} {'Sq':>3} {'Skv':>6} {'kernel':>7} {'ours TB/s':>9} {'flash':>6} {'cudnn':>6} {'flex':>6} {'/flash':>6} {'/flex':>6}")
     for r in rows:
         g = lambda k: r.get(k) or 0.0  # noqa: E731
-        print(f"{r['Sq']:3d} {r['Skv']:6d} {r['kernel']:>7} {g('ours_tbs'):9.2f} {g('sdpa_flash_tbs'):6.2f} "
+        print(f"{r['B']:2d} {r['Sq']:3d} {r['Skv']:6d} {r['kernel']:>7} {g('ours_tbs'):9.2f} {g('sdpa_flash_tbs'):6.2f} "
               f"{g('sdpa_cudnn_tbs'):6.2f} {g('flex_tbs'):6.2f} {g('sdpa_flash_ms') / g('ours_ms'):6.2f} "
               f"{(g('flex_ms') / g('ours_ms')):6.2f}")
     print(f"{'page':>4} {'Skv':>6} {'kernel':>12} {'TB/s':>6} {'paged/contiguous':>16} {'spec ms':>8} "
