@@ -53,3 +53,13 @@ def test_read_only_mode_never_compiles(tmp_path, monkeypatch):
     with pytest.raises(BuildError):
         host.load_module()
     assert not (tmp_path / "empty").exists()
+
+
+def test_launch_refuses_malformed_calls(built):
+    """The runner's launch through the module: the argument shape is checked before the driver is touched."""
+    with pytest.raises(TypeError):
+        built.launch(0, 1, 1, 1, 32, 0, 0, [b"\0" * 8], None)  # blocks must be a tuple
+    with pytest.raises(TypeError):
+        built.launch(0, 1, 1)
+    with pytest.raises(TypeError):
+        built.launch(0, 1, 1, 1, 32, 0, 0, (b"\0" * 8,), [8])  # sizes a tuple or None

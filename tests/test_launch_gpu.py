@@ -172,3 +172,46 @@ def test_auto_launches_through_ctypes_until_cuda_python_is_imported(cubin: bytes
     torch.cuda.synchronize()
     assert k.backend == "cuda-python"
     torch.testing.assert_close(out.cpu(), _expected(n, vals, -2.0, 1, 1.0))
+
+
+def test_auto_launches_through_the_host_module(cubin: bytes, monkeypatch) -> None:
+    """Once the host fast path's C module is built, "auto" hands the blocks to its launch: the kernel sees
+    every field, a block of the wrong size is refused by name, and a thread without a current context is
+    made current and launches."""
+    from torch_cubridge.ops import hotpath
+    from torch_cubridge.ops import launch as L
+
+    mod = hotpath.wait(120)
+    if mod is None:
+        pytest.skip(f"no host module: {hotpath.failure}")
+    calls: list[tuple] = []
+
+    def counted(*a):
+        calls.append(a)
+        return mod.launch(*a)
+    monkeypatch.setattr(L, "_c_launch", counted)
+    k = L.CubinKernel(cubin, "write_vals", threads=128, smem_bytes=0)
+    n, vals = 1000, list(range(5, 5 + NVALS))
+    out = torch.full((n,), -1.0, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    for scale, add, mul in ((0.5, 7, 2.0), (-1.0, 1, 1.0)):
+        k.launch(((n + 127) // 128, 1, 1), _pack(out, vals, scale, add, mul), stream)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.cpu(), _expected(n, vals, scale, add, mul))
+    assert len(calls) == 2
+    if L.libcuda().get_param_info is not None:
+        with pytest.raises(ValueError, match="kernel parameters"):
+            k.launch((1, 1, 1), [b"\0" * 184, b"\0" * 8], stream)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            k.launch(((n + 127) // 128, 1, 1), _pack(out, [3] * NVALS, 1.0, 0, 1.0), stream)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors
+    torch.cuda.synchronize()
+    assert torch.all(out == 3).item() and len(calls) >= 3

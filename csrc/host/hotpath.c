@@ -5,7 +5,9 @@
    same kernel with the same parameter blocks, its own data pointers patched in (8-byte words, or the
    address of a TMA tensor map), a fresh output, one cuLaunchKernel. Anything else is a miss (None) and
    the Python path decides. The GIL is held from the first patch to the launch, so two threads never
-   patch one record's blocks at once. No torch headers: tensors are read through their Python methods. */
+   patch one record's blocks at once. No torch headers: tensors are read through their Python methods.
+   `launch` is the Python runner's own launch (ops/launch.py): its parameter blocks as bytes, one
+   cuLaunchKernel, for the calls that miss every record. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -16,6 +18,7 @@
 #define MAX_ARGS 16
 #define MAX_BLOCKS 16
 #define MAX_PATCH 24
+#define MAX_PARAM_BYTES 8192
 #define CUDA_ERROR_INVALID_CONTEXT 201
 
 typedef int CUresult;
@@ -356,8 +359,56 @@ static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     return result;
 }
 
+
+/* launch(fn, gx, gy, gz, threads, smem, stream, blocks, sizes): cuLaunchKernel with each parameter block
+   (bytes) copied to its own 64-byte-aligned place (tensor maps must be); `sizes` (a tuple, or None where the
+   driver cannot say) are the kernel's parameter sizes, which the blocks must match. Returns the CUresult;
+   -1 where the blocks are not all bytes or do not fit this call's buffer (the caller launches another way). */
+static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 9 || !PyTuple_Check(a[7]) || (a[8] != Py_None && !PyTuple_Check(a[8]))) {
+        PyErr_SetString(PyExc_TypeError, "launch(fn, gx, gy, gz, threads, smem, stream, blocks: tuple, sizes)");
+        return NULL;
+    }
+    if (load_driver() < 0) return NULL;
+    unsigned long long fn = PyLong_AsUnsignedLongLong(a[0]), stream = PyLong_AsUnsignedLongLong(a[6]);
+    unsigned long v[5];
+    for (int i = 0; i < 5; i++) v[i] = PyLong_AsUnsignedLong(a[1 + i]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *blocks = a[7], *sizes = a[8];
+    Py_ssize_t nb = PyTuple_GET_SIZE(blocks);
+    if (nb > MAX_BLOCKS) return PyLong_FromLong(-1);
+    if (sizes != Py_None && PyTuple_GET_SIZE(sizes) != nb) {
+        PyErr_Format(PyExc_ValueError, "kernel parameters: %zd, got %zd blocks", PyTuple_GET_SIZE(sizes), nb);
+        return NULL;
+    }
+    _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];
+    void *kparams[MAX_BLOCKS];
+    size_t off = 0;
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *b = PyTuple_GET_ITEM(blocks, i);
+        if (!PyBytes_Check(b)) return PyLong_FromLong(-1);  /* a buffer of another type: the caller's own path */
+        Py_ssize_t len = PyBytes_GET_SIZE(b);
+        if (sizes != Py_None) {
+            Py_ssize_t want = PyLong_AsSsize_t(PyTuple_GET_ITEM(sizes, i));
+            if (want != len) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "kernel parameters: number %zd is %zd bytes, got a block of %zd", i, want, len);
+                return NULL;
+            }
+        }
+        if (off + (size_t)len > MAX_PARAM_BYTES) return PyLong_FromLong(-1);
+        memcpy(buf + off, PyBytes_AS_STRING(b), (size_t)len);
+        kparams[i] = buf + off;
+        off = (off + (size_t)len + 63) & ~(size_t)63;
+    }
+    CUresult rc = cu_launch((void *)(uintptr_t)fn, (unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3], 1, 1,
+                            (unsigned)v[4], (void *)(uintptr_t)stream, kparams, NULL);
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
     {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL, "the first matching record's launch, or None"},
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel of bytes parameter blocks"},
     {NULL},
 };
 

@@ -11,7 +11,9 @@ Two launch paths share the same module handling:
 backend="auto" launches through ctypes at once and moves to cuda-python, measured faster per call
 (benchmarks/launch_overhead.py, H200: its Cython wrapper converts the 11 arguments faster than ctypes'
 argtypes do), once its driver module has been imported on a helper thread: that import costs a new
-process ~50 ms, which a warm first call must not wait for.
+process ~50 ms, which a warm first call must not wait for. Once the host fast path's C module is built
+(ops/hotpath.py, on a helper thread), "auto" launches through its `launch`: the blocks' bytes straight to
+cuLaunchKernel, no copy into ctypes buffers, no lock (the named backends keep their own path).
 Context setup, error names and parameter introspection always go through
 ctypes on libcuda, which every CUDA driver installs.
 """
@@ -166,6 +168,19 @@ def _start_driver_import() -> None:
             _driver_thread.start()
 
 
+_c_launch = None  # the host fast path module's launch, once it is loaded
+
+
+def _host_launch():
+    """The C module's launch once it is built (its first request starts the build), else None."""
+    global _c_launch
+    from . import hotpath  # a sibling that imports nothing of this module
+    mod = hotpath.module()
+    if mod is not None:
+        _c_launch = getattr(mod, "launch", None)
+    return _c_launch
+
+
 def auto_backend() -> str:
     """The path backend="auto" launches through now: cuda-python once its driver module is imported."""
     return "cuda-python" if _driver_mod is not None else "ctypes"
@@ -204,6 +219,7 @@ class CubinKernel:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}; expected one of {BACKENDS}")
         self._upgrade = False  # auto: ctypes until cuda-python's driver module is there
+        self._auto = backend == "auto"  # auto: the C module's launch once it is built
         if backend == "auto":
             _start_driver_import()
             self._upgrade = _driver_mod is None
@@ -335,13 +351,28 @@ class CubinKernel:
         self, grid: tuple[int, int, int], args: bytes | Sequence[bytes], stream: int
     ) -> None:
         """Enqueue the kernel on `stream` (a CUstream handle as int). Does not sync."""
-        if self._upgrade and _driver_mod is not None:
-            self._to_cuda_python()
         ld = self._only
         if ld is None:
             ordinal = torch.cuda.current_device()
             ld = self._per_device.get(ordinal) or self._load(ordinal)
         blocks = (args,) if isinstance(args, (bytes, bytearray, memoryview)) else args
+        if type(blocks) is not tuple:
+            blocks = tuple(blocks)
+        c_launch = (_c_launch or _host_launch()) if self._auto else None
+        if c_launch is not None:
+            gx, gy, gz = grid
+            rc = c_launch(ld.fn, gx, gy, gz, self.threads, self.smem_bytes, stream, blocks, self._sizes)
+            if rc == _CUDA_ERROR_INVALID_CONTEXT:  # a thread where torch never made its context current
+                libcuda().make_primary_current(torch.cuda.current_device())
+                rc = c_launch(ld.fn, gx, gy, gz, self.threads, self.smem_bytes, stream, blocks, self._sizes)
+            if rc == _CUDA_SUCCESS:
+                return
+            if rc != -1:  # -1: blocks past the C buffer, launched below
+                raise CudaDriverError(
+                    f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={self.threads}, "
+                    f"smem={self.smem_bytes}) failed: {libcuda().error_name(rc)} ({rc})")
+        if self._upgrade and _driver_mod is not None:
+            self._to_cuda_python()
         with self._call_lock:
             views = self._views
             if len(blocks) != len(views):
