@@ -143,7 +143,7 @@ class OffScorePath:
             # pages x page size as one key dim: a merged axis whose every digit the value reads (a head
             # axis repeated for GQA, (kv head, group) with the group broadcast, reads one digit only)
             used = {n.attr for n in walk(sym.expr) if n.op == "var"}
-            merged = any(len(ax) != 1 and all(a in used for a in ax) for ax in sym.axes)
+            merged = any(len(ax) > 1 and all(a in used for a in ax) for ax in sym.axes)  # () is a size-1 dim
             if merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
 
