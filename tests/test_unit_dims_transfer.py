@@ -103,14 +103,16 @@ def _causal(q, k, v):
     return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("spec", [_causal, bmm_style, matmul_style])
+@pytest.mark.parametrize("spec", [_causal, bmm_style, matmul_style, einsum_style, einsum_bshd])
 @pytest.mark.parametrize("B,H", [(1, 4), (2, 2)])
 def test_a_one_token_prompt_transfers(spec, B, H):
     """Sq = Skv = 1 (a one-token prompt, no cache): the single key aligned with the single value row was read
     as the constant 0 on one side, so the output matmul found no key axis in v ("a matmul operand is not a
-    (scaled) input tensor"). The program holds at that shape and matches fp64. Not yet: einsum's views at
-    that shape give the score's two unit axes roles the softmax check cannot tell apart."""
-    q, k, v = (torch.randn(B, H, 1, D) for _ in range(3))
+    (scaled) input tensor"). The program holds at that shape and matches fp64. einsum at that shape: its
+    views of unit dims left the key atom off the softmax's axis ("softmax must run over the key axis"), and
+    its P.v is a broadcast product with the one key summed by a view ("scaled along the key axis")."""
+    shape = (B, 1, H, D) if spec is einsum_bshd else (B, H, 1, D)
+    q, k, v = (torch.randn(shape) for _ in range(3))
     p = tc.transfer(spec, q, k, v)
     assert dict(p.requires).get("Sq") == 1 and dict(p.requires).get("Skv") == 1
     assert rel_err(p.run(*to64((q, k, v))), spec(*to64((q, k, v)))) < 1e-6

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...errors import SplitLayoutRefused, UnsupportedSpec
 from ...ir.expr import Expr, call, const, walk
+from .elementwise import broadcast
 from .simplify import simplify
 from .sym import Ctx, Sym, unify
 
@@ -136,3 +137,27 @@ def _output(ctx: Ctx, p: Sym, v: Sym, op: str) -> Sym:
     ctx.roles[dv] = "dv"
     ctx.facts["output"] = {"v": lv, "probs": p}
     return Sym(tuple(batch) + (m, n), None, v.dtype, "attn", {})
+
+
+def unit_key_output(ctx: Ctx, p: Sym, v: Sym, op: str) -> Sym | None:
+    """P * v where the key axis is size 1: P.v with one key, as einsum writes it at Skv = 1 (a broadcast
+    product, the sum over one key left to a view that drops the unit dim). None where it is not that: the
+    key axis longer than 1, P.v already found, or a v that is not a plain input (a factor on the
+    probabilities, for row_scaled to judge)."""
+    kv = p.axes[-1] if p.axes else ()
+    if "output" in ctx.facts or len(kv) != 1 or ctx.roles.get(kv[0]) != "kv" or ctx.sizes.get(kv[0]) != 1:
+        return None
+    if v.kind != "value" or v.expr is None or v.expr.op != "load" or len(v.axes) > len(p.axes):
+        return None
+    lead = len(p.axes) - len(v.axes)
+    own = v.axes[len(p.axes) - 1 - lead] if len(p.axes) - 1 >= lead else ()
+    if len(own) == 1 and ctx.sizes.get(own[0]) == 1 and own[0] not in ctx.roles:  # v's own key index reads P's
+        v = ctx.subst(v, {own[0]: Expr("var", (), kv[0])}, op)
+    axes, (_, ev) = broadcast(ctx, [Sym(p.axes, const(0.0), p.dtype), v], op)
+    rest = [ax for ax in axes if len(ax) == 1 and ctx.sizes.get(ax[0], 1) > 1 and ax[0] not in ctx.roles]
+    if ev.op != "load" or len(rest) != 1:
+        return None
+    ctx.roles[rest[0][0]] = "dv"
+    ctx.facts["output"] = {"v": ev, "probs": p}
+    # the product still has the one key as a unit dim, which the output does not index
+    return Sym(tuple(() if ax == kv else ax for ax in axes), None, v.dtype, "attn", {})

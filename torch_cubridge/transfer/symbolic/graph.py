@@ -17,7 +17,7 @@ from ...errors import UnsupportedSpec
 from ...ir.expr import Expr, call, const, rewrite, walk
 from ..prologue import Prologue
 from . import views
-from .contract import contract
+from .contract import contract, unit_key_output
 from .offscore import PENDING, OffScorePath, merges_dims
 from .elementwise import BINARY, UNARY, broadcast, cast, combine, lift_scalar
 from .simplify import simplify
@@ -207,6 +207,11 @@ class Walker(OffScorePath):
                 return self.lse_minus(xs[0], xs[1], op)
             if name == "mul" and {xs[0].kind, xs[1].kind} == {"attn", "sinkscale"}:
                 return self.sink_from_scale(*sorted(xs, key=lambda x: x.kind != "attn"), op=op)
+            if name == "mul" and {xs[0].kind, xs[1].kind} == {"probs", "value"}:
+                pv = sorted(xs, key=lambda x: x.kind != "probs")
+                out = unit_key_output(ctx, pv[0], pv[1], op)
+                if out is not None:
+                    return out
             if name in ("mul", "div") and xs[0].kind == "probs" and xs[1].kind == "value":
                 f = xs[1] if name == "mul" else combine(ctx, "div", [lift_scalar(1.0, dtype), xs[1]], dtype, op)
                 return self.row_scaled(xs[0], f, op)
@@ -313,10 +318,25 @@ class Walker(OffScorePath):
             x = x.payload["score"]
         if x.kind != "value" or "score" not in self.ctx.facts:
             raise UnsupportedSpec("softmax of a value that is not derived from q.k", op=op)
+        x = self._unit_key_last(x)
         if self.ctx.roles.get(x.axes[-1][0] if len(x.axes[-1]) == 1 else "", "") != "kv":
             raise UnsupportedSpec("softmax must run over the key axis", op=op)
         return Sym(x.axes if sink is None else x.axes[:-1] + (x.payload.get("full_kv", x.axes[-1]),),
                    None, dtype, "probs", {"score": x, "sink": sink, "sink_col": sink is not None})
+
+    def _unit_key_last(self, x: Sym) -> Sym:
+        """x with its key atom in the last dim where both are size 1 (Sq = Skv = 1 through einsum, whose
+        views of unit dims the walk aligns by position and may leave the key atom elsewhere): permuting
+        size-1 dims changes no value, and a softmax over one element is the same over either."""
+        unit = lambda ax: all(self.ctx.sizes.get(a) == 1 for a in ax)  # noqa: E731
+        if not unit(x.axes[-1]) or self.ctx.roles.get(x.axes[-1][0] if len(x.axes[-1]) == 1 else "") == "kv":
+            return x
+        at = [i for i, ax in enumerate(x.axes[:-1]) if len(ax) == 1 and self.ctx.roles.get(ax[0]) == "kv" and unit(ax)]
+        if not at:
+            return x
+        axes = list(x.axes)
+        axes[at[0]], axes[-1] = axes[-1], axes[at[0]]
+        return Sym(tuple(axes), x.expr, x.dtype, x.kind, x.payload)
 
     def lse_minus(self, lse: Sym, c: Sym, op: str) -> Sym:
         """logsumexp(score) - c, c constant along the row (a sink logit, as granite_swa writes one)."""
