@@ -69,14 +69,33 @@ def to_canonical(t: torch.Tensor, op: Operand) -> torch.Tensor:
     return t.permute([dims.index(c) for c in "bhsd"])
 
 
-def as_result(p: "Program", out: Any) -> Any:
+def as_result(p: "Program", out: Any, lse: torch.Tensor | None = None, q_dtype: torch.dtype | None = None) -> Any:
     """The attention output in the spec's result: alone, or at its place in a tuple whose other items
-    (attention weights) are None. With an epilogue the epilogue's last step makes the result instead."""
+    (attention weights) are None, the rows' log-sum-exp at its own place where the spec returns it
+    (`lse`: [B, H, Sq], put in the spec's layout and dtype here). With an epilogue the epilogue's last step
+    makes the result instead."""
     if not p.out.tuple_len or p.epilogue:
         return out
     full: list[Any] = [None] * p.out.tuple_len
     full[p.out.index] = out
+    if p.out.lse_index >= 0:
+        if lse is None:
+            raise ValueError("this program returns the rows' log-sum-exp, and none was computed")
+        full[p.out.lse_index] = lse_layout(p, lse, q_dtype or out.dtype)
     return tuple(full)
+
+
+def lse_layout(p: "Program", lse: torch.Tensor, q_dtype: torch.dtype) -> torch.Tensor:
+    """[B, H, Sq] log-sum-exp in the layout Output.lse_dims names ("1": a kept unit dim; no "b": the batch
+    of one a rank-3 query has) and dtype ("q": the query's)."""
+    named = [d for d in p.out.lse_dims if d != "1"]
+    t = lse if "b" in named else lse.squeeze(0)
+    t = t.permute([[c for c in "bhs" if c in named].index(d) for d in named])
+    shape, it = [], iter(t.shape)
+    for d in p.out.lse_dims:
+        shape.append(1 if d == "1" else next(it))
+    dt = q_dtype if p.out.lse_dtype == "q" else getattr(torch, p.out.lse_dtype)
+    return t.reshape(shape).to(dt)
 
 
 def sizes_of(p: Program, q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:

@@ -192,7 +192,7 @@ def run_bound_program(p: Program, bound: dict[str, Any], core: torch.dtype | Non
         out[:, :, q0:q1] = res
     if p.row_scale is not None:  # not a kernel step: PyTorch scales the kernel's output (ops/runner.py)
         out = out.to(out_dtype).to(fdt) * row_factor(p.row_scale, dict(env, **{ROW_LSE: lse}), B, H, Sq, fdt)
-    res = _to_output_layout(p, out.to(out_dtype))
+    res = _to_output_layout(p, out.to(out_dtype), lse[..., 0] if p.out.lse_index >= 0 else None)
     return run_epilogue(p, res, bound) if p.epilogue else res
 
 
@@ -228,7 +228,7 @@ def _classify(p: Program, env: dict, box: dict, q0: int, q1: int, k0: int, k1: i
     return 0 if not keep.any() else (2 if keep.all() else 1)
 
 
-def _to_output_layout(p: Program, o: torch.Tensor) -> torch.Tensor:
+def _to_output_layout(p: Program, o: torch.Tensor, lse: torch.Tensor | None = None) -> Any:
     dims = [d for x in p.out.dims for d in x.split("*")]
     if "b" not in dims:
         o = o.squeeze(0)
@@ -243,4 +243,4 @@ def _to_output_layout(p: Program, o: torch.Tensor) -> torch.Tensor:
             n *= o.shape[i]
             i += 1
         shape.append(n)
-    return as_result(p, o.reshape(shape))
+    return as_result(p, o.reshape(shape), lse, o.dtype)

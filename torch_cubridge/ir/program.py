@@ -86,6 +86,11 @@ class Output:
     dtype: str = "q"           # "q" follows the query dtype
     tuple_len: int = 0         # 0: the spec returns a tensor
     index: int = 0
+    # the rows' log-sum-exp of the scores, returned too (flash-attention's `lse`): its place in the tuple
+    # (-1: not returned), its layout over "b", "h", "s" ("1": a kept unit dim) and its dtype
+    lse_index: int = -1
+    lse_dims: tuple[str, ...] = ()
+    lse_dtype: str = "q"
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,11 @@ def validate(p: Program) -> None:
     flat = [d for x in od for d in x.split("*")]
     if sorted(flat) not in (sorted(CANON), sorted(CANON[1:])):
         raise InvalidProgram(f"output layout {od} is not a permutation of b, h, s, d")
+    if p.out.lse_index >= 0:  # a returned log-sum-exp: its own place in the tuple, over b, h, s
+        named = [d for d in p.out.lse_dims if d != "1"]
+        if not (p.out.lse_index < p.out.tuple_len and p.out.lse_index != p.out.index) or p.epilogue \
+                or sorted(named) not in (["b", "h", "s"], ["h", "s"]) or ("b" in named) != ("b" in flat):
+            raise InvalidProgram(f"log-sum-exp at {p.out.lse_index} laid out {p.out.lse_dims}")
 
 
 def _structure_only(p: Program) -> bool:

@@ -58,6 +58,7 @@ class KernelRunner:
         self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
         self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
         self._row_lse = p.row_scale is not None and ROW_LSE in free_vars(p.row_scale)  # the kernel writes it
+        self._lse_out = p.out.lse_index >= 0  # the spec returns the rows' log-sum-exp: the kernel writes it
         # what a call must work out, decided once: most programs need none of it per call
         self._fast = self.plan.simple and not any(s.arg is not None for s in p.scalars) and not p.prologue \
             and not p.epilogue
@@ -78,7 +79,7 @@ class KernelRunner:
         # one launch whose blocks differ between calls of one layout only in q's, k's, v's and the output's
         # pointers: the host fast path may replay it (ops/hotpath.py); _last holds the latest such launch
         self.replayable = self._fast and self._params_const is not None and not aux and p.row_scale is None \
-            and not self._row_lse and paged is None and segments is None and p.out.dtype == "q" \
+            and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q" \
             and not p.out.tuple_len
         self._last: tuple | None = None
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
@@ -277,7 +278,8 @@ class KernelRunner:
             out.fill_(float("nan"))
         scale = self._scale_const if self._scale_const is not None else self._scale(sizes, scal)
         # [B, H, Sq] natural-log LSE for a row scale that reads it; every key empty: -inf, as the kernel writes
-        lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device) if self._row_lse else None
+        lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device) \
+            if self._row_lse or self._lse_out else None
         if Sq and Skv:
             stream = torch._C._cuda_getCurrentRawStream(di)
             fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
@@ -310,7 +312,7 @@ class KernelRunner:
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
                                                             "D": D}, scal, tensors, lse)
-        return self._result(out, raw)
+        return self._result(out, raw, lse)
 
     def take_launch(self) -> tuple | None:
         """The latest replayable launch (grid, blocks, stream, device, what it needs kept alive), once."""
@@ -334,11 +336,12 @@ class KernelRunner:
         o = out.as_strided(shape, strides)
         o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
 
-    def _result(self, out: torch.Tensor, raw: bool) -> Any:
+    def _result(self, out: torch.Tensor, raw: bool, lse: torch.Tensor | None = None) -> Any:
         p = self.p
         if raw:
             return out
-        return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)))
+        return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)),
+                         lse if self._lse_out else None, self.dtype)
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
                        q: torch.Tensor, stream: int, pages: bytes) -> None:

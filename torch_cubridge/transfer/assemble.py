@@ -20,20 +20,44 @@ def _var(e: Expr) -> str | None:
     return e.attr if e.op == "var" else None
 
 
-def _pick_output(result: Any) -> tuple[Sym, int, int]:
+def _pick_output(result: Any) -> tuple[Sym, int, int, Sym | None, int]:
+    """(the attention output, the tuple's length (0: a tensor), its index, the rows' log-sum-exp where
+    the tuple holds one, its index)."""
     if isinstance(result, Sym):
         if result.kind != "attn":
             raise UnsupportedSpec("the function does not return softmax(q.k^T ...) @ v", op="output")
-        return result, 0, 0
+        return result, 0, 0, None, -1
     if isinstance(result, (tuple, list)):
         idx = [i for i, r in enumerate(result) if isinstance(r, Sym) and r.kind == "attn"]
         if len(idx) != 1:
             raise UnsupportedSpec("the function does not return one attention output", op="output")
+        lse = [i for i, r in enumerate(result) if isinstance(r, Sym) and r.kind == "rowlse"]
         for i, r in enumerate(result):
-            if i != idx[0] and not (r is None or (isinstance(r, Sym) and r.kind == "probs")):
-                raise UnsupportedSpec("a returned value other than the output and the attention weights", op="output")
-        return result[idx[0]], len(result), idx[0]
+            if i != idx[0] and i not in lse[:1] and not (r is None or (isinstance(r, Sym) and r.kind == "probs")):
+                raise UnsupportedSpec("a returned value other than the output, the attention weights and the "
+                                      "rows' log-sum-exp", op="output")
+        return result[idx[0]], len(result), idx[0], result[lse[0]] if lse else None, lse[0] if lse else -1
     raise UnsupportedSpec("the function does not return a tensor", op="output")
+
+
+_LSE_DIM = {"b": "b", "h": "h", "q": "s"}
+
+
+def _lse_layout(ctx: Ctx, lse: Sym, probs: Sym, canon: list[str]) -> tuple[str, ...]:
+    """The returned log-sum-exp's dims over b, h, s ("1" for a kept unit dim): it must be of the very
+    scores the softmax normalised, with no sink joining them (the kernel's LSE is of the scores alone)."""
+    if lse.payload.get("of") is not probs.payload.get("score") or probs.payload.get("sink") is not None:
+        raise UnsupportedSpec("a returned log-sum-exp of other scores than the softmax's", op="output")
+    dims: list[str | None] = []
+    for d in lse.axes:
+        whole = ctx.digits_of(d[0], d[1]) if len(d) == 2 else None
+        d = (whole,) if whole else d
+        rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _LSE_DIM or ctx.sizes[a] > 1]
+        if len(rs) > 1 or any(r not in _LSE_DIM for r in rs):
+            raise UnsupportedSpec("a returned log-sum-exp merges or mixes in another axis", op="output")
+        dims.append(_LSE_DIM[rs[0]] if rs else None)
+    missing = [x for x in canon if x not in dims]
+    return tuple(d if d is not None else missing.pop(0) if missing else "1" for d in dims)
 
 
 _ROLE_DIM = {"q": "s", "kv": "s", "d": "d", "dv": "d", "b": "b", "h": "h"}
@@ -50,9 +74,10 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     dims: list[str | None] = [None if n == 1 else _ROLE_DIM.get(ctx.roles.get(_var(ix) or "", "")) for ix, n in
                               zip(ld.args, shape)]
     named = [d for d in dims if d is not None]
-    if step and packs_axes(ld):
+    if step and (packs_axes(ld) or any(ix.op in ("add", "sub") for ix in ld.args)):
         # a computed tensor read with two axes packed in one dim (heads with the head dim, [1, S, H*D] at
-        # B = 1): taken again as its split view (a head map h // g reads one axis and stays)
+        # B = 1), or at an offset (a slice of a fused qkv [1, S, H, 3*D]): taken again as its split view or
+        # slice (a head map h // g reads one axis and stays)
         raise SplitLayoutRefused(f"{name} packs dims the spec splits apart (heads with the head dim?)",
                                  op=name, input=ld.attr)
     # rank 3: [heads, seq, dim], or [batch, seq, dim] for keys shared by every head (MQA, "bjd")
@@ -88,7 +113,7 @@ def _fill(dims: list[str | None], left: list[str], big: list[bool], name: str) -
 
 def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
              signature: tuple[str, ...], consts: dict[str, torch.Tensor]) -> dict[str, Any]:
-    out, tuple_len, index = _pick_output(result)
+    out, tuple_len, index, lse, lse_index = _pick_output(result)
     if "output" not in ctx.facts:
         raise UnsupportedSpec("no softmax(...) @ v found", op="output")
     qld, kld = ctx.facts["score"]["q"], ctx.facts["score"]["k"]
@@ -161,8 +186,15 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
         odims.append(nm)
     odims = _name_units(odims, ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):])
     dt = "q" if out.dtype == q_dtype else str(out.dtype).replace("torch.", "")
+    lse_at: dict[str, Any] = {}
+    if lse is not None:
+        if row_scale is not None or chunk:
+            raise UnsupportedSpec("a returned log-sum-exp with probabilities scaled per row or chunked keys",
+                                  op="output")
+        lse_at = dict(lse_index=lse_index, lse_dims=_lse_layout(ctx, lse, probs, ["b", "h", "s"][(0 if "b" in q.dims else 1):]),
+                      lse_dtype="q" if lse.dtype == q_dtype else str(lse.dtype).replace("torch.", ""))
     return dict(signature=signature, q=q, k=k, v=v, score=score, sink=sink, head_map=head_map,
-                extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index), row_scale=row_scale)
+                extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index, **lse_at), row_scale=row_scale)
 
 
 def _fold_chunks(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr, Expr, int]:

@@ -9,6 +9,8 @@ probabilities: the kernel never writes them.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.fx import Node
 
@@ -18,8 +20,8 @@ from ..ir.prologue import ATTENTION, RESULT
 from .prologue import Prologue, cone_of, mutates_input, op_name
 
 
-def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node], encoder: Prologue
-                   ) -> tuple[tuple[Step, ...], int, int]:
+def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node], encoder: Prologue,
+                   is_weights: Callable[[Node], bool] = lambda n: True) -> tuple[tuple[Step, ...], int, int]:
     """The steps from the attention output `boundary` to the function's result, in graph order, and
     (tuple length, index of the item made from the attention output) where the result is a tuple
     (else (0, 0)). A tuple's other items are None, the attention weights (served as None, as a
@@ -34,6 +36,10 @@ def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node]
     if len(made) > 1:
         raise UnsupportedSpec("the function returns several values computed after the attention output",
                               op="output")
+    for r in items:  # weights are served as None; any other value of the scores (a log-sum-exp) is not
+        if isinstance(r, Node) and r in on_score and r not in after and not is_weights(r):
+            raise UnsupportedSpec("the function returns a value of the scores other than the attention weights "
+                                  "beside an output computed after the attention (a log-sum-exp?)", op=op_name(r))
     kept = [r if isinstance(r, Node) and (r in after or r not in on_score) else None for r in items]
     if any(not isinstance(r, Node) and r is not None for r in items):
         raise UnsupportedSpec("the function returns a value that is not a tensor beside the attention output",

@@ -102,8 +102,9 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     extras = tuple(x for x in parts.pop("extras") if x.name in used)
     computed = {op.step for op in (parts["q"], parts["k"], parts["v"]) if op.step}
     steps = pro.needed({x.step for x in extras if x.step} | computed) if pro is not None else ()
-    after, n, i = epilogue_steps(cap.graph, walker.boundary, walker.on_score, Prologue(placeholders, sources)) \
-        if walker.boundary is not None else ((), 0, 0)
+    weights = lambda n: getattr(walker.env.get(n), "kind", None) == "probs"  # noqa: E731
+    after, n, i = epilogue_steps(cap.graph, walker.boundary, walker.on_score, Prologue(placeholders, sources),
+                                 weights) if walker.boundary is not None else ((), 0, 0)
     if n:
         parts["out"] = replace(parts["out"], tuple_len=n, index=i)
     prog = Program(score=score, mask=mask, sink=sink, scalars=tuple(scalars), block_rule=rule,

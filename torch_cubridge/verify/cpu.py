@@ -13,7 +13,7 @@ import torch
 
 from ..ir.program import Program
 from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, snap, within_guards
-from .reference import attention_output, module_copies, reference_device, run_reference, to64
+from .reference import attention_output, lse_error, module_copies, reference_device, returned_lse, run_reference, to64
 
 REL_TOL = 1e-4
 
@@ -325,17 +325,20 @@ def _trial(fn: Callable, p: Program, example: dict[str, Any], sizes: dict[str, i
     bound = {k: to64(v, device=dev) for k, v in bound.items()}
     in32 = False
     try:
-        ref = attention_output(run_reference(fn, bound, device=dev), p.out.index, p.out.tuple_len)
+        full = run_reference(fn, bound, device=dev)
+        ref = attention_output(full, p.out.index, p.out.tuple_len)
     except Exception:
         # a spec that fixes float32 somewhere (positions made with .float() meeting float64
         # weights) cannot run in float64: it is judged in float32, program and spec alike
         bound = make_inputs(p, example, sizes, seed=seed, magnitude=mag, dtype=torch.float32, pattern=pattern,
                             device=dev)
         bound = {k: to64(v, torch.float32, dev) for k, v in bound.items()}
-        ref = attention_output(run_reference(fn, bound, torch.float32, dev), p.out.index, p.out.tuple_len)
+        full = run_reference(fn, bound, torch.float32, dev)
+        ref = attention_output(full, p.out.index, p.out.tuple_len)
         in32 = True
     args, kwargs = _call(bound, p)
-    got = attention_output(p.run(*args, **kwargs), p.out.index, p.out.tuple_len)
+    res = p.run(*args, **kwargs)
+    got = attention_output(res, p.out.index, p.out.tuple_len)
     # a mid-sized fill (fp16's -65504) costs the spec's own float32 softmax ~1e-4 of precision
     # (ulp 2^-8 at 65504); a wrong mask is off by O(1), so 1e-3 still separates the two
     if in32:
@@ -344,6 +347,9 @@ def _trial(fn: Callable, p: Program, example: dict[str, Any], sizes: dict[str, i
     else:
         rel, mx, ok, judged = judge(fn, p, bound, got, ref, rel_tol=REL_TOL if pattern is None else 1e-3,
                                     call_dtype=_call_dtype(p, example))
+    if p.out.lse_index >= 0:  # the returned log-sum-exp too (the interpreter's float32 scores: ~1e-7 apart)
+        ok = ok and lse_error(returned_lse(res, p.out.lse_index), returned_lse(full, p.out.lse_index)) <= \
+            (1e-3 if in32 else REL_TOL)
     return Trial(sizes, mag, rel, mx, ok, pattern, judged, str(ref.device))
 
 

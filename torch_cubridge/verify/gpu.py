@@ -18,9 +18,11 @@ from ..ir.program import Program
 from ..lower.tiles import DECODE_MAX_QUERIES, decode_call
 from .cpu import Trial, VerifyReport, compare, judge, no_worse_than_own_dtype, rows_rule, trials
 from .inputs import example_sizes, make_inputs, snap, within_guards
-from .reference import CPU, attention_output, module_copies, reference_device, reference_output
+from .reference import (CPU, attention_output, lse_error, module_copies, reference_device, reference_output,
+                        returned_lse)
 
 REL_TOL = 1e-2
+LSE_TOL = 1e-2  # a returned log-sum-exp, relative where it is above 1 in magnitude
 # The call's own inputs are checked against a float64 reference of the whole call: up to 2^26
 # score elements (seconds). Past that (8k x 8k x 2 heads took 100 s on the CPU) only the redrawn cases run.
 OWN_INPUTS_LIMIT = 1 << 26
@@ -69,6 +71,7 @@ class GpuCase:
     pattern: int | None
     ref: torch.Tensor
     ref_dtype: str
+    ref_lse: torch.Tensor | None = None  # the log-sum-exp the spec returns too (Output.lse_index)
 
 
 def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dtype, device: torch.device,
@@ -100,7 +103,8 @@ def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, examp
         for c in cases:
             try:
                 with torch.no_grad():
-                    got = attention_output(run_bound(c.bound, poison=True), p.out.index, p.out.tuple_len)
+                    res = run_bound(c.bound, poison=True)
+                got = attention_output(res, p.out.index, p.out.tuple_len)
                 torch.cuda.synchronize(device)
             except Exception as e:  # a launch failure is a verification failure
                 rep.ok = False
@@ -115,6 +119,8 @@ def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, examp
                         rel, mx, ok, judged = ok_own
             else:
                 (rel, mx, ok), judged = compare(got, c.ref, rows_rule(p), REL_TOL, 5e-2), c.ref_dtype
+            if p.out.lse_index >= 0:  # the returned log-sum-exp, in the call's dtype (bf16: 2^-8 apart)
+                ok = ok and lse_error(returned_lse(res, p.out.lse_index), c.ref_lse) <= LSE_TOL
             rep.trials.append(Trial(c.sizes, c.mag, rel, mx, ok, c.pattern, judged, str(c.ref.device)))
             rep.ok &= ok
     if not rep.ok:
@@ -126,7 +132,7 @@ def _reference(fn: Callable, p: Program, bound: dict[str, Any], dev: torch.devic
     """The spec's output on `dev` (large trials on the GPU), or on the CPU where it cannot run there."""
     if dev.type != "cpu":
         try:
-            return reference_output(fn, bound, p.out.index, p.out.tuple_len, dev)
+            return reference_output(fn, bound, p.out.index, p.out.tuple_len, dev, p.out.lse_index)
         except Exception:  # a spec that makes CPU tensors of its own, or a device out of memory
             pass
-    return reference_output(fn, bound, p.out.index, p.out.tuple_len, CPU)
+    return reference_output(fn, bound, p.out.index, p.out.tuple_len, CPU, p.out.lse_index)

@@ -120,11 +120,37 @@ def attention_output(result: Any, index: int, tuple_len: int) -> torch.Tensor:
     return result[index] if tuple_len else result
 
 
+def returned_lse(result: Any, lse_index: int) -> torch.Tensor | None:
+    """The rows' log-sum-exp a result holds at `lse_index` (Output.lse_index; -1: none)."""
+    return result[lse_index] if lse_index >= 0 and isinstance(result, (tuple, list)) else None
+
+
+def lse_error(got: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """How far a returned log-sum-exp is from the spec's: the largest |got - ref| / max(1, |ref|) over rows
+    with a key (a row with every key masked is -inf in both, or it is inf)."""
+    if ref is None:
+        return 0.0
+    if got is None or tuple(got.shape) != tuple(ref.shape):
+        return float("inf")
+    ref = ref.detach().double()
+    got = got.detach().to(ref.device, torch.float64)
+    empty = torch.isneginf(ref)
+    if not torch.equal(empty, torch.isneginf(got)) or torch.isnan(got).any() or torch.isnan(ref).any():
+        return float("inf")
+    if bool(empty.all()):
+        return 0.0
+    g, r = got[~empty], ref[~empty]
+    return float(((g - r).abs() / r.abs().clamp_min(1.0)).max())
+
+
 def reference_output(fn: Callable, bound: dict[str, Any], index: int, tuple_len: int,
-                     device: torch.device = CPU) -> tuple[torch.Tensor, str]:
+                     device: torch.device = CPU, lse_index: int = -1) -> tuple[Any, ...]:
     """(the spec's output, the dtype it ran in): float64, or float32 for a spec that fixes float32
-    somewhere (positions made with .float() meeting float64 weights) and so cannot run in float64."""
+    somewhere (positions made with .float() meeting float64 weights) and so cannot run in float64.
+    With `lse_index`, the log-sum-exp the spec returns there comes third."""
     try:
-        return attention_output(run_reference(fn, bound, device=device), index, tuple_len), "float64"
+        res, dt = run_reference(fn, bound, device=device), "float64"
     except Exception:
-        return attention_output(run_reference(fn, bound, torch.float32, device), index, tuple_len), "float32"
+        res, dt = run_reference(fn, bound, torch.float32, device), "float32"
+    out = attention_output(res, index, tuple_len)
+    return (out, dt, returned_lse(res, lse_index)) if lse_index >= 0 else (out, dt)

@@ -143,7 +143,12 @@ class OffScorePath:
             # pages x page size as one key dim: a merged axis whose every digit the value reads (a head
             # axis repeated for GQA, (kv head, group) with the group broadcast, reads one digit only)
             used = {n.attr for n in walk(sym.expr) if n.op == "var"}
-            merged = any(len(ax) > 1 and all(a in used for a in ax) for ax in sym.axes)  # () is a size-1 dim
+            merged = any(len(ax) > 1 and all(a in used for a in ax) for ax in sym.axes)
+            # a unit dim (() : the batch at B 1, merged with the heads by the matmul's view) counts too, as
+            # (b, h) does at B > 1 after the view; but not for a value repeated over a group (GQA's
+            # repeat_kv): made here it would be read at the query's heads while the key reads its group
+            repeated = any(len(ax) > 1 and not all(a in used for a in ax) for ax in sym.axes)
+            merged = merged or (any(len(ax) == 0 for ax in sym.axes) and not repeated)
             if merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
 
