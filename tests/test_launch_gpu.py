@@ -157,6 +157,8 @@ def test_auto_launches_through_ctypes_until_cuda_python_is_imported(cubin: bytes
     from torch_cubridge.ops import launch as L
 
     driver = L._cuda_python_driver()
+    monkeypatch.setattr(L, "_c_launch", None)  # the host module's launch would take every auto launch
+    monkeypatch.setattr(L, "_host_launch", lambda: None)
     monkeypatch.setattr(L, "_driver_mod", None)
     monkeypatch.setattr(L, "_driver_thread", threading.Thread(target=lambda: None))  # "import under way"
     k = L.CubinKernel(cubin, "write_vals", threads=128, smem_bytes=0)

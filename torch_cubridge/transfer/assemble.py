@@ -46,7 +46,9 @@ _LSE_DIM = {"b": "b", "h": "h", "q": "s"}
 def _lse_layout(ctx: Ctx, lse: Sym, probs: Sym, canon: list[str]) -> tuple[str, ...]:
     """The returned log-sum-exp's dims over b, h, s ("1" for a kept unit dim): it must be of the very
     scores the softmax normalised, with no sink joining them (the kernel's LSE is of the scores alone)."""
-    if lse.payload.get("of") is not probs.payload.get("score") or probs.payload.get("sink") is not None:
+    a, b = lse.payload.get("of"), probs.payload.get("score")
+    same = a is b or (a is not None and b is not None and a.expr is not None and (a.axes, a.expr) == (b.axes, b.expr))
+    if not same or probs.payload.get("sink") is not None:  # (s.float() taken twice is two equal values)
         raise UnsupportedSpec("a returned log-sum-exp of other scores than the softmax's", op="output")
     dims: list[str | None] = []
     for d in lse.axes:
