@@ -57,6 +57,21 @@ def _expected(n: int, vals: list[int], scale: float, add: int, mul: float) -> to
     return ((v * scale + add) * mul).float()
 
 
+def _launch_on_a_new_thread(k, grid: tuple, blocks: list[bytes], stream: int) -> list[BaseException]:
+    """k.launch from a thread of its own (no current CUDA context yet); what it raised."""
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            k.launch(grid, blocks, stream)
+        except BaseException as e:  # surfaced by the caller
+            errors.append(e)
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    return errors
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_struct_params_reach_kernel(cubin: bytes, backend: str) -> None:
     from torch_cubridge.ops.launch import CubinKernel
@@ -107,21 +122,10 @@ def test_launch_from_new_thread(cubin: bytes) -> None:
     k = CubinKernel(cubin, "write_vals", threads=64, smem_bytes=0)
     out = torch.zeros(64, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    errors: list[BaseException] = []
     # Load on this thread; the worker thread has no current context yet, so
     # its launch exercises the make-primary-current retry.
     k.launch((1, 1, 1), _pack(out, [0] * NVALS, 1.0, 0, 1.0), stream)
-
-    def worker() -> None:
-        try:
-            k.launch((1, 1, 1), _pack(out, [2] * NVALS, 1.0, 0, 1.0), stream)
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    assert not errors
+    assert not _launch_on_a_new_thread(k, (1, 1, 1), _pack(out, [2] * NVALS, 1.0, 0, 1.0), stream)
     torch.cuda.synchronize()
     assert torch.all(out == 2).item()
 
@@ -204,16 +208,6 @@ def test_auto_launches_through_the_host_module(cubin: bytes, monkeypatch) -> Non
     if L.libcuda().get_param_info is not None:
         with pytest.raises(ValueError, match="kernel parameters"):
             k.launch((1, 1, 1), [b"\0" * 184, b"\0" * 8], stream)
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            k.launch(((n + 127) // 128, 1, 1), _pack(out, [3] * NVALS, 1.0, 0, 1.0), stream)
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    assert not errors
+    assert not _launch_on_a_new_thread(k, ((n + 127) // 128, 1, 1), _pack(out, [3] * NVALS, 1.0, 0, 1.0), stream)
     torch.cuda.synchronize()
     assert torch.all(out == 3).item() and len(calls) >= 3

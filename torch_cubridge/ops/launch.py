@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -360,17 +360,12 @@ class CubinKernel:
             blocks = tuple(blocks)
         c_launch = (_c_launch or _host_launch()) if self._auto else None
         if c_launch is not None:
-            gx, gy, gz = grid
-            rc = c_launch(ld.fn, gx, gy, gz, self.threads, self.smem_bytes, stream, blocks, self._sizes)
-            if rc == _CUDA_ERROR_INVALID_CONTEXT:  # a thread where torch never made its context current
-                libcuda().make_primary_current(torch.cuda.current_device())
-                rc = c_launch(ld.fn, gx, gy, gz, self.threads, self.smem_bytes, stream, blocks, self._sizes)
-            if rc == _CUDA_SUCCESS:
-                return
+            call = (ld.fn, grid[0], grid[1], grid[2], self.threads, self.smem_bytes, stream, blocks, self._sizes)
+            rc = c_launch(*call)
             if rc != -1:  # -1: blocks past the C buffer, launched below
-                raise CudaDriverError(
-                    f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={self.threads}, "
-                    f"smem={self.smem_bytes}) failed: {libcuda().error_name(rc)} ({rc})")
+                if rc != _CUDA_SUCCESS:
+                    self._launch_failed(rc, grid, c_launch, call)
+                return
         if self._upgrade and _driver_mod is not None:
             self._to_cuda_python()
         with self._call_lock:
@@ -388,18 +383,18 @@ class CubinKernel:
                 s, params = self._stream(stream), self._kparams_addr
             else:
                 s, params = stream, self._kparams
-            gx, gy, gz = grid
-            rc = ld.launch(ld.fn_obj, gx, gy, gz, self.threads, 1, 1, self.smem_bytes, s, params, 0)
+            call = (ld.fn_obj, grid[0], grid[1], grid[2], self.threads, 1, 1, self.smem_bytes, s, params, 0)
+            rc = ld.launch(*call)
             if rc != _CUDA_SUCCESS:
-                self._launch_failed(rc, ld, grid, s, params)
+                self._launch_failed(rc, grid, ld.launch, call)
 
-    def _launch_failed(self, rc: int, ld: _Loaded, grid, s, params) -> None:
+    def _launch_failed(self, rc: int, grid, launch: Callable[..., int], call: tuple) -> None:
+        """Raise for a failed launch; `launch(*call)` makes it again (the C launch or the Python one)."""
         cu = libcuda()
         if rc == _CUDA_ERROR_INVALID_CONTEXT:
             # A thread where torch never made its context current: fix, retry once.
             cu.make_primary_current(torch.cuda.current_device())
-            rc = ld.launch(ld.fn_obj, grid[0], grid[1], grid[2], self.threads, 1, 1,
-                           self.smem_bytes, s, params, 0)
+            rc = launch(*call)
             if rc == _CUDA_SUCCESS:
                 return
         raise CudaDriverError(

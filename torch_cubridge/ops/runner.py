@@ -340,8 +340,7 @@ class KernelRunner:
         p = self.p
         if raw:
             return out
-        return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)),
-                         lse if self._lse_out else None, self.dtype)
+        return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)), lse, self.dtype)
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
                        q: torch.Tensor, stream: int, pages: bytes) -> None:

@@ -52,9 +52,7 @@ def _lse_layout(ctx: Ctx, lse: Sym, probs: Sym, canon: list[str]) -> tuple[str, 
         raise UnsupportedSpec("a returned log-sum-exp of other scores than the softmax's", op="output")
     dims: list[str | None] = []
     for d in lse.axes:
-        whole = ctx.digits_of(d[0], d[1]) if len(d) == 2 else None
-        d = (whole,) if whole else d
-        rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _LSE_DIM or ctx.sizes[a] > 1]
+        rs = _axis_roles(ctx, d, _LSE_DIM)
         if len(rs) > 1 or any(r not in _LSE_DIM for r in rs):
             raise UnsupportedSpec("a returned log-sum-exp merges or mixes in another axis", op="output")
         dims.append(_LSE_DIM[rs[0]] if rs else None)
@@ -173,10 +171,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
                                   arg=path, value=None if path else consts[t].tolist()))
     odims = []
     for d in out.axes:
-        whole = ctx.digits_of(d[0], d[1]) if len(d) == 2 else None
-        d = (whole,) if whole else d  # (kv head, group) merged back: the query head
         # a size-1 atom without a role is a unit axis: named with the others left over, below
-        rs = [ctx.roles.get(a) for a in d if ctx.roles.get(a) in _OUT_DIM or ctx.sizes[a] > 1]
+        rs = _axis_roles(ctx, d, _OUT_DIM)
         if "q" in rs:  # (chunk, position in chunk) merged back: the query position
             rs = [r for r in rs if r != "chunk"]
         if not rs:
@@ -186,17 +182,31 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
         if "?" in nm:
             raise UnsupportedSpec("the output mixes in an axis that is not batch, head, query or dim", op="output")
         odims.append(nm)
-    odims = _name_units(odims, ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):])
-    dt = "q" if out.dtype == q_dtype else str(out.dtype).replace("torch.", "")
+    canon_dims = ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):]
+    odims = _name_units(odims, canon_dims)
     lse_at: dict[str, Any] = {}
     if lse is not None:
         if row_scale is not None or chunk:
             raise UnsupportedSpec("a returned log-sum-exp with probabilities scaled per row or chunked keys",
                                   op="output")
-        lse_at = dict(lse_index=lse_index, lse_dims=_lse_layout(ctx, lse, probs, ["b", "h", "s"][(0 if "b" in q.dims else 1):]),
-                      lse_dtype="q" if lse.dtype == q_dtype else str(lse.dtype).replace("torch.", ""))
+        lse_at = dict(lse_index=lse_index, lse_dims=_lse_layout(ctx, lse, probs, canon_dims[:-1]),
+                      lse_dtype=_dtype_name(lse.dtype, q_dtype))
     return dict(signature=signature, q=q, k=k, v=v, score=score, sink=sink, head_map=head_map,
-                extras=tuple(extras), out=Output(tuple(odims), dt, tuple_len, index, **lse_at), row_scale=row_scale)
+                extras=tuple(extras), row_scale=row_scale,
+                out=Output(tuple(odims), _dtype_name(out.dtype, q_dtype), tuple_len, index, **lse_at))
+
+
+def _dtype_name(dtype: torch.dtype, q_dtype: torch.dtype) -> str:
+    """An output's dtype as the program names it: "q" where it is the query's."""
+    return "q" if dtype == q_dtype else str(dtype).replace("torch.", "")
+
+
+def _axis_roles(ctx: Ctx, d: tuple[str, ...], named: dict[str, str]) -> list[str | None]:
+    """The roles an output axis holds: its atoms with a role in `named` or of size > 1; a (kv head, group)
+    pair merged back is the query head."""
+    whole = ctx.digits_of(d[0], d[1]) if len(d) == 2 else None
+    d = (whole,) if whole else d
+    return [ctx.roles.get(a) for a in d if ctx.roles.get(a) in named or ctx.sizes[a] > 1]
 
 
 def _fold_chunks(ctx: Ctx, qld: Expr, kld: Expr, vld: Expr) -> tuple[Expr, Expr, Expr, int]:

@@ -21,12 +21,12 @@ from .prologue import Prologue, cone_of, mutates_input, op_name
 
 
 def epilogue_steps(gm: torch.fx.GraphModule, boundary: Node, on_score: set[Node], encoder: Prologue,
-                   is_weights: Callable[[Node], bool] = lambda n: True) -> tuple[tuple[Step, ...], int, int]:
+                   is_weights: Callable[[Node], bool]) -> tuple[tuple[Step, ...], int, int]:
     """The steps from the attention output `boundary` to the function's result, in graph order, and
     (tuple length, index of the item made from the attention output) where the result is a tuple
     (else (0, 0)). A tuple's other items are None, the attention weights (served as None, as a
-    tuple result without an epilogue serves them) or values off the score path (a module's bias
-    returned beside the output); the last step packs them."""
+    tuple result without an epilogue serves them; `is_weights` says which node is) or values off the
+    score path (a module's bias returned beside the output); the last step packs them."""
     result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     after = _downstream(boundary)
     items = list(result) if isinstance(result, (tuple, list)) else [result]
