@@ -78,33 +78,40 @@ def test_decode_kernel_with_a_value_head_dim_of_its_own(dims, Sq):
     _check(gqa_softcap_decode, (q, k, v), "decode")
 
 
-@needs_hopper
-@pytest.mark.parametrize("dims", [(40, 40), (40, 64)], ids=lambda d: f"{d[0]}x{d[1]}")
-def test_hopper_few_queries_with_head_dims_decode_does_not_take(dims):
-    """Sq = 1 with a head dim the decode kernel does not take (steps of 16): the prefill kernel."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("Sq", [1, 4])
+@pytest.mark.parametrize("dims", [(40, 40), (40, 64), (72, 72), (200, 200), (24, 24), (72, 40)],
+                         ids=lambda d: f"{d[0]}x{d[1]}")
+def test_decode_kernel_head_dims_in_steps_of_8(dims, Sq):
+    """Few queries with head dims that are not multiples of 16: the decode kernel computes over zeroed pad
+    columns (a pad column left unzeroed would add garbage to Q.K or to O), several splits, GQA packing."""
     D, Dv = dims
-    case = next(c for c in CASES if c.name == "causal_bottom_right")
-    q = torch.randn(2, 4, 1, D, dtype=torch.bfloat16)
-    k = torch.randn(2, 4, 300, D, dtype=torch.bfloat16)
-    v = torch.randn(2, 4, 300, Dv, dtype=torch.bfloat16)
-    _check(case.fn, (q, k, v), "sm90")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 16, Sq, D, generator=g, dtype=torch.bfloat16)
+    k = torch.randn(2, 4, 2100, D, generator=g, dtype=torch.bfloat16)
+    v = torch.randn(2, 4, 2100, Dv, generator=g, dtype=torch.bfloat16)
+    _check(gqa_softcap_decode, (q, k, v), "decode")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("D", [32, 160, 192, 224])
+@pytest.mark.parametrize("D", [32, 160, 192, 224, 40, 72, 200, 8])
 @pytest.mark.parametrize("name", ["causal_sdpa", "document_causal", "empty_rows_finite_fill"])
 def test_fa2_kernel_head_dims(name, D, monkeypatch):
+    """The FA2-class kernel (A100s) at head dims in steps of 8: those not a multiple of 16 over zeroed pad
+    columns; finite-fill rows take the mean of V (the row pad sits past the padded columns)."""
     monkeypatch.setenv("CUBRIDGE_KERNEL", "sm80")
     case = next(c for c in CASES if c.name == name)
     _check(case.fn, case.make(2, 4, 2, 333, D, torch.bfloat16), "sm80")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("dims", [(192, 128), (96, 64), (64, 32)], ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("dims", [(192, 128), (96, 64), (64, 32), (64, 128), (40, 72), (64, 256), (72, 40)],
+                         ids=lambda d: f"{d[0]}x{d[1]}")
 @pytest.mark.parametrize("name", ["causal_sdpa", "document_causal", "empty_rows_finite_fill"])
 def test_fa2_kernel_value_head_dim(name, dims, monkeypatch):
-    """Multi-head latent attention's prefill on the FA2-class kernel (A100s): V narrower than Q and K;
-    rows of finite fills take the mean of V (the row pad moves past O's columns)."""
+    """Multi-head latent attention's prefill on the FA2-class kernel (A100s), and V wider than Q (O staged
+    in Q's rows at the wider pitch); rows of finite fills take the mean of V (the row pad moves past O's
+    columns)."""
     monkeypatch.setenv("CUBRIDGE_KERNEL", "sm80")
     D, Dv = dims
     case = next(c for c in CASES if c.name == name)

@@ -11,7 +11,7 @@ import torch_cubridge as tc
 from torch_cubridge.config import csrc_dir
 from torch_cubridge.lower import lower
 from torch_cubridge.errors import UnsupportedSpec
-from torch_cubridge.lower.tiles import TILES, decode_tile, pad64, sm90_tile, tile_for
+from torch_cubridge.lower.tiles import TILES, decode_tile, fwd_band, pad16, pad64, sm90_tile, tile_for
 from zoo import CASES
 
 LOWERED = CASES
@@ -30,10 +30,16 @@ SM90_DIMS = [(64, 64), (128, 128), (256, 256), (32, 32), (96, 96), (192, 192), (
 
 def test_tiles_agree_with_kernel_config():
     text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
-    for D, t in TILES.items():
-        m = re.search(rf"FwdConfig<{D}, T> : FwdTile<{D}, (\d+), (\d+), (\d+), (\d+)", text)
-        assert m, D
+    for band, t in TILES.items():
+        m = re.search(rf"FwdBand<D, {band}> : FwdTile<D, (\d+), (\d+), (\d+), (\d+)", text)
+        assert m, band
         assert tuple(map(int, m.groups())) == (t.block_m, t.block_n, t.warps, t.stages)
+    # the band rule, read from the header and evaluated against lower/tiles.py's fwd_band
+    rule = re.search(r"constexpr int fwd_band\(int d, int dv\) \{\s*return ([^;]+);", text).group(1)
+    py_rule = re.sub(r"imax_c", "max", re.sub(r"^(.+?) \? (.+?) : (.+)$", r"(\2) if \1 else (\3)", rule.strip()))
+    for D, Dv in itertools.product(range(8, 257, 8), (8, 40, 64, 128, 200, 256)):
+        got = eval(py_rule.replace("/", "//"), {"d": D, "dv": Dv, "max": max})  # noqa: S307
+        assert got == fwd_band(D, Dv) and got in TILES, (D, Dv, py_rule)
     # Sm90Tile: 64-row consumer warpgroups plus a producer; lower/tiles.py's sm90_tile sizes the launch
     assert "kConsumers = BM / 64" in text and "kThreads = 128 * (1 + kConsumers)" in text
     for D, Dv in SM90_DIMS:
@@ -52,9 +58,11 @@ def test_hopper_kernel_is_chosen_on_sm90a_only():
     for D in (36, 264):
         with pytest.raises(UnsupportedSpec):
             tile_for(D, "sm_90a")
-    assert tile_for(64, "sm_90", 32).dv == 32  # the FA2 kernel: V narrower than Q, a multiple of 32
-    for dims in ((64, 128), (128, 48)):
-        with pytest.raises(UnsupportedSpec, match="value head dim"):
+    # the FA2 kernel: any head dims in steps of 8, V narrower or wider than Q
+    assert tile_for(64, "sm_90", 32).dv == 32 and tile_for(40, "sm_90").head_dim == 40
+    assert tile_for(64, "sm_90", 128).warps == 8  # a wide V: 16-row warps (fwd_band)
+    for dims in ((36, 36), (64, 44), (264, 264)):
+        with pytest.raises(UnsupportedSpec, match="steps of 8"):
             tile_for(dims[0], "sm_90", dims[1])
     src = lower(_prog("causal_sdpa"), arch="sm_90a").source
     assert "attention_fwd_sm90" in src and "__grid_constant__ cubridge::TmaDesc" in src
@@ -140,8 +148,9 @@ def test_sm90a_any_head_dims_build_without_spills(name, dims, tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("D", [32, 160, 192, 224])
+@pytest.mark.parametrize("D", [32, 160, 192, 224, 40, 72, 200])
 def test_fa2_kernel_new_head_dims_build_without_spills(D, tmp_path):
+    """Head dims in steps of 8: those not a multiple of 16 are computed over zeroed pad columns."""
     sass = _sass(tc.cubin(_prog("document_causal", D), arch="sm_80", head_dim=D), tmp_path)
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
@@ -173,21 +182,22 @@ def test_decode_kernel_builds_without_spills(arch, D, tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("D,DV", [(192, 128), (96, 64), (64, 32)])
-def test_fa2_kernel_takes_a_narrower_value_head_dim(D, DV, tmp_path):
-    """Multi-head latent attention's prefill on the FA2-class kernel (sm_80): V's own pitch, O staged in
-    Q's rows; shared memory as lower/tiles.py sizes it."""
+@pytest.mark.parametrize("D,DV", [(192, 128), (96, 64), (64, 32), (64, 128), (40, 72), (64, 256)])
+def test_fa2_kernel_takes_a_value_head_dim_of_its_own(D, DV, tmp_path):
+    """Multi-head latent attention's prefill on the FA2-class kernel (sm_80), and V wider than Q: V's own
+    pitch, O staged in Q's rows (the wider pitch); shared memory as lower/tiles.py sizes it."""
     low = lower(_prog("softcap_causal", D), arch="sm_80", head_dim=D, value_dim=DV)
-    assert f"FwdValueDim<cubridge::FwdConfig<{D}, " in low.source and low.tile.dv == DV
-    assert low.tile.smem_bytes < TILES[D].smem_bytes
+    assert f"FwdConfig<{D}, __nv_bfloat16, {DV}>" in low.source and low.tile.dv == DV
+    assert low.tile.smem_bytes <= TILES[fwd_band(D, DV)].smem_bytes
     sass = _sass(tc_cubin(low.source, "sm_80"), tmp_path)
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
 
 @needs_nvcc
-@pytest.mark.parametrize("D,DV", [(48, 32), (192, 128), (64, 128)])
+@pytest.mark.parametrize("D,DV", [(48, 32), (192, 128), (64, 128), (40, 40), (72, 72), (40, 72), (200, 200)])
 def test_decode_kernel_takes_a_value_head_dim_of_its_own(D, DV, tmp_path):
-    """Multi-head latent attention decodes with V narrower than Q and K (deepseek: 192 and 128)."""
+    """Multi-head latent attention decodes with V narrower than Q and K (deepseek: 192 and 128); head dims
+    in steps of 8 (computed over zeroed pad columns)."""
     low = lower(_prog("softcap_causal", D), arch="sm_90a", head_dim=D, decode=True, value_dim=DV)
     assert f"DecodeTile<{D}, {DV}, " in low.source and low.tile.dv == DV
     sass = _sass(tc_cubin(low.source, "sm_90a"), tmp_path)
@@ -216,12 +226,26 @@ def test_decode_kernel_smem_matches_the_header():
     text = (csrc_dir() / "cubridge" / "decode_kernel.cuh").read_text()
     ring = re.search(r"kRingBytes\s*=\s*([^;]+);", text).group(1)
     merge = re.search(r"kMergeBytes\s*=\s*([^;]+);", text).group(1)
-    for D, DV in ((64, 64), (128, 128), (256, 256), (48, 32), (192, 128), (64, 256)):
+    for D, DV in ((64, 64), (128, 128), (256, 256), (48, 32), (192, 128), (64, 256), (40, 40), (72, 200)):
         t = decode_tile(D, DV)
-        env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": D + 8, "kSmemLdV": DV + 8,
-               "kWarps": t.warps, "D": D, "DV": DV}
+        env = {"kRows": t.block_m, "kStages": t.stages, "kBlockN": t.block_n, "kSmemLd": pad16(D) + 8,
+               "kSmemLdV": pad16(DV) + 8, "kWarps": t.warps, "kPadDv": pad16(DV), "D": D, "DV": DV}
         val = [eval(re.sub(r"\b(\w+)\b", lambda m: str(env.get(m.group(1), m.group(1))), e)) for e in (ring, merge)]  # noqa: S307
         assert max(val) == t.smem_bytes, (D, val)
+
+
+def test_fa2_smem_matches_the_header():
+    """lower/tiles.py sizes the FA2-class kernel's launch; FwdValueDim::kSmemBytes is what it lays out."""
+    text = (csrc_dir() / "cubridge" / "fwd_config.cuh").read_text()
+    rhs = re.search(r"struct FwdValueDim.*?kSmemBytes\s*=\s*([^;]+);", text, re.S).group(1)
+    for D, DV in ((64, 64), (128, 128), (40, 40), (72, 200), (192, 128), (64, 256), (256, 256)):
+        t = tile_for(D, "sm_80", DV)
+        ld, ldv = pad16(D) + 8, pad16(DV) + 8
+        env = {"Base::kBlockM": t.block_m, "Base::kStages": t.stages, "Base::kBlockN": t.block_n,
+               "Base::kSmemLd": ld, "kSmemLdV": ldv, "kSmemLdQ": max(ld, ldv)}
+        expr = re.sub(r"\b(Base::)?\w+\b", lambda m: str(env.get(m.group(0), m.group(0))), rhs)
+        assert re.fullmatch(r"[\d\s+*()]+", expr), expr
+        assert eval(expr) == t.smem_bytes, (D, DV, expr)  # noqa: S307
 
 
 def key_padding(q, k, v, pad):

@@ -37,9 +37,9 @@ template <int ROWS, int D, int LDS, int NTHREADS, class T>
 __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int row0, int nrows,
                                           int tid) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
+  constexpr int kAll = ROWS * kChunks;  // a head dim of 5 or 9 chunks does not split evenly: the last pass guards
   const unsigned s0 = smem_u32(s);
-  if constexpr (NTHREADS % kChunks == 0) {
+  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0) {
     // Each thread keeps one column and walks rows kStep apart: one running
     // pointer instead of a hoisted 64-bit offset per chunk (saves registers).
     constexpr int kStep = NTHREADS / kChunks;
@@ -56,8 +56,9 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+    for (int i = 0; i < (kAll + NTHREADS - 1) / NTHREADS; ++i) {
       const int idx = tid + i * NTHREADS;
+      if (kAll % NTHREADS != 0 && idx >= kAll) break;
       const int r = idx / kChunks, c = idx % kChunks;
       const bool ok = row0 + r < nrows;
       const T* src = g + (ok ? (long long)(row0 + r) * ld : 0) + c * 8;
@@ -66,16 +67,28 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   }
 }
 
+// Columns [D, PADD) of a shared tile's ROWS rows (pitch LDS) set to zero: a head dim that is not a
+// multiple of 16 is computed over PADD columns, and the copies write only D of them. Plain stores, made
+// before the barrier that precedes the first read.
+template <int ROWS, int D, int PADD, int LDS, int NTHREADS, class T>
+__device__ __forceinline__ void zero_pad_columns(T* s, int tid) {
+  if constexpr (PADD > D) {
+    static_assert(PADD - D == 8 && D % 8 == 0, "one 16-byte chunk past the head dim");
+    for (int r = tid; r < ROWS; r += NTHREADS) *reinterpret_cast<uint4*>(s + r * LDS + D) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 // The same rows of an operand whose rows lie anywhere: `row_at(row)` is where row `row` starts (K/V
 // kept as several pieces one after another, decode_kernel.cuh's SegKV).
 template <int ROWS, int D, int LDS, int NTHREADS, class T, class RowAt>
 __device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_at, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile must split evenly over threads");
+  constexpr int kAll = ROWS * kChunks;
   const unsigned s0 = smem_u32(s);
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
+  for (int i = 0; i < (kAll + NTHREADS - 1) / NTHREADS; ++i) {
     const int idx = tid + i * NTHREADS;
+    if (kAll % NTHREADS != 0 && idx >= kAll) break;
     const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
     const bool ok = row < nrows;
     cp_async16(s0 + (r * LDS + c * 8) * 2, ok ? row_at(row) + c * 8 : fallback, ok);

@@ -24,6 +24,7 @@
 
 #include "copy.cuh"
 #include "epilogue.cuh"
+#include "fwd_config.cuh"
 #include "gemm.cuh"
 #include "hooks.cuh"
 #include "mma.cuh"
@@ -125,7 +126,7 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   constexpr int kChunks = D / 8;
   const bool t64 = pg.table64 != 0;
   const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
-  if constexpr (DV == D && NTH % kChunks == 0) {
+  if constexpr (DV == D && NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
     constexpr int kStep = NTH / kChunks, kRows = BN / kStep;
     const int r0 = tid / kChunks, c = tid % kChunks;
     const bool shared = pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp &&
@@ -159,18 +160,20 @@ template <int D, int DV = D, int ST = 2>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
   static constexpr int kValueDim = DV;  // V's and O's head dim (multi-head latent attention: below Q's)
+  static constexpr int kPadD = pad16(D);    // computed over head dims padded to 16 (fwd_config.cuh)
+  static constexpr int kPadDv = pad16(DV);
   static constexpr int kRows = 16;    // packed (head, query) rows per CTA
   static constexpr int kBlockN = 64;  // keys per block: 16 per warp
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 128;
   static constexpr int kStages = ST;  // K/V blocks in the ring: ST - 1 load while one is used
-  static constexpr int kSmemLd = D + 8;
-  static constexpr int kSmemLdV = DV + 8;
+  static constexpr int kSmemLd = kPadD + 8;
+  static constexpr int kSmemLdV = kPadDv + 8;
   // Q, the K/V ring; the merge (4 warps x 16 rows x DV fp32, then m and l) reuses the ring
   static constexpr int kRingBytes = (kRows * kSmemLd + kStages * kBlockN * (kSmemLd + kSmemLdV)) * 2;
-  static constexpr int kMergeBytes = kWarps * kRows * (DV + 2) * 4;
+  static constexpr int kMergeBytes = kWarps * kRows * (kPadDv + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
-  static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 256, "head dims: k16 steps, at most 256");
+  static_assert(D % 8 == 0 && D <= 256 && DV % 8 == 0 && DV <= 256, "head dims in steps of 8, at most 256");
 };
 
 template <class Variant, class T, int D>
@@ -185,7 +188,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, R = Cfg::kRows, BN = Cfg::kBlockN;
   constexpr int LDS = Cfg::kSmemLd, LDSV = Cfg::kSmemLdV;
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
-  constexpr int KC = D / 16, DT = DV / 8;  // k steps of Q.K; 8-column tiles of O
+  constexpr int PD = Cfg::kPadD, PDV = Cfg::kPadDv;
+  constexpr int KC = PD / 16, DT = PDV / 8;  // k steps of Q.K; 8-column tiles of O (padded columns: zero)
   constexpr bool kRaw = score_is_default<Variant>(0);
   constexpr bool kSeg = KV::kSegmented;
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
@@ -255,6 +259,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // the first K/V blocks go out before Q's loads, which wait for their data
 #pragma unroll
   for (int st = 0; st < ST - 1; ++st) prefetch(st);
+  zero_pad_columns<R, D, PD, LDS, NTH>(sQ, tid);
+  zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
+  zero_pad_columns<ST * BN, DV, PDV, LDSV, NTH>(sV, tid);
   // @cuir load tensor=q
   for (int idx = tid; idx < R * (D / 8); idx += NTH) {
     const int r = idx / (D / 8), c = idx % (D / 8);
@@ -318,8 +325,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   __syncthreads();
 
   // Merge the four warps: O and m, l per row through shared memory (the ring is free now).
-  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][DV]
-  float* mm = mo + Cfg::kWarps * R * DV;           // [warp][row]
+  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][PDV]
+  float* mm = mo + Cfg::kWarps * R * PDV;          // [warp][row]
   float* ml = mm + Cfg::kWarps * R;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -327,7 +334,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     const float lw = quad_sum(l[hf]);
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
-      float* dst = mo + (warp * R + r) * DV + dt * 8 + (lane % 4) * 2;
+      float* dst = mo + (warp * R + r) * PDV + dt * 8 + (lane % 4) * 2;
       dst[0] = o[0][dt][2 * hf];
       dst[1] = o[0][dt][2 * hf + 1];
     }
@@ -342,7 +349,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir epilogue kind=normalise
   // Thread t: row t / 8, and the row's 8-column chunks t % 8, t % 8 + 8, ...: every store is 16 bytes
   // at a 16-byte offset whatever DV is (a thread's own span of DV / 8 columns was not, at DV 48 or 96).
-  constexpr int CH = (DT + 7) / 8;
+  constexpr int CT = DV / 8;  // O's own 8-column chunks (the padded ones are not stored)
+  constexpr int CH = (CT + 7) / 8;
   const int r = tid / 8, k0 = tid % 8;
   const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
   const int h = head_of(r), q = query_of(r);
@@ -361,9 +369,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       acc[i][c] = 0.f;
-      if (k0 + 8 * i < DT)
+      if (k0 + 8 * i < CT)
 #pragma unroll
-        for (int w = 0; w < Cfg::kWarps; ++w) acc[i][c] = fmaf(mo[(w * R + r) * DV + (k0 + 8 * i) * 8 + c], wgt[w], acc[i][c]);
+        for (int w = 0; w < Cfg::kWarps; ++w) acc[i][c] = fmaf(mo[(w * R + r) * PDV + (k0 + 8 * i) * 8 + c], wgt[w], acc[i][c]);
     }
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
@@ -372,7 +380,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       float* dst = part_o + (row * n_split + split) * DV;
 #pragma unroll
       for (int i = 0; i < CH; ++i)
-        if (k0 + 8 * i < DT)
+        if (k0 + 8 * i < CT)
 #pragma unroll
           for (int c = 0; c < 8; ++c) dst[(k0 + 8 * i) * 8 + c] = acc[i][c] * inv;
       if (tid % 8 == 0) {
@@ -409,7 +417,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #pragma unroll
   for (int i = 0; i < CH; ++i) {
     const int ch = k0 + 8 * i;
-    if (ch >= DT) continue;
+    if (ch >= CT) continue;
     uint4 val;
     val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
     val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);

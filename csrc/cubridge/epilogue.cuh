@@ -72,21 +72,22 @@ __device__ __forceinline__ uint4 mean_v_chunk(const T* v, long long ld, int skv,
   return out;
 }
 
-// Copy ROWS staged rows to global O (row stride ld), skipping rows >= nrows.
-// With kMeanV, rows flagged empty (an int in the row's pad column, written by
-// the kernel) get the mean of V over all skv keys instead.
-template <int ROWS, int D, int LDS, bool kMeanV, class T>
+// Copy ROWS staged rows (D columns) to global O (row stride ld), skipping rows >= nrows.
+// With kMeanV, rows flagged empty (an int at column FLAG, in the row's pad past the staged
+// columns, written by the kernel) get the mean of V over all skv keys instead.
+template <int ROWS, int D, int LDS, bool kMeanV, int FLAG = D, class T>
 __device__ __forceinline__ void store_rows(T* g, long long ld, const T* s, int row0, int nrows,
                                            int lane, const T* v, long long v_ld, int skv) {
   constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % 32 == 0, "rows split evenly over the warp");
+  constexpr int kAll = ROWS * kChunks;  // 5 chunks a row (D 40) over 16 rows: the last pass guards
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / 32; ++i) {
+  for (int i = 0; i < (kAll + 31) / 32; ++i) {
     const int idx = lane + 32 * i;
+    if (kAll % 32 != 0 && idx >= kAll) break;
     const int r = idx / kChunks, c = idx % kChunks;
     if (row0 + r >= nrows) continue;
     uint4 val = *reinterpret_cast<const uint4*>(s + r * LDS + c * 8);
-    if (kMeanV && *reinterpret_cast<const int*>(s + r * LDS + D)) val = mean_v_chunk(v, v_ld, skv, c);
+    if (kMeanV && *reinterpret_cast<const int*>(s + r * LDS + FLAG)) val = mean_v_chunk(v, v_ld, skv, c);
     *reinterpret_cast<uint4*>(g + (long long)(row0 + r) * ld + c * 8) = val;
   }
 }

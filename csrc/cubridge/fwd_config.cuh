@@ -5,10 +5,17 @@
 
 namespace cubridge {
 
+// Head dims in steps of 8: the tensor cores' k step is 16 columns and O's ldmatrix pairs are 16 wide,
+// so a head dim that is not a multiple of 16 is computed over kPadD (D rounded up to 16), the columns
+// past D held at zero in shared memory (the kernels zero them once; the copies never write them).
+__host__ __device__ constexpr int pad16(int d) { return (d + 15) / 16 * 16; }
+__host__ __device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
+
 template <int D, int BM, int BN, int Warps, int Stages, bool QInRegs = true,
           bool LazyRescale = true>
 struct FwdTile {
   static constexpr int kHeadDim = D;
+  static constexpr int kPadD = pad16(D);  // columns of Q.K^T's k steps
   static constexpr int kBlockM = BM;   // query rows per CTA
   static constexpr int kBlockN = BN;   // keys per pipeline step
   static constexpr int kWarps = Warps; // each warp owns BM / Warps query rows
@@ -16,46 +23,59 @@ struct FwdTile {
   static constexpr bool kQInRegs = QInRegs;  // false: Q re-read from shared each step
   static constexpr bool kLazyRescale = LazyRescale;  // skip O *= alpha when no row max moved
   static constexpr int kThreads = 32 * Warps;
-  static constexpr int kSmemLd = D + 8;  // padded row pitch (elements)
+  static constexpr int kSmemLd = kPadD + 8;  // padded row pitch (elements)
   static constexpr int kValueDim = D;    // V's and O's head dim (FwdValueDim sets another)
+  static constexpr int kPadDv = kPadD;
   static constexpr int kSmemLdV = kSmemLd;
+  static constexpr int kSmemLdQ = kSmemLd;  // Q's rows, which stage O at the end: the wider of the two
   // Q tile (reused to stage O) + Stages x (K tile + V tile), 2-byte elements.
-  static constexpr int kSmemBytes = (BM + 2 * Stages * BN) * kSmemLd * 2;
+  static constexpr int kSmemBytes = (BM * kSmemLdQ + Stages * BN * (kSmemLd + kSmemLdV)) * 2;
 
-  static_assert(D % 32 == 0 && D <= 256, "head dim must be a multiple of 32, at most 256");
+  static_assert(D % 8 == 0 && D >= 8 && D <= 256, "head dim in steps of 8, at most 256");
   static_assert(BM % (16 * Warps) == 0, "each warp owns whole m16 tiles");
   static_assert(BN % 16 == 0, "key block must be a multiple of 16");
   static_assert(Stages >= 2, "need at least double buffering");
 };
 
-// Tuned on H100 (see benchmarks/kernel_dev/RESULTS.md). Warps owning 32 query
-// rows (two m16 tiles) halve the shared-memory fragment traffic per mma compared
-// with 16-row warps, which is what sm_90 mma.sync needs to keep up with SDPA.
-//   D   BM  BN  warps stages Q     lazy-rescale  threads smem
-//   64  128 64  4     2      regs  no            128     55296
-//   96  128 64  4     2      smem  yes           128     79872
-//   128 128 64  4     2      smem  yes           128     104448
-//   256 128 64  8     2      smem  no            256     202752
-template <int D, class T> struct FwdConfig;
-template <class T> struct FwdConfig<32, T> : FwdTile<32, 128, 64, 4, 2, true, false> {};
-template <class T> struct FwdConfig<64, T> : FwdTile<64, 128, 64, 4, 2, true, false> {};
-template <class T> struct FwdConfig<96, T> : FwdTile<96, 128, 64, 4, 2, false> {};
-template <class T> struct FwdConfig<128, T> : FwdTile<128, 128, 64, 4, 2, false> {};
-template <class T> struct FwdConfig<160, T> : FwdTile<160, 128, 64, 8, 2, false> {};
-template <class T> struct FwdConfig<192, T> : FwdTile<192, 128, 64, 8, 2, false> {};
-template <class T> struct FwdConfig<224, T> : FwdTile<224, 128, 64, 8, 2, false, false> {};
-template <class T> struct FwdConfig<256, T> : FwdTile<256, 128, 64, 8, 2, false, false> {};
+// Tuned on H100 (see benchmarks/kernel_dev/RESULTS.md), per band of head dims (the larger of Q's and
+// V's, rounded up to 32). Warps owning 32 query rows (two m16 tiles) halve the shared-memory fragment
+// traffic per mma compared with 16-row warps, which is what sm_90 mma.sync needs to keep up with SDPA.
+//   band BM  BN  warps stages Q     lazy-rescale  threads smem (D = band)
+//   64   128 64  4     2      regs  no            128     55296
+//   96   128 64  4     2      smem  yes           128     79872
+//   128  128 64  4     2      smem  yes           128     104448
+//   256  128 64  8     2      smem  no            256     202752
+template <int D, int Band> struct FwdBand;
+template <int D> struct FwdBand<D, 32> : FwdTile<D, 128, 64, 4, 2, true, false> {};
+template <int D> struct FwdBand<D, 64> : FwdTile<D, 128, 64, 4, 2, true, false> {};
+template <int D> struct FwdBand<D, 96> : FwdTile<D, 128, 64, 4, 2, false> {};
+template <int D> struct FwdBand<D, 128> : FwdTile<D, 128, 64, 4, 2, false> {};
+template <int D> struct FwdBand<D, 160> : FwdTile<D, 128, 64, 8, 2, false> {};
+template <int D> struct FwdBand<D, 192> : FwdTile<D, 128, 64, 8, 2, false> {};
+template <int D> struct FwdBand<D, 224> : FwdTile<D, 128, 64, 8, 2, false, false> {};
+template <int D> struct FwdBand<D, 256> : FwdTile<D, 128, 64, 8, 2, false, false> {};
 
-// A value head dim of its own (multi-head latent attention), at most the query's and a multiple of 32:
-// V tiles have their own pitch, and O is staged in Q's rows (pitch D + 8, its pad after column DV).
+// A value head dim of its own (multi-head latent attention one way, a wide V the other), in steps of 8:
+// V tiles have their own pitch, and O is staged in Q's rows, whose pitch is the wider of the two.
 template <class Base, int DV>
 struct FwdValueDim : Base {
   static constexpr int kValueDim = DV;
-  static constexpr int kSmemLdV = DV + 8;
+  static constexpr int kPadDv = pad16(DV);
+  static constexpr int kSmemLdV = kPadDv + 8;
+  static constexpr int kSmemLdQ = imax_c(Base::kSmemLd, kSmemLdV);
   static constexpr int kSmemBytes =
-      (Base::kBlockM * Base::kSmemLd + Base::kStages * Base::kBlockN * (Base::kSmemLd + kSmemLdV)) * 2;
-  static_assert(DV % 32 == 0 && DV <= Base::kHeadDim, "value head dim: a multiple of 32, at most the query's");
+      (Base::kBlockM * kSmemLdQ + Base::kStages * Base::kBlockN * (Base::kSmemLd + kSmemLdV)) * 2;
+  static_assert(DV % 8 == 0 && DV >= 8 && DV <= 256, "value head dim in steps of 8, at most 256");
 };
+
+// The FA2-class kernel's configuration for Q/K head dim D and V head dim DV: the band of the wider; a V
+// wider than Q takes 8 warps at least (16-row warps: O's accumulators, which V's width sets, spilled at
+// 4 warps of 32 rows for 64 x 128, sm_80).
+__host__ __device__ constexpr int fwd_band(int d, int dv) {
+  return dv > d ? imax_c((dv + 31) / 32 * 32, 160) : (imax_c(d, dv) + 31) / 32 * 32;
+}
+template <int D, class T, int DV = D>
+struct FwdConfig : FwdValueDim<FwdBand<D, fwd_band(D, DV)>, DV> {};
 
 // Hopper kernel (fwd_kernel_sm90.cuh): BM query rows per tile in BM / 64 consumer
 // warpgroups of 64 rows (two, or three for narrow heads) plus one producer

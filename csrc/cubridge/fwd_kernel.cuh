@@ -36,11 +36,13 @@ template <class Cfg, class Variant, class T>
 __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename Variant::Params& p) {
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   constexpr int NW = Cfg::kWarps, ST = Cfg::kStages, LDS = Cfg::kSmemLd, LDV = Cfg::kSmemLdV, NTH = Cfg::kThreads;
+  constexpr int LDQ = Cfg::kSmemLdQ;  // Q's rows, which stage O at the end
+  constexpr int PD = Cfg::kPadD, PDV = Cfg::kPadDv;  // head dims padded to 16 (fwd_config.cuh)
   constexpr int RW = BM / NW;  // query rows per warp
   constexpr int MT = RW / 16;  // m16 tiles per warp
   constexpr int NT = BN / 8;   // n8 key tiles per block
-  constexpr int KC = D / 16;   // k16 steps over the head dim
-  constexpr int DT = DV / 8;   // n8 tiles of O
+  constexpr int KC = PD / 16;  // k16 steps over the head dim
+  constexpr int DT = PDV / 8;  // n8 tiles of O (the padded columns stay zero: V's are)
   // Default score (s * scale): keep raw dot products and fold scale * log2(e)
   // into the single FFMA in front of each exp2 (assumes scale > 0, so the
   // running max of raw s is the max of the logits).
@@ -50,7 +52,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BM * LDS;
+  T* sK = sQ + BM * LDQ;
   T* sV = sK + ST * BN * LDS;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -71,8 +73,11 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   };
 
   // @cuir load tensor=q
-  load_tile<BM, D, LDS, NTH>(sQ, gQ, a.q_ss, q_lo, sq, tid);
+  load_tile<BM, D, LDQ, NTH>(sQ, gQ, a.q_ss, q_lo, sq, tid);
   cp_async_commit();
+  zero_pad_columns<BM, D, PD, LDQ, NTH>(sQ, tid);
+  zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
+  zero_pad_columns<ST * BN, DV, PDV, LDV, NTH>(sV, tid);
 
   // Prefetch cursor: walks the non-empty blocks in the same order as the main
   // loop; the i-th one lands in stage i % ST. Two groups (K, V) per block, empty
@@ -91,11 +96,11 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   for (int s = 0; s < ST - 1; ++s) prefetch(s);
 
   // Q fragments (or, for large D, Q stays in shared memory).
-  const unsigned q_addr = smem_u32(sQ) + (warp * RW * LDS + lane_off_a<LDS>(lane)) * 2;
+  const unsigned q_addr = smem_u32(sQ) + (warp * RW * LDQ + lane_off_a<LDQ>(lane)) * 2;
   unsigned qa[Cfg::kQInRegs ? MT : 1][Cfg::kQInRegs ? KC : 1][4];
   cp_async_wait<2 * (ST - 1)>();
   __syncthreads();
-  if constexpr (Cfg::kQInRegs) load_q_frags<MT, KC, LDS>(qa, q_addr);
+  if constexpr (Cfg::kQInRegs) load_q_frags<MT, KC, LDQ>(qa, q_addr);
 
   float o[MT][DT][4];
 #pragma unroll
@@ -128,7 +133,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     if constexpr (Cfg::kQInRegs)
       gemm_qk<T, MT, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
     else
-      gemm_qk_smem<T, MT, NT, KC, LDS>(s, q_addr, k_lane + stage * BN * LDS * 2);
+      gemm_qk_smem<T, MT, NT, KC, LDS, LDQ>(s, q_addr, k_lane + stage * BN * LDS * 2);
 
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
@@ -162,14 +167,14 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) finish_row(m[r], l[r], factor, sink2, o_scale[r], lse[r]);
   // Each warp restages only its own Q rows, so a warp-level sync suffices.
-  // The row pad (columns DV..DV+7 of Q's rows, past O; never read by ldmatrix) carries
-  // per-row extras: the LSE (float at DV+2) and the empty-row flag (int at DV).
-  T* sRows = sQ + warp * RW * LDS;
-  stage_o<T, MT, DT, LDS>(sQ, o, o_scale, warp * RW, lane);
+  // The row pad (columns PDV..PDV+7 of Q's rows, past O; never read by ldmatrix) carries
+  // per-row extras: the LSE (float at PDV+2) and the empty-row flag (int at PDV).
+  T* sRows = sQ + warp * RW * LDQ;
+  stage_o<T, MT, DT, LDQ>(sQ, o, o_scale, warp * RW, lane);
   if (lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2 * MT; ++r) {
-      T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDS + DV;
+      T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDQ + PDV;
       *reinterpret_cast<float*>(pad + 2) = lse[r];
       if constexpr (Variant::kEmptyRowMeanV) *reinterpret_cast<int*>(pad) = m[r] == neg_inf();
     }
@@ -179,12 +184,12 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   // @cuir store tensor=o
   const int row0 = q_lo + warp * RW;
   T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-  store_rows<RW, DV, LDS, Variant::kEmptyRowMeanV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
-                                                  skv);
+  store_rows<RW, DV, LDQ, Variant::kEmptyRowMeanV, PDV>(gO, a.o_ss, sRows, row0, sq, lane, gV, a.v_ss,
+                                                       skv);
 
   // @cuir store tensor=lse when=requested
   if (a.lse != nullptr && lane < RW && row0 + lane < sq)
-    a.lse[(b * a.Hq + h) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDS + DV + 2);
+    a.lse[(b * a.Hq + h) * a.Sq + row0 + lane] = *reinterpret_cast<const float*>(sRows + lane * LDQ + PDV + 2);
 }
 
 }  // namespace cubridge

@@ -56,8 +56,8 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], const unsigned (&
 }
 
 // S = Q K^T re-reading Q from shared memory per k16 step (saves registers
-// for large head dims).
-template <class T, int MT, int NT, int KC, int LDS>
+// for large head dims). Q's rows have pitch LDQ (they stage O later, which may be wider), K's LDS.
+template <class T, int MT, int NT, int KC, int LDS, int LDQ = LDS>
 __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_addr,
                                              unsigned k_addr) {
 #pragma unroll
@@ -68,7 +68,7 @@ __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_a
   for (int kc = 0; kc < KC; ++kc) {
     unsigned qa[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], q_addr + (mt * 16 * LDS + kc * 16) * 2);
+    for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], q_addr + (mt * 16 * LDQ + kc * 16) * 2);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];

@@ -48,10 +48,7 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]
-    cfg = f"cubridge::FwdConfig<{head_dim}, {t}>"
-    if tile.dv != head_dim:
-        cfg = f"cubridge::FwdValueDim<{cfg}, {tile.dv}>"
-    return [f"using Cfg = {cfg};",
+    return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
             'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
             f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
             f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]
@@ -63,7 +60,7 @@ def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, page
     dv = value_dim_of(head_dim, value_dim)
     for d in (head_dim, dv):
         if not decode_head_dim(d):
-            return f"the decode kernel takes head dims in steps of 16 up to 256, not {d}"
+            return f"the decode kernel takes head dims in steps of 8 up to 256, not {d}"
     if paged and p.empty_rows == "mean_v":
         return "rows with every key masked take the mean of V, which the decode kernel reads in one piece only"
     return None

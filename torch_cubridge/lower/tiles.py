@@ -33,18 +33,19 @@ class Tile:
 
     @property
     def smem_bytes(self) -> int:
+        ld, ldv = pad16(self.head_dim) + 8, pad16(self.dv) + 8  # row pitches of Q/K and of V
         if self.kernel == "decode":  # Q and the K/V ring; the warps' merge reuses it (DecodeTile)
-            ld, ldv = self.head_dim + 8, self.dv + 8
             ring = (self.block_m * ld + self.stages * self.block_n * (ld + ldv)) * 2
-            return max(ring, self.warps * self.block_m * (self.dv + 2) * 4)
+            return max(ring, self.warps * self.block_m * (pad16(self.dv) + 2) * 4)
         if self.kernel == "sm90":  # alignment slack, Q, K/V rings, O (64-column chunks), barriers, row flags, tile info
             d, dv = pad64(self.head_dim), pad64(self.dv)
             return 1024 + (self.block_m * d + self.stages * self.block_n * (d + dv) + self.own_o * self.block_m * dv) \
                 * 2 + 8 * (2 + 4 * self.stages) + 4 * self.block_m + 64
-        ld, ldv = self.head_dim + 8, self.dv + 8  # FwdTile / FwdValueDim: Q (O staged there), K and V rings
-        return (self.block_m * ld + self.stages * self.block_n * (ld + ldv)) * 2
+        # FwdValueDim: Q's rows (O staged there: the wider pitch), K and V rings
+        return (self.block_m * max(ld, ldv) + self.stages * self.block_n * (ld + ldv)) * 2
 
 
+# The FA2-class kernel's tile per band of head dims (the wider of Q's and V's rounded up to 32; FwdBand)
 TILES = {32: Tile(32, 128, 64, 4, 2), 64: Tile(64, 128, 64, 4, 2), 96: Tile(96, 128, 64, 4, 2),
          128: Tile(128, 128, 64, 4, 2), 160: Tile(160, 128, 64, 8, 2), 192: Tile(192, 128, 64, 8, 2),
          224: Tile(224, 128, 64, 8, 2), 256: Tile(256, 128, 64, 8, 2)}
@@ -54,6 +55,16 @@ SMEM_MAX_SM90 = 232448  # bytes of shared memory one CTA may use on Hopper
 def value_dim_of(head_dim: int, value_dim: int | None) -> int:
     """V's head dim: the query's unless given (the one place that rule lives)."""
     return head_dim if value_dim is None else value_dim
+
+
+def pad16(n: int) -> int:
+    """A head dim padded to whole k16 steps (FwdTile::kPadD, DecodeTile::kPadD): the padded columns are zero."""
+    return -(-n // 16) * 16
+
+
+def head_dim_ok(n: int) -> bool:
+    """The head dims every kernel takes: steps of 8 up to 256."""
+    return n % 8 == 0 and 8 <= n <= 256
 
 
 def pad64(n: int) -> int:
@@ -74,7 +85,7 @@ def sm90_tile(head_dim: int, value_dim: int | None = None, plain_scores: bool = 
     tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next
     tile's Q waits for the epilogue anyway."""
     dv = value_dim_of(head_dim, value_dim)
-    if not all(n % 8 == 0 and 8 <= n <= 256 for n in (head_dim, dv)):
+    if not all(head_dim_ok(n) for n in (head_dim, dv)):
         return None
     wide = max(pad64(head_dim), pad64(dv)) > 128
     consumers = 3 if plain_scores and max(pad64(head_dim), pad64(dv)) == 64 else 2
@@ -94,17 +105,22 @@ def tile_for(head_dim: int, arch: str = "sm_90", value_dim: int | None = None, p
         t = sm90_tile(head_dim, dv, plain_scores)
         if t is not None:
             return t
-    if head_dim not in TILES:
-        raise UnsupportedSpec(f"head dim {head_dim} has no kernel configuration on {arch} "
-                              f"({', '.join(map(str, TILES))})", op="lower")
-    if dv != head_dim and not (dv % 32 == 0 and 32 <= dv < head_dim):  # FwdValueDim: O staged in Q's rows
-        raise UnsupportedSpec(f"the value head dim ({dv}) differs from the query's ({head_dim}); the FA2-class "
-                              "kernel takes a multiple of 32 below the query's, the Hopper kernel (sm_90a) any", op="lower")
-    return TILES[head_dim] if dv == head_dim else replace(TILES[head_dim], value_dim=dv)
+    for n in (head_dim, dv):
+        if not head_dim_ok(n):
+            raise UnsupportedSpec(f"head dim {n} has no kernel configuration on {arch}: the kernels take "
+                                  "head dims in steps of 8 up to 256", op="lower")
+    return replace(TILES[fwd_band(head_dim, dv)], head_dim=head_dim, value_dim=0 if dv == head_dim else dv)
+
+
+def fwd_band(head_dim: int, value_dim: int) -> int:
+    """The FA2-class kernel's band of head dims (fwd_config.cuh's fwd_band, the same rule): the wider of
+    Q's and V's rounded up to 32; a V wider than Q takes 8 warps at least (band 160)."""
+    band = -(-max(head_dim, value_dim) // 32) * 32
+    return max(band, 160) if value_dim > head_dim else band
 
 
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
-# 4 warps, 2 stages, split-KV. Chosen for calls with at most this many queries:
+# 4 warps, 2 stages, split-KV, head dims in steps of 8. Chosen for calls with at most this many queries:
 DECODE_MAX_QUERIES = 16
 
 
@@ -114,13 +130,13 @@ def decode_call(sq: int) -> bool:
 
 
 def decode_head_dim(head_dim: int) -> bool:
-    """DecodeTile's head dims: k16 steps, at most 256."""
-    return head_dim % 16 == 0 and head_dim <= 256
+    """DecodeTile's head dims: steps of 8 (computed over k16 steps), at most 256."""
+    return head_dim_ok(head_dim)
 
 
 def decode_tile(head_dim: int, value_dim: int | None = None) -> Tile:
     dv = value_dim_of(head_dim, value_dim)
     for d in (head_dim, dv):
         if not decode_head_dim(d):
-            raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 16 up to 256, not {d}", op="lower")
+            raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 8 up to 256, not {d}", op="lower")
     return Tile(head_dim, 16, 64, 4, 2, "decode", value_dim=0 if dv == head_dim else dv)
