@@ -63,3 +63,32 @@ def test_a_wrong_kernel_log_sum_exp_is_refused(monkeypatch):
     assert f.served["kernel"] == 0 and f.served["spec"] == 1
     ref = lse_logsumexp(q.double(), k.double(), v.double())[1]
     assert (lse.double() - ref).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("spec", [lse_logsumexp, lse_causal_bshd])
+@pytest.mark.parametrize("Sq", [1, 300])
+def test_torch_compile_returns_the_kernels_log_sum_exp(spec, Sq):
+    """Under torch.compile(fullgraph=True) the kernel serves through the op that returns the log-sum-exp
+    too (cubridge::attention_lse): both outputs equal the eager kernel's bit for bit (the traced spec's
+    would differ in rounding), in the spec's layout and dtype."""
+    import torch_cubridge.ops.custom_op  # noqa: F401  (registers the ops, for opcheck)
+    if spec is lse_causal_bshd and Sq != 300:
+        pytest.skip("its causal mask is written for square calls")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, Sq, 64, generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, 300, 64, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    args = tuple(a.cuda() for a in (q, k, v))
+    f = _check(spec, (q, k, v))
+    eager = f(*args)
+    runner = f.kernels()[-1]
+    torch.library.opcheck(torch.ops.cubridge.attention_lse.default, (*args, [], [], runner.kernel_id))
+    calls = []
+    real = runner.op_forward
+    runner.op_forward = lambda *a: calls.append(1) or real(*a)
+    try:
+        got = torch.compile(lambda *a: f(*a), fullgraph=True)(*args)
+    finally:
+        del runner.op_forward
+    assert calls, "the compiled graph did not call the kernel"
+    for g_, e in zip(got, eager):
+        assert g_.dtype == e.dtype and g_.shape == e.shape and torch.equal(g_, e)

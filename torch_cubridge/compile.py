@@ -264,10 +264,10 @@ class CompiledAttention:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
         e = self._find(traced_signature(args, kwargs), args, kwargs, traced=True)
         runner = e.runners.get(e.kernel_for(args, kwargs)) if e is not None and e.result is not None else None
-        if runner is None or runner.p.epilogue or runner.p.out.lse_index >= 0:
-            # no kernel verified for this call (or ops after the attention output, or a log-sum-exp returned
-            # too, which the custom op does not give): trace the spec itself. No warning here: warnings.warn
-            # cannot be traced under fullgraph=True. explain() says which calls a kernel serves.
+        if runner is None or runner.p.epilogue:
+            # no kernel verified for this call (or ops after the attention output): trace the spec itself.
+            # No warning here: warnings.warn cannot be traced under fullgraph=True. explain() says which
+            # calls a kernel serves.
             return self.fn(*args, **kwargs)
         return runner.op_call(args, kwargs)
 

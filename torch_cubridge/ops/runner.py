@@ -199,11 +199,17 @@ class KernelRunner:
         else:
             k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
-        out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
+        lse = None
+        if self._lse_out:  # the spec returns the rows' log-sum-exp too: the op that gives the kernel's
+            out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
+        else:
+            out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        return as_result(self.p, out)
+        return as_result(self.p, out, lse, q.dtype)
 
-    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> torch.Tensor:
+    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> Any:
+        """The custom op's body: the output in the kernel's layout, with the rows' log-sum-exp where the
+        spec returns it (the op `attention_lse`)."""
         it = iter(scalars)
         bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
         ex = {x.name: t for x, t in zip(self.p.extras, extras)}
@@ -339,7 +345,7 @@ class KernelRunner:
     def _result(self, out: torch.Tensor, raw: bool, lse: torch.Tensor | None = None) -> Any:
         p = self.p
         if raw:
-            return out
+            return (out, lse) if self._lse_out else out
         return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)), lse, self.dtype)
 
     def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
