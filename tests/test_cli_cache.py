@@ -317,3 +317,51 @@ def test_read_only_still_lists_and_exports(tmp_path: Path, monkeypatch: pytest.M
     assert _main("cache", "list") == 0
     assert _main("cache", "export", str(tmp_path / "bundle")) == 0
     assert len(_files(tmp_path / "bundle")) == 2 * len(ENTRIES) + 1
+
+
+needs_cc = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler")
+
+
+@needs_cc
+def test_bundle_carries_the_host_module_to_a_read_only_server(tmp_path: Path) -> None:
+    """`export --host-module` carries the host fast path's C module; `import` installs it where this Python's
+    is looked for, and a read-only process (which never compiles) loads it from there. A module whose bytes
+    do not match the manifest is refused with the rest of the bundle."""
+    _fill(tmp_path / "root")
+    bundle = tmp_path / "bundle"
+    r = _run("cache", "export", str(bundle), "--host-module", root=tmp_path / "root")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    (name,) = manifest["host_modules"]
+    assert (bundle / name).is_file() and "and the host module" in r.stdout
+
+    probe = ("from torch_cubridge.ops import hotpath; from torch_cubridge.build.host import module_path; "
+             "m = hotpath.wait(120); print('loaded' if m is not None else 'none', module_path().is_file(), hotpath.failure)")
+    fresh = tmp_path / "fresh"
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(fresh), CUBRIDGE_READONLY="1", CC="/nonexistent/cc")
+    before = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert before.stdout.startswith("none False"), before.stdout + before.stderr  # read-only: never built there
+
+    r = _run("cache", "import", str(bundle), root=fresh)
+    assert r.returncode == 0 and f"host module {name}: installed" in r.stderr, r.stderr
+    after = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert after.stdout.startswith("loaded True"), after.stdout + after.stderr
+
+    data = bytearray((bundle / name).read_bytes())
+    data[len(data) // 2] ^= 1
+    (bundle / name).write_bytes(bytes(data))
+    r = _run("cache", "import", str(bundle), root=tmp_path / "third")
+    assert r.returncode == 2 and "sha256 does not match the manifest" in r.stderr
+    assert not (tmp_path / "third" / "host").exists() or not any((tmp_path / "third" / "host").iterdir())
+
+
+def test_a_host_module_of_another_python_is_left(tmp_path: Path) -> None:
+    """A bundle's host module named for another interpreter or source is checked, then not installed."""
+    _fill(tmp_path / "root")
+    other = tmp_path / "_hotpath-cpython-39-0000000000000000.so"
+    other.write_bytes(b"\x7fELF not this python's")
+    from torch_cubridge.cache.bundle import export_bundle
+    export_bundle(ArtifactCache(_kernels(tmp_path / "root"), readonly=False), tmp_path / "bundle", host_modules=(other,))
+    r = _run("cache", "import", str(tmp_path / "bundle"), root=tmp_path / "fresh")
+    assert r.returncode == 0 and "not used here" in r.stderr, r.stderr
+    assert not (tmp_path / "fresh" / "host" / other.name).exists()

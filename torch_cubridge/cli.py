@@ -217,17 +217,24 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 def _cache_export(args: argparse.Namespace) -> int:
     from .cache.bundle import export_bundle, manifest_sha256
-    keys = export_bundle(_cache(), Path(args.dir), progress=status)
-    print(f"exported {len(keys)} entries to {args.dir}")
+    host = ()
+    if args.host_module:  # this interpreter's module, built here first where it is not built yet
+        from .build.host import load_module, module_path
+        load_module()
+        host = (module_path(),)
+    keys = export_bundle(_cache(), Path(args.dir), progress=status, host_modules=host)
+    print(f"exported {len(keys)} entries to {args.dir}" + (f" and the host module {host[0].name}" if host else ""))
     print(f"manifest sha256: {manifest_sha256(Path(args.dir))}")
     return 0
 
 
 def _cache_import(args: argparse.Namespace) -> int:
     _refuse_if_readonly("cache import")
+    from .build.host import install_module
     from .cache.bundle import import_bundle
     cache = _cache()
-    written, present = import_bundle(cache, Path(args.dir), args.manifest_sha256, progress=status)
+    written, present = import_bundle(cache, Path(args.dir), args.manifest_sha256, progress=status,
+                                     install_host=install_module)
     print(f"imported {len(written)} entries into {cache.dir} ({len(present)} already present)")
     return 0
 
@@ -247,6 +254,9 @@ def _cache_parser(sub) -> None:
     clear.set_defaults(run=_cache_clear)
     exp = csub.add_parser("export", help="copy every entry into a new DIR with a sha256 manifest")
     exp.add_argument("dir", metavar="DIR")
+    exp.add_argument("--host-module", action="store_true",
+                     help="also carry the host fast path's C module built for this Python (built first if "
+                          "needed), so that a read-only server of the same Python without a compiler uses it")
     exp.set_defaults(run=_cache_export)
     imp = csub.add_parser("import", help="check a bundle DIR against its manifest, then add its entries")
     imp.add_argument("dir", metavar="DIR")

@@ -63,6 +63,24 @@ def build_module(path: Path) -> None:
         os.replace(out, path)
 
 
+def install_module(name: str, data: bytes) -> bool:
+    """Put a module another machine built (a bundle's: cache/bundle.py) where load_module finds it, if it
+    is this interpreter's and this source's (its name says so); returns whether it did."""
+    path = module_path()
+    if name != path.name:
+        return False
+    config.ensure_private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".cubridge-host-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # atomic: a reader sees the old module or the whole new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
 def load_module() -> ModuleType:
     """The C module: loaded from the cache, built first where it is not there (never in read-only mode)."""
     path = module_path()

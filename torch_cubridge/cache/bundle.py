@@ -5,6 +5,11 @@ cache has them) and manifest.json listing each file's sha256. Export builds one 
 cache; import checks all of it before writing anything, then puts each entry through the
 store's put, so the target's index, locks and directory rules apply as for a build.
 
+A bundle may also carry host modules (the host fast path's C module, built for one Python:
+`cubridge cache export --host-module`), listed in the manifest's own table, so that a
+read-only server without a compiler launches from C too. They are native code the
+importing process loads: the same manifest check covers them.
+
 The manifest catches damaged, swapped, missing and extra files. It does not say who made
 the bundle: whoever can write the bundle can rewrite the manifest too. To carry trust,
 compare the manifest's own sha256 (printed by export) when importing.
@@ -24,6 +29,7 @@ from .errors import CacheError
 from .store import ArtifactCache, check_key, entry_problem, file_name, sha256_hex
 
 MANIFEST = "manifest.json"
+HOST_TABLE = "host_modules"  # {file name: sha256} of host modules, apart from the entries' files
 FORMAT = "torch_cubridge.bundle"
 FORMAT_VERSION = 1
 _EXTS = ("cubin", "json")
@@ -85,8 +91,16 @@ def _write_new(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet) -> list[str]:
-    """Copy every sound entry of `cache` into the new directory `out`; returns the keys.
+def _host_name_ok(name: str) -> bool:
+    """A host module's file name: a plain name in the bundle's directory, no entry's, not the manifest."""
+    return (name == Path(name).name and not name.startswith(".") and name != MANIFEST
+            and name.rpartition(".")[2] not in _EXTS)
+
+
+def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet,
+                  host_modules: tuple[Path, ...] = ()) -> list[str]:
+    """Copy every sound entry of `cache` (and the given host module files) into the new directory
+    `out`; returns the keys.
 
     All or nothing: an unsound entry raises BundleError before a file is written
     (run `cubridge cache verify` to evict it).
@@ -95,6 +109,10 @@ def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet) 
     keys = cache.keys()
     if MANIFEST in {file_name(k, "json") for k in keys}:
         raise BundleError(f"an entry named {MANIFEST} would overwrite the bundle's manifest")
+    host = {Path(h).name: Path(h).read_bytes() for h in host_modules}
+    for name in host:
+        if not _host_name_ok(name):
+            raise BundleError(f"{name!r} cannot be a host module's name in a bundle")
     progress(f"checking {len(keys)} entries in {cache.dir}")
     entries = [_entry(k, *cache.read_files(k)) for k in keys]
     _prepare_out_dir(out)
@@ -104,8 +122,15 @@ def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet) 
         for ext, data in zip(_EXTS, (e.cubin, e.meta_bytes)):
             _write_new(out / file_name(e.key, ext), data)
             files[file_name(e.key, ext)] = sha256_hex(data)
+    host_files = {}
+    for name, data in host.items():
+        progress(f"exporting host module {name}")
+        _write_new(out / name, data)
+        host_files[name] = sha256_hex(data)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
                 "cubridge_version": __version__, "files": files}
+    if host_files:
+        manifest[HOST_TABLE] = host_files
     _write_new(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return keys
 
@@ -113,8 +138,9 @@ def export_bundle(cache: ArtifactCache, out: Path, progress: Progress = _quiet) 
 # ---- import ------------------------------------------------------------------
 
 
-def _read_manifest(src: Path, expect_sha256: str | None, progress: Progress) -> dict[str, str]:
-    """The manifest's {file name: sha256}, checked for shape (and against `expect_sha256`)."""
+def _read_manifest(src: Path, expect_sha256: str | None, progress: Progress) -> tuple[dict[str, str], dict[str, str]]:
+    """The manifest's {file name: sha256} of the entries and of the host modules, checked for shape
+    (and against `expect_sha256`)."""
     try:
         raw = (src / MANIFEST).read_bytes()
     except FileNotFoundError:
@@ -130,11 +156,15 @@ def _read_manifest(src: Path, expect_sha256: str | None, progress: Progress) -> 
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise BundleError(f"{src / MANIFEST} has no valid 'files' table")
+    host = manifest.get(HOST_TABLE, {})
+    if not isinstance(host, dict) or not all(isinstance(v, str) and _host_name_ok(k) for k, v in host.items()) \
+            or set(host) & set(files):
+        raise BundleError(f"{src / MANIFEST} has no valid '{HOST_TABLE}' table")
     made_by = manifest.get("cubridge_version")
     if made_by != __version__:  # kernel keys carry the version: such entries are never looked up
         progress(f"warning: bundle made by torch_cubridge {made_by}, this is {__version__}; "
                  "its kernels will not be used by this version")
-    return files
+    return files, host
 
 
 def _keys_of(files: dict[str, str]) -> list[str]:
@@ -180,28 +210,38 @@ def _read_checked(src: Path, name: str, want: str) -> bytes:
     return data
 
 
-def read_bundle(src: Path, expect_sha256: str | None = None, progress: Progress = _quiet) -> list[Entry]:
-    """Every entry of the bundle at `src`, all checked; BundleError on any problem."""
+def read_bundle_all(src: Path, expect_sha256: str | None = None,
+                    progress: Progress = _quiet) -> tuple[list[Entry], dict[str, bytes]]:
+    """Every entry of the bundle at `src` and its host modules by file name, all checked; BundleError
+    on any problem."""
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src} is not a directory")
-    files = _read_manifest(src, expect_sha256, progress)
+    files, host = _read_manifest(src, expect_sha256, progress)
     keys = _keys_of(files)
-    _check_listing(src, files)
+    _check_listing(src, {**files, **host})
     progress(f"checking {len(keys)} entries in {src}")
     # The bytes checked here are the bytes imported: nothing is re-read after the check.
-    return [_entry(k, *(_read_checked(src, file_name(k, ext), files[file_name(k, ext)])
-                       for ext in _EXTS)) for k in keys]
+    entries = [_entry(k, *(_read_checked(src, file_name(k, ext), files[file_name(k, ext)])
+                           for ext in _EXTS)) for k in keys]
+    return entries, {name: _read_checked(src, name, want) for name, want in host.items()}
+
+
+def read_bundle(src: Path, expect_sha256: str | None = None, progress: Progress = _quiet) -> list[Entry]:
+    """Every entry of the bundle at `src`, all checked; BundleError on any problem."""
+    return read_bundle_all(src, expect_sha256, progress)[0]
 
 
 def import_bundle(cache: ArtifactCache, src: Path, expect_sha256: str | None = None,
-                  progress: Progress = _quiet) -> tuple[list[str], list[str]]:
-    """Check the whole bundle at `src`, then put each entry into `cache`.
+                  progress: Progress = _quiet,
+                  install_host: Callable[[str, bytes], bool] | None = None) -> tuple[list[str], list[str]]:
+    """Check the whole bundle at `src`, then put each entry into `cache`, and hand each host module to
+    `install_host(name, bytes)` (which returns whether it took it; without one they are left).
 
     Returns (keys written, keys already present with the same bytes). Nothing is
     written unless every file matches the manifest and every entry is sound.
     """
-    entries = read_bundle(src, expect_sha256, progress)
+    entries, host = read_bundle_all(src, expect_sha256, progress)
     written, present = [], []
     for i, e in enumerate(entries, 1):
         progress(f"importing {i}/{len(entries)}: {e.key}")
@@ -211,4 +251,8 @@ def import_bundle(cache: ArtifactCache, src: Path, expect_sha256: str | None = N
             continue
         cache.put(e.key, e.cubin, e.meta)  # the store re-stamps created/version, re-hashes
         written.append(e.key)
+    for name, data in host.items():
+        took = install_host is not None and install_host(name, data)
+        progress(f"host module {name}: " + ("installed" if took else
+                                            "not used here (built for another Python or torch_cubridge)"))
     return written, present
