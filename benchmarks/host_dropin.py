@@ -3,7 +3,8 @@
 A decode step at batch 1 is bound by the host: this times the attention function alone (a LlamaAttention
 module of llama-8B's shape, bf16, Sq 1 against a 4k cache), calls back to back timed on the host without
 a sync (per_call_us), so a call's time is its host time even where the GPU takes longer. Then the pieces
-of our path: the dispatch key, the table lookup with its guards, the runner (launch included); with
+of our path: the dispatch key, the table lookup with its guards, the runner (launch included: the Python
+runner, and its serve, which launches decode calls through the C Decoder); with
 --profile, the runner's steps one at a time and a cProfile of the drop-in.
 
 Usage: python benchmarks/host_dropin.py [--out DIR] [--profile] [--against OTHER_CHECKOUT]
@@ -127,7 +128,9 @@ def main() -> None:
         row["compiled_us"] = per_call_us(lambda: c(*args, **kw))
         row["signature_us"] = per_call_us(lambda: call_signature(args, kw))
         row["find_us"] = per_call_us(lambda: c._find(key, args, kw))
-        row["runner_us"] = per_call_us(lambda: runner(*args, **kw))
+        row["runner_us"] = per_call_us(lambda: runner(*args, **kw))  # the Python runner
+        row["runner_serve_us"] = per_call_us(lambda: runner.serve(args, kw))  # the C Decoder where it takes the call
+        row["decoder_hits"] = getattr(runner, "decoder_hits", 0)
         row["empty_us"] = per_call_us(lambda: q.new_empty((1, 32, 1, 128)))
         # the same calls launching through ctypes/cuda-python instead of the host module's launch
         import torch_cubridge.ops.launch as L

@@ -37,6 +37,35 @@ def test_an_edited_source_is_another_module(built, tmp_path, monkeypatch):
     assert host.module_path() != first
 
 
+def test_an_edited_decoder_is_another_module(tmp_path, monkeypatch):
+    """The module's name covers every source it is built from (hotpath.c and the decoder.h it includes)."""
+    first = host.module_path()
+    d = tmp_path / "csrc" / "host"
+    shutil.copytree(host.source_path().parent, d)
+    monkeypatch.setattr(host, "source_path", lambda: d / "hotpath.c")
+    assert host.module_path().name == first.name
+    (d / "decoder.h").write_text((d / "decoder.h").read_text() + "\n/* edited */\n")
+    assert host.module_path() != first
+
+
+def test_malformed_decoders_are_refused(built):
+    """The Decoder checks its layout description before it touches the driver (ValueError here; with good
+    arguments it loads the driver: RuntimeError on a machine without one)."""
+    good = dict(tensor_type=torch.Tensor, dtype=torch.bfloat16, ranks=(4, 4, 4), perms=((0, 1, 2, 3),) * 3,
+                out_dims=((0,), (2,), (1, 3)), head_dim=64, value_dim=64, block_m=16, block_n=64, fn=0, threads=128,
+                smem=0, device=0, scale=0.125, params=b"\0" * 8, pages=b"\0" * 8, ctas_per_sm=2, sm_count=132,
+                get_stream=None, capturing=None, grad_enabled=None, requires=((3, 1),))
+    for field, value in (("perms", ((0, 1, 2, 4),) * 3), ("out_dims", ((0,), (2,), (3,))),
+                         ("out_dims", ((0, 0), (1,), (2,), (3,))), ("ranks", (4, 4, 5)), ("block_n", 0),
+                         ("requires", ((6, 1),))):
+        with pytest.raises(ValueError):
+            built.Decoder(*dict(good, **{field: value}).values())
+    try:
+        built.Decoder(*good.values())
+    except RuntimeError as e:  # no CUDA driver on this machine
+        assert "libcuda" in str(e)
+
+
 def test_malformed_records_are_refused(built):
     bad = dict(expect=(1,), is_tensor=(False,), src=(0,), patches=(), blocks=(b"\0" * 8,), fn=0, grid=(1, 1, 1),
                threads=32, smem=0, stream=0, device=0, tensor_type=torch.Tensor, out_shape=(1,), out_stride=(1,), like=0,

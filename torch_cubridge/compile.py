@@ -120,9 +120,12 @@ class CompiledAttention:
         runner = self._runner(e, args, kwargs) if e.result is not None else None
         if runner is not None:
             try:
-                out = runner(*args, **kwargs)
+                record = not kwargs and e.modules is None and getattr(runner, "replayable", False) \
+                    and self._records_pay()
+                serve = getattr(runner, "serve", None)  # a KernelRunner's; tests serve through the interpreter
+                out = serve(args, kwargs, record) if serve is not None else runner(*args, **kwargs)
                 self._served["kernel"] += 1
-                if not kwargs and e.modules is None and getattr(runner, "replayable", False):
+                if record:
                     self._remember(runner, args, out)
                 return out
             except NeedsAutograd:
@@ -182,13 +185,14 @@ class CompiledAttention:
         self._hot_folded += hits
         del self._hot[keep:]
 
+    def _records_pay(self) -> bool:
+        """Whether records still pay: once eight were made, only while they have served at least one call
+        each on average (a decode loop over a growing cache never repeats a layout; its calls then launch
+        through the runner's C Decoder instead)."""
+        return self._hot_made < hotpath.MAX_RECORDS or sum(r.hits for r in self._hot) + self._hot_folded >= self._hot_made
+
     def _remember(self, runner: Any, args: tuple, out: Any) -> None:
-        """Record the launch that served this call for the host fast path, while records pay: once eight
-        were made, only while they have served at least one call each on average (a decode loop over a
-        growing cache never repeats a layout)."""
-        if self._hot_made >= hotpath.MAX_RECORDS and sum(r.hits for r in self._hot) + self._hot_folded < self._hot_made:
-            runner.take_launch()
-            return
+        """Record the launch that served this call for the host fast path."""
         rec = hotpath.record(runner, args, out)
         if rec is not None:
             self._serve = hotpath.module().serve

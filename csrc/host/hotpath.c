@@ -7,7 +7,8 @@
    the Python path decides. The GIL is held from the first patch to the launch, so two threads never
    patch one record's blocks at once. No torch headers: tensors are read through their Python methods.
    `launch` is the Python runner's own launch (ops/launch.py): its parameter blocks as bytes, one
-   cuLaunchKernel, for the calls that miss every record. */
+   cuLaunchKernel, for the calls that miss every record. A Decoder (decoder.h) launches the decode
+   kernel for any sizes. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -201,6 +202,8 @@ static PyTypeObject RecordType = {
     .tp_init = (initproc)Record_init,
     .tp_getset = Record_getset,
 };
+
+#include "decoder.h"
 
 /* What a call's tensor arguments are, read once per call and shared by every record tried. */
 typedef struct {
@@ -415,7 +418,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (PyType_Ready(&RecordType) < 0) return NULL;
+    if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&DecoderType) < 0) return NULL;
     s_dtype = PyUnicode_InternFromString("dtype");
     s_shape = PyUnicode_InternFromString("shape");
     s_stride = PyUnicode_InternFromString("stride");
@@ -427,5 +430,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     if (!m) return NULL;
     Py_INCREF(&RecordType);
     if (PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0) return NULL;
+    Py_INCREF(&DecoderType);
+    if (PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0) return NULL;
     return m;
 }

@@ -38,7 +38,7 @@ def _compiler() -> str | None:
 
 
 def module_path() -> Path:
-    src = source_path().read_bytes()
+    src = b"".join(f.read_bytes() for f in sorted(source_path().parent.iterdir()) if f.suffix in (".c", ".h"))
     tag = hashlib.sha256(src + sys.version.encode() + sysconfig.get_paths()["include"].encode()).hexdigest()[:16]
     ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return config.cache_root() / "host" / f"{NAME}-{sys.implementation.cache_tag}-{tag}{ext}"

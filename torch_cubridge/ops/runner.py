@@ -26,6 +26,7 @@ from ..ir.program import Program
 from ..ir.prologue import run_epilogue, run_prologue
 from ..lower import Lowered
 from ..lower.tiles import value_dim_of
+from . import decoder, hotpath
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
@@ -82,10 +83,43 @@ class KernelRunner:
             and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q" \
             and not p.out.tuple_len
         self._last: tuple | None = None
+        # the decode kernel's launch in C for any sizes (ops/decoder.py): made at the first call it may serve
+        self._decoder: Any = None
+        self._decoder_ok = False  # set below, once the fields it reads are known
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
+        self._decoder_ok = decoder.eligible(self) and hotpath.enabled()
 
     # -- calls -----------------------------------------------------------------
+    def serve(self, args: tuple, kwargs: dict, record: bool = False) -> Any:
+        """A call of the compiled function. `record`: the caller may record this launch for the host fast
+        path (a positional call while records pay), so the Python runner makes it; otherwise a decode call
+        launches from C where the Decoder takes it."""
+        if self._decoder_ok and not record:
+            plan = self.plan
+            at = plan.qkv_at
+            if at is not None and len(args) > at[3]:
+                q, k, v = args[at[0]], args[at[1]], args[at[2]]
+            else:
+                try:
+                    q, k, v = (plan.get(args, kwargs, path) for path in plan.paths)
+                except (KeyError, IndexError):
+                    return self(*args, **kwargs)
+            d = self._decoder
+            if d is None and type(q) is torch.Tensor and q.is_cuda:
+                d = self._decoder = decoder.make(self, q.get_device(), _capturing, _sm_count(q.get_device()),
+                                                 DECODE_CTAS_PER_SM, NO_PAGES)
+            if d is not None:
+                out = d.serve(q, k, v)
+                if out is not None:
+                    return as_result(self.p, out) if self.p.out.tuple_len else out
+        return self(*args, **kwargs)
+
+    @property
+    def decoder_hits(self) -> int:
+        """Calls the C Decoder launched (tests, benchmarks)."""
+        return 0 if self._decoder is None else self._decoder.hits
+
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if self._fast:
             plan = self.plan
@@ -359,6 +393,9 @@ class KernelRunner:
         words = _NO_SCRATCH
         if n_split > 1:  # partial O has V's head dim
             words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
+            sc = self._scratch.get((di, stream))
+            if self._decoder is not None and sc is not None and sc.words == words:  # not a graph's own
+                self._decoder.set_scratch(stream, sc.o_rows, sc.l_rows, sc.n_counters, b"".join(words), sc)
         grid, blocks = (n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages)
         self.kernel.launch(grid, blocks, stream)
         if self.replayable and not _capturing():  # a graph's scratch is its own: never replayed

@@ -1,0 +1,432 @@
+/* The decode kernel's launch in C, for any sizes (included by hotpath.c, which owns the driver and the
+   interned names).
+
+   A Decoder is made once per runner of the split-KV decode kernel (ops/runner.py) with everything the
+   runner works out from its program alone: the operands' dim orders, the output's layout, the scale, the
+   Params block, the split rule. A call then reads q's, k's and v's dtype, device, shape, strides and
+   pointers, checks what the Python runner checks, allocates the output, packs FwdArgs and launches:
+   what a decode step over a growing KV cache needs, whose layout never repeats (so no Record replays it).
+   Any call it does not take as it is (another dtype or device, a tensor that needs grad while grad is on,
+   rows not 16-byte aligned, shapes that do not fit, no keys, a CUDA graph capturing, split scratch too
+   small or of another stream, a thread without a context) returns None, and the Python runner serves it
+   (and raises where it must). The split scratch is the runner's (set_scratch hands it over). */
+
+#define DEC_FWD_WORDS 23 /* FwdArgs: 5 pointers, 12 strides, 5 sizes, a double (csrc/cubridge/variant.cuh) */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tensor_type, *dtype, *get_stream, *capturing, *grad_enabled, *device_obj, *params, *pages,
+        *scratch_keep;
+    int rank[3], perm[3][4];  /* per operand q, k, v: its rank and where b, h, s, d are (-1: no such dim) */
+    int nout, out_len[4], out_dims[4][4];  /* the output's dims: each a group of canonical dims (b h s d) */
+    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
+    double scale;
+    void *fn;
+    unsigned threads, smem;
+    long device;
+    /* the runner's split scratch: its stream, its capacities (floats of O, of (max, sum), counters), its words */
+    unsigned long long s_stream;
+    long long s_o, s_l, s_counters;
+    unsigned char s_words[24];
+    int has_scratch;
+    int nreq, req_at[6];  /* sizes the program holds only at one value: index into (B, H, Hkv, Sq, Skv, D) */
+    long long req_val[6];
+    Py_ssize_t hits;
+} Decoder;
+
+static void Decoder_dealloc(Decoder *d) {
+    Py_XDECREF(d->tensor_type);
+    Py_XDECREF(d->dtype);
+    Py_XDECREF(d->get_stream);
+    Py_XDECREF(d->capturing);
+    Py_XDECREF(d->grad_enabled);
+    Py_XDECREF(d->device_obj);
+    Py_XDECREF(d->params);
+    Py_XDECREF(d->pages);
+    Py_XDECREF(d->scratch_keep);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static int int_items(PyObject *t, int *out, Py_ssize_t n, const char *what) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: a tuple of %zd ints", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, i));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Decoder(tensor_type, dtype, ranks, perms, out_dims, head_dim, value_dim, block_m, block_n, fn, threads, smem,
+           device, scale, params, pages, ctas_per_sm, sm_count, get_stream, capturing, grad_enabled, requires)
+   perms: three (b, h, s, d) position tuples; out_dims: per output dim, the canonical dims (0 b, 1 h, 2 s,
+   3 d) it holds, outermost first; requires: (size index, value) pairs (Program.requires). */
+static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
+    PyObject *tensor_type, *dtype, *ranks, *perms, *out_dims, *params, *pages, *get_stream, *capturing, *grad_enabled,
+        *requires;
+    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
+    unsigned long long fn;
+    unsigned threads, smem;
+    long device;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOO!O!O!LLLLKIIldO!O!LLOOOO!", &tensor_type, &dtype, &PyTuple_Type, &ranks,
+                          &PyTuple_Type, &perms, &PyTuple_Type, &out_dims, &head_dim, &value_dim, &block_m, &block_n,
+                          &fn, &threads, &smem, &device, &scale, &PyBytes_Type, &params, &PyBytes_Type, &pages,
+                          &ctas_per_sm, &sm_count, &get_stream, &capturing, &grad_enabled, &PyTuple_Type, &requires))
+        return -1;
+    d->nreq = (int)PyTuple_GET_SIZE(requires);
+    if (d->nreq > 6) {
+        PyErr_SetString(PyExc_ValueError, "requires: at most six sizes");
+        return -1;
+    }
+    for (int i = 0; i < d->nreq; i++) {
+        int at;
+        long long val;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(requires, i), "iL", &at, &val)) return -1;
+        if (at < 0 || at > 5) {
+            PyErr_SetString(PyExc_ValueError, "requires: a size index from 0 to 5");
+            return -1;
+        }
+        d->req_at[i] = at;
+        d->req_val[i] = val;
+    }
+    if (int_items(ranks, d->rank, 3, "ranks") < 0) return -1;
+    if (PyTuple_GET_SIZE(perms) != 3) {
+        PyErr_SetString(PyExc_ValueError, "perms: one per operand");
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (int_items(PyTuple_GET_ITEM(perms, i), d->perm[i], 4, "perm") < 0) return -1;
+        if (d->rank[i] < 2 || d->rank[i] > 4) {
+            PyErr_SetString(PyExc_ValueError, "an operand of rank 2 to 4");
+            return -1;
+        }
+        for (int j = 0; j < 4; j++)
+            if (d->perm[i][j] >= d->rank[i] || (j >= 2 && d->perm[i][j] < 0)) {
+                PyErr_SetString(PyExc_ValueError, "a dim position outside the operand");
+                return -1;
+            }
+    }
+    d->nout = (int)PyTuple_GET_SIZE(out_dims);
+    if (d->nout < 1 || d->nout > 4) {
+        PyErr_SetString(PyExc_ValueError, "out_dims: one to four groups");
+        return -1;
+    }
+    int seen[4] = {0, 0, 0, 0};
+    for (int g = 0; g < d->nout; g++) {
+        PyObject *grp = PyTuple_GET_ITEM(out_dims, g);
+        if (!PyTuple_Check(grp) || PyTuple_GET_SIZE(grp) < 1 || PyTuple_GET_SIZE(grp) > 4) {
+            PyErr_SetString(PyExc_ValueError, "out_dims: groups of one to four dims");
+            return -1;
+        }
+        d->out_len[g] = (int)PyTuple_GET_SIZE(grp);
+        if (int_items(grp, d->out_dims[g], d->out_len[g], "out group") < 0) return -1;
+        for (int j = 0; j < d->out_len[g]; j++) {
+            int c = d->out_dims[g][j];
+            if (c < 0 || c > 3 || seen[c]++) {
+                PyErr_SetString(PyExc_ValueError, "out_dims: each canonical dim at most once");
+                return -1;
+            }
+        }
+    }
+    if (!seen[1] || !seen[2] || !seen[3]) {  /* as Plan.out_layout: h, s and d are always there */
+        PyErr_SetString(PyExc_ValueError, "out_dims: h, s and d must be there");
+        return -1;
+    }
+    if (head_dim <= 0 || value_dim <= 0 || block_m <= 0 || block_n <= 0 || ctas_per_sm <= 0 || sm_count <= 0) {
+        PyErr_SetString(PyExc_ValueError, "sizes must be positive");
+        return -1;
+    }
+    d->head_dim = head_dim;
+    d->value_dim = value_dim;
+    d->block_m = block_m;
+    d->block_n = block_n;
+    d->ctas_per_sm = ctas_per_sm;
+    d->sm_count = sm_count;
+    d->fn = (void *)(uintptr_t)fn;
+    d->threads = threads;
+    d->smem = smem;
+    d->device = device;
+    d->scale = scale;
+    PyObject *dev = PyLong_FromLong(device);
+    if (!dev) return -1;
+    Py_XSETREF(d->device_obj, dev);
+#define SET(field, v) do { Py_INCREF(v); Py_XSETREF(d->field, v); } while (0)
+    SET(tensor_type, tensor_type);
+    SET(dtype, dtype);
+    SET(params, params);
+    SET(pages, pages);
+    SET(get_stream, get_stream);
+    SET(capturing, capturing);
+    SET(grad_enabled, grad_enabled);
+#undef SET
+    d->has_scratch = 0;
+    return load_driver();
+}
+
+/* set_scratch(stream, o_floats, lse_floats, counters, words, keep): the runner's split scratch for `stream`
+   (words: the three pointers as FwdArgs' neighbours take them), kept alive by `keep`. */
+static PyObject *Decoder_set_scratch(Decoder *d, PyObject *args) {
+    unsigned long long stream;
+    long long o, l, c;
+    PyObject *words, *keep;
+    if (!PyArg_ParseTuple(args, "KLLLO!O", &stream, &o, &l, &c, &PyBytes_Type, &words, &keep)) return NULL;
+    if (PyBytes_GET_SIZE(words) != 24) {
+        PyErr_SetString(PyExc_ValueError, "scratch words: three 8-byte pointers");
+        return NULL;
+    }
+    memcpy(d->s_words, PyBytes_AS_STRING(words), 24);
+    d->s_stream = stream;
+    d->s_o = o;
+    d->s_l = l;
+    d->s_counters = c;
+    Py_INCREF(keep);
+    Py_XSETREF(d->scratch_keep, keep);
+    d->has_scratch = 1;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    long long shape[4], stride[4];
+    unsigned long long ptr;
+    int grad;
+} Operand;
+
+static int ll_tuple(PyObject *t, long long *out, int n) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) return 0;
+    for (int i = 0; i < n; i++) out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+/* 1: read, 0: not a call this path takes, -1: an error. */
+static int read_operand(Decoder *d, PyObject *t, int rank, Operand *o) {
+    if (Py_TYPE(t) != (PyTypeObject *)d->tensor_type) return 0;
+    PyObject *v = PyObject_GetAttr(t, s_dtype);
+    if (!v) return -1;
+    int same = v == d->dtype;
+    Py_DECREF(v);
+    if (!same) return 0;
+    v = PyObject_CallMethodNoArgs(t, s_get_device);
+    if (!v) return -1;
+    long dev = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (dev != d->device) return 0;
+    v = PyObject_GetAttr(t, s_shape);
+    if (!v) return -1;
+    int ok = ll_tuple(v, o->shape, rank);
+    Py_DECREF(v);
+    if (ok <= 0) return ok;
+    v = PyObject_CallMethodNoArgs(t, s_stride);
+    if (!v) return -1;
+    ok = ll_tuple(v, o->stride, rank);
+    Py_DECREF(v);
+    if (ok <= 0) return ok;
+    v = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (!v) return -1;
+    o->ptr = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred()) return -1;
+    v = PyObject_GetAttr(t, s_requires_grad);
+    if (!v) return -1;
+    o->grad = v == Py_True;
+    Py_DECREF(v);
+    return 1;
+}
+
+/* Canonical [B, H, S, D] sizes and strides (a missing batch or head dim: size 1, stride 0), as fastpath.canon. */
+static void canonical(const Operand *o, const int *perm, long long *n, long long *st) {
+    for (int j = 0; j < 4; j++) {
+        n[j] = perm[j] < 0 ? 1 : o->shape[perm[j]];
+        st[j] = perm[j] < 0 ? 0 : o->stride[perm[j]];
+    }
+}
+
+/* As runner._ok: the rows 16-byte aligned and contiguous, so the kernel's 16-byte copies read them. */
+static int aligned(const Operand *o, const long long *st) {
+    return st[3] == 1 && o->ptr % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
+}
+
+static PyObject *ll_shape(const long long *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+/* serve(q, k, v): the output of one launch, or None where the Python runner must serve the call. */
+static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "serve(q, k, v)");
+        return NULL;
+    }
+    Operand op[3];
+    long long cn[3][4], cs[3][4];
+    for (int i = 0; i < 3; i++) {
+        int r = read_operand(d, a[i], d->rank[i], &op[i]);
+        if (r <= 0) {
+            if (r == 0) Py_RETURN_NONE;
+            return NULL;
+        }
+        canonical(&op[i], d->perm[i], cn[i], cs[i]);
+        if (!aligned(&op[i], cs[i])) Py_RETURN_NONE;
+    }
+    const long long B = cn[0][0], H = cn[0][1], Sq = cn[0][2], D = cn[0][3];
+    const long long Hkv = cn[1][1], Skv = cn[1][2];
+    if (D != d->head_dim || cn[1][3] != d->head_dim || cn[2][3] != d->value_dim || cn[1][0] != B || cn[2][0] != B ||
+        cn[2][1] != Hkv || cn[2][2] != Skv || Hkv <= 0 || H % Hkv || Sq <= 0 || Skv <= 0 || B <= 0)
+        Py_RETURN_NONE;
+    const long long sizes[6] = {B, H, Hkv, Sq, Skv, D};
+    for (int i = 0; i < d->nreq; i++)
+        if (sizes[d->req_at[i]] != d->req_val[i]) Py_RETURN_NONE;  /* the runner says which size the program holds */
+    if (op[0].grad || op[1].grad || op[2].grad) {  /* autograd goes through the spec: the runner says so */
+        PyObject *g = PyObject_CallNoArgs(d->grad_enabled);
+        if (!g) return NULL;
+        int on = PyObject_IsTrue(g);
+        Py_DECREF(g);
+        if (on) Py_RETURN_NONE;
+    }
+    if (d->capturing != Py_None) {  /* a graph captures its own scratch (ops.runner._scratch_for) */
+        PyObject *c = PyObject_CallNoArgs(d->capturing);
+        if (!c) return NULL;
+        int cap = PyObject_IsTrue(c);
+        Py_DECREF(c);
+        if (cap) Py_RETURN_NONE;
+    }
+    PyObject *st = PyObject_CallOneArg(d->get_stream, d->device_obj);
+    if (!st) return NULL;
+    unsigned long long stream = PyLong_AsUnsignedLongLong(st);
+    Py_DECREF(st);
+    if (PyErr_Occurred()) return NULL;
+
+    /* the split rule (runner.decode_split) */
+    const long long row_tiles = ((H / Hkv) * Sq + d->block_m - 1) / d->block_m;
+    const long long n_blk = (Skv + d->block_n - 1) / d->block_n;
+    const long long ctas = Hkv * row_tiles * B;
+    long long ns = d->ctas_per_sm * d->sm_count / ctas;
+    if (ns > n_blk) ns = n_blk;
+    if (ns < 1) ns = 1;
+    const long long per = (n_blk + ns - 1) / ns, n_split = (n_blk + per - 1) / per;
+    static const unsigned char no_scratch[24] = {0};
+    const unsigned char *words = no_scratch;
+    if (n_split > 1) {
+        const long long rows = B * H * Sq * n_split;
+        if (!d->has_scratch || d->s_stream != stream || d->s_o < rows * d->value_dim || d->s_l < rows * 2 ||
+            d->s_counters < ctas)
+            Py_RETURN_NONE;  /* the Python runner makes a larger one and hands it over */
+        words = d->s_words;
+    }
+    if (Hkv * row_tiles > 65535 || B > 65535 || n_split > 0x7fffffffLL) Py_RETURN_NONE;
+
+    /* the output: contiguous in the spec's layout (Plan.out_layout) */
+    const long long ext[4] = {B, H, Sq, d->value_dim};
+    long long ostride[4] = {0, 0, 0, 0}, oshape[4], ostrides_flat[4], acc = 1;
+    for (int g = d->nout - 1; g >= 0; g--) {
+        oshape[g] = 1;
+        for (int j = d->out_len[g] - 1; j >= 0; j--) {
+            int c = d->out_dims[g][j];
+            ostride[c] = acc;
+            acc *= ext[c];
+            oshape[g] *= ext[c];
+        }
+    }
+    for (int g = 0; g < d->nout; g++) ostrides_flat[g] = ostride[d->out_dims[g][d->out_len[g] - 1]];
+    PyObject *shape = ll_shape(oshape, d->nout), *strides = shape ? ll_shape(ostrides_flat, d->nout) : NULL;
+    if (!strides) {
+        Py_XDECREF(shape);
+        return NULL;
+    }
+    PyObject *call[3] = {a[0], shape, strides};
+    PyObject *out = PyObject_VectorcallMethod(s_new_empty_strided, call, 3, NULL);
+    Py_DECREF(shape);
+    Py_DECREF(strides);
+    if (!out) return NULL;
+    PyObject *optr = PyObject_CallMethodNoArgs(out, s_data_ptr);
+    if (!optr) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    unsigned long long out_ptr = PyLong_AsUnsignedLongLong(optr);
+    Py_DECREF(optr);
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+
+    /* FwdArgs, then Params, the three scratch words, the chunk of keys per split, the (unused) pages */
+    _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];
+    long long fwd[DEC_FWD_WORDS];
+    unsigned long long ptrs[5] = {op[0].ptr, op[1].ptr, op[2].ptr, out_ptr, 0};
+    memcpy(fwd, ptrs, sizeof(ptrs));
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) fwd[5 + 3 * i + j] = cs[i][j];
+    fwd[14] = ostride[0];
+    fwd[15] = ostride[1];
+    fwd[16] = ostride[2];
+    fwd[17] = B;
+    fwd[18] = H;
+    fwd[19] = Hkv;
+    fwd[20] = Sq;
+    fwd[21] = Skv;
+    memcpy(&fwd[22], &d->scale, 8);
+    const long long chunk = per * d->block_n;
+    const void *src[6] = {fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk};
+    size_t len[7] = {sizeof(fwd), (size_t)PyBytes_GET_SIZE(d->params), 8, 8, 8, 8, (size_t)PyBytes_GET_SIZE(d->pages)};
+    void *kparams[7];
+    size_t off = 0;
+    for (int i = 0; i < 7; i++) {
+        if (off + len[i] > MAX_PARAM_BYTES) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        memcpy(buf + off, i < 6 ? src[i] : PyBytes_AS_STRING(d->pages), len[i]);
+        kparams[i] = buf + off;
+        off = (off + len[i] + 63) & ~(size_t)63;
+    }
+    CUresult rc = cu_launch(d->fn, (unsigned)n_split, (unsigned)(Hkv * row_tiles), (unsigned)B, d->threads, 1, 1,
+                            d->smem, (void *)(uintptr_t)stream, kparams, NULL);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT) {  /* a thread torch never made current: the Python path fixes it */
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (rc) {
+        const char *name = NULL;
+        if (cu_errname) cu_errname(rc, &name);
+        Py_DECREF(out);
+        PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: %s (%d)", name ? name : "?", rc);
+        return NULL;
+    }
+    d->hits++;
+    return out;
+}
+
+static PyObject *Decoder_hits(Decoder *d, void *unused) { return PyLong_FromSsize_t(d->hits); }
+
+static PyGetSetDef Decoder_getset[] = {
+    {"hits", (getter)Decoder_hits, NULL, "calls this decoder launched", NULL},
+    {NULL},
+};
+
+static PyMethodDef Decoder_methods[] = {
+    {"serve", (PyCFunction)(void (*)(void))Decoder_serve, METH_FASTCALL, "the output of one launch, or None"},
+    {"set_scratch", (PyCFunction)Decoder_set_scratch, METH_VARARGS, "the runner's split scratch for a stream"},
+    {NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torch_cubridge._hotpath.Decoder",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_dealloc = (destructor)Decoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "the decode kernel's launch for any sizes",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Decoder_init,
+    .tp_getset = Decoder_getset,
+    .tp_methods = Decoder_methods,
+};
