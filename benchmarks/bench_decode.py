@@ -123,9 +123,10 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     return row
 
 
-def ab(configs: str, lengths: list[int]) -> list[dict]:
+def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
     """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
-    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py), a fixed number
+    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py; either left out:
+    the tile's own, printed as None), a fixed number
     of splits or the copies' L2 prefetch hint (l2=128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
     from dataclasses import replace
     import torch_cubridge.lower as lowering
@@ -136,16 +137,20 @@ def ab(configs: str, lengths: list[int]) -> list[dict]:
     out = []
     for Skv in lengths:
         dev, dt = "cuda", torch.bfloat16
-        q = torch.randn(8, 32, 1, 128, device=dev, dtype=dt)
-        k, v = (torch.randn(8, 8, Skv, 128, device=dev, dtype=dt) for _ in range(2))
-        nbytes = 2 * (2 * 8 * 8 * Skv * 128 + 2 * 8 * 32 * 128)
+        q = torch.randn(B, 32, 1, 128, device=dev, dtype=dt)
+        k, v = (torch.randn(B, 8, Skv, 128, device=dev, dtype=dt) for _ in range(2))
+        nbytes = 2 * (2 * B * 8 * Skv * 128 + 2 * B * 32 * 128)
         ms = bench(lambda: sdpa("flash", q, k, v))
-        out.append({"Skv": Skv, "impl": "sdpa_flash", "ms": ms, "tbs": nbytes / (ms * 1e-3) / 1e12})
+        out.append({"B": B, "Skv": Skv, "impl": "sdpa_flash", "ms": ms, "tbs": nbytes / (ms * 1e-3) / 1e12})
+        ms = bench(lambda: sdpa("cudnn", q, k, v))
+        out.append({"B": B, "Skv": Skv, "impl": "sdpa_cudnn", "ms": ms, "tbs": nbytes / (ms * 1e-3) / 1e12})
         print(json.dumps(out[-1]), flush=True)
         for cfg in configs.split(";"):
             kv = dict(x.split("=") for x in cfg.split(",")) if cfg.strip() else {}
-            st, ctas = int(kv.get("stages", 2)), int(kv.get("ctas", base_ctas))
-            source.decode_tile = lambda d, dv=None, st=st: replace(base_tile(d, dv), stages=st)
+            st = int(kv.get("stages", 0)) or None
+            ctas = int(kv["ctas"]) if "ctas" in kv else base_ctas  # None: the tile's own (decode_ctas_per_sm)
+            if st is not None:
+                source.decode_tile = lambda d, dv=None, paged=False, st=st: replace(base_tile(d, dv, paged), stages=st)
             runner.DECODE_CTAS_PER_SM = ctas
             l2 = int(kv.get("l2", 0))  # the copies' L2 prefetch hint, a define ahead of the source
             if l2:
@@ -153,13 +158,13 @@ def ab(configs: str, lengths: list[int]) -> list[dict]:
                     low := base_lower(*a_, **k_), source=f"#define CUBRIDGE_L2_PREFETCH {l2}\n" + low.source)
             n = int(kv.get("splits", 0))
             if n:
-                runner.decode_split = lambda c, n_blk, sms, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
+                runner.decode_split = lambda c, n_blk, sms, per_sm=1, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
             try:
                 f = tc.compile(gqa_decode, fallback="raise")
                 o = f(q, k, v)
                 ref = gqa_decode(q.double(), k.double(), v.double())
                 ms = bench(lambda: f(q, k, v))
-                out.append({"Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
+                out.append({"B": B, "Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
                              "tbs": nbytes / (ms * 1e-3) / 1e12,
                              "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
             finally:
@@ -185,13 +190,13 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if a.ab:
-        res = ab(a.ab, [int(x) for x in a.lengths.split(",")])
+        res = [r for B in map(int, a.batch.split(",")) for r in ab(a.ab, [int(x) for x in a.lengths.split(",")], B)]
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "decode_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                 "rows": res}, indent=1))
         for r in res:
             what = r.get("impl") or f"stages {r['stages']} ctas/SM {r['ctas_per_sm']} splits {r['splits']}"
-            print(f"{r['Skv']:6d} {what}: {r['tbs']:.2f} TB/s")
+            print(f"B {r['B']:2d} {r['Skv']:6d} {what}: {r['tbs']:.2f} TB/s")
         return
     rows = []
     for B in map(int, a.batch.split(",")):

@@ -85,7 +85,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block
         # the rule cannot rule out is partial), and the mask reads its data per element there.
         p = replace(p, block_rule="interval")
-    tile = decode_tile(head_dim, value_dim) if decode else \
+    tile = decode_tile(head_dim, value_dim, paged) if decode else \
         tile_for(head_dim, arch, value_dim, plain_scores=p.mask is None and default_scale(p) is not None)
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)

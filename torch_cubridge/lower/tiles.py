@@ -120,7 +120,12 @@ def fwd_band(head_dim: int, value_dim: int) -> int:
 
 
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
-# 4 warps, 2 stages, split-KV, head dims in steps of 8. Chosen for calls with at most this many queries:
+# 4 warps, split-KV, head dims in steps of 8. Three K/V blocks in the ring, with the split rule's one CTA
+# per multiprocessor (ops/runner.py): against two stages and two CTAs, +1.5% to +14% at batch 1, 4, 8 and
+# 16, 4k and 32k keys (H100, D 128, benchmarks/NOTES.md v24). Two past a padded head dim of 160, where the
+# third stage's addressing spilled registers (192 and 224, -Xptxas -v), and for K/V read through pages,
+# whose page lookups want two CTAs per multiprocessor to hide them (0.745 of contiguous with three stages
+# and one CTA against 0.965 with two and two, pages of 16, 4k, H100). Chosen for calls with at most this many queries:
 DECODE_MAX_QUERIES = 16
 
 
@@ -134,9 +139,16 @@ def decode_head_dim(head_dim: int) -> bool:
     return head_dim_ok(head_dim)
 
 
-def decode_tile(head_dim: int, value_dim: int | None = None) -> Tile:
+def decode_tile(head_dim: int, value_dim: int | None = None, paged: bool = False) -> Tile:
     dv = value_dim_of(head_dim, value_dim)
     for d in (head_dim, dv):
         if not decode_head_dim(d):
             raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 8 up to 256, not {d}", op="lower")
-    return Tile(head_dim, 16, 64, 4, 2, "decode", value_dim=0 if dv == head_dim else dv)
+    stages = 3 if max(pad16(head_dim), pad16(dv)) <= 160 and not paged else 2
+    return Tile(head_dim, 16, 64, 4, stages, "decode", value_dim=0 if dv == head_dim else dv)
+
+
+def decode_ctas_per_sm(tile: Tile) -> int:
+    """The decode split rule's CTAs per multiprocessor (ops/runner.py decode_split): one with a ring of
+    three blocks, two with two (the measurements above)."""
+    return 1 if tile.stages >= 3 else 2

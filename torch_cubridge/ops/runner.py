@@ -25,7 +25,7 @@ from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_epilogue, run_prologue
 from ..lower import Lowered
-from ..lower.tiles import value_dim_of
+from ..lower.tiles import decode_ctas_per_sm, value_dim_of
 from . import decoder, hotpath
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
@@ -108,7 +108,7 @@ class KernelRunner:
             d = self._decoder
             if d is None and type(q) is torch.Tensor and q.is_cuda:
                 d = self._decoder = decoder.make(self, q.get_device(), _capturing, _sm_count(q.get_device()),
-                                                 DECODE_CTAS_PER_SM, NO_PAGES)
+                                                 self._ctas_per_sm(), NO_PAGES)
             if d is not None:
                 out = d.serve(q, k, v)
                 if out is not None:
@@ -389,7 +389,7 @@ class KernelRunner:
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
-        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di))
+        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di), self._ctas_per_sm())
         words = _NO_SCRATCH
         if n_split > 1:  # partial O has V's head dim
             words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
@@ -401,6 +401,9 @@ class KernelRunner:
         if self.replayable and not _capturing():  # a graph's scratch is its own: never replayed
             # the record keeps this stream's scratch alive: a larger call may replace it in _scratch
             self._last = (grid, blocks, stream, di, self._scratch[(di, stream)] if n_split > 1 else None)
+
+    def _ctas_per_sm(self) -> int:
+        return DECODE_CTAS_PER_SM or decode_ctas_per_sm(self.low.tile)
 
     def _scratch_for(self, rows: int, D: int, tiles: int, di: int, dev: torch.device, stream: int) -> tuple:
         """The words for the splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32 and the split
@@ -516,16 +519,19 @@ def arch_for(device: torch.device) -> str:
     return f"sm_{major}{minor}" if major == 8 else "sm_80"
 
 
-DECODE_CTAS_PER_SM = 2  # the split rule's target (benchmarks/bench_decode.py --ab varies it)
+# the split rule's CTAs per multiprocessor where set; None: the tile's own (lower/tiles.py decode_ctas_per_sm).
+# benchmarks/bench_decode.py --ab sets it; the C Decoder takes the value when it is made.
+DECODE_CTAS_PER_SM: int | None = None
 
 
-def decode_split(ctas: int, n_blk: int, sms: int) -> tuple[int, int]:
+def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2) -> tuple[int, int]:
     """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: at most
-    two CTAs per multiprocessor, rounded down (64 tiles on 132 SMs: 4 splits, 256 CTAs, against 5 and 320,
-    which put three on some SMs and two on others: 1.96 against 1.88 TB/s at 4k, 2.77 against 2.69 at
-    32k, H100, NOTES v17). Measured on the H100 (NOTES v8): filling every resident slot in whole
-    waves instead (up to 12 splits of 6 blocks at 4k) was slower, 1.41 against 1.85 TB/s, since each
-    split pays its Q load, warp merge and partial write."""
-    n = max(1, min(n_blk, DECODE_CTAS_PER_SM * sms // ctas))
+    `per_sm` CTAs per multiprocessor, rounded down. One where the ring holds three blocks (lower/tiles.py:
+    +1.5% to +14% at batch 1 to 16 against two stages and two CTAs, NOTES v24); with two stages, two (64
+    tiles on 132 SMs: 4 splits, 256 CTAs, against 5 and 320, which put three on some SMs and two on others:
+    1.96 against 1.88 TB/s at 4k, 2.77 against 2.69 at 32k, H100, NOTES v17). Measured on the H100 (NOTES
+    v8): filling every resident slot in whole waves instead (up to 12 splits of 6 blocks at 4k) was slower,
+    1.41 against 1.85 TB/s, since each split pays its Q load, warp merge and partial write."""
+    n = max(1, min(n_blk, per_sm * sms // ctas))
     per = -(-n_blk // n)
     return -(-n_blk // per), per
