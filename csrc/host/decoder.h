@@ -1,5 +1,5 @@
-/* The decode kernel's launch in C, for any sizes (included by hotpath.c, which owns the driver and the
-   interned names).
+/* The decode kernel's launch in C, for any sizes (included by hotpath.c, which owns the driver, the
+   interned names, `pointer` and `after_launch`).
 
    A Decoder is made once per runner of the split-KV decode kernel (ops/runner.py) with everything the
    runner works out from its program alone: the operands' dim orders, the output's layout, the scale, the
@@ -347,14 +347,8 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     Py_DECREF(shape);
     Py_DECREF(strides);
     if (!out) return NULL;
-    PyObject *optr = PyObject_CallMethodNoArgs(out, s_data_ptr);
-    if (!optr) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    unsigned long long out_ptr = PyLong_AsUnsignedLongLong(optr);
-    Py_DECREF(optr);
-    if (PyErr_Occurred()) {
+    unsigned long long out_ptr;
+    if (pointer(out, &out_ptr) < 0) {
         Py_DECREF(out);
         return NULL;
     }
@@ -391,18 +385,8 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     }
     CUresult rc = cu_launch(d->fn, (unsigned)n_split, (unsigned)(Hkv * row_tiles), (unsigned)B, d->threads, 1, 1,
                             d->smem, (void *)(uintptr_t)stream, kparams, NULL);
-    if (rc == CUDA_ERROR_INVALID_CONTEXT) {  /* a thread torch never made current: the Python path fixes it */
-        Py_DECREF(out);
-        Py_RETURN_NONE;
-    }
-    if (rc) {
-        const char *name = NULL;
-        if (cu_errname) cu_errname(rc, &name);
-        Py_DECREF(out);
-        PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: %s (%d)", name ? name : "?", rc);
-        return NULL;
-    }
-    d->hits++;
+    out = after_launch(rc, out);
+    if (out && out != Py_None) d->hits++;
     return out;
 }
 

@@ -203,8 +203,6 @@ static PyTypeObject RecordType = {
     .tp_getset = Record_getset,
 };
 
-#include "decoder.h"
-
 /* What a call's tensor arguments are, read once per call and shared by every record tried. */
 typedef struct {
     char got;
@@ -268,6 +266,23 @@ static int pointer(PyObject *t, unsigned long long *p) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* What a launch made for `out` gives back: out; None where the thread has no current context (one torch
+   never made current: the Python path fixes it and launches); else an error naming the driver's. */
+static PyObject *after_launch(CUresult rc, PyObject *out) {
+    if (rc == CUDA_ERROR_INVALID_CONTEXT) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (rc) {
+        const char *name = NULL;
+        if (cu_errname) cu_errname(rc, &name);
+        Py_DECREF(out);
+        PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: %s (%d)", name ? name : "?", rc);
+        return NULL;
+    }
+    return out;
+}
+
 /* The launch of a matching call: the output, or None where this call must take the Python path. */
 static PyObject *fire(Record *r, PyObject *args) {
     unsigned long long ptr[MAX_ARGS + 1];
@@ -312,20 +327,12 @@ static PyObject *fire(Record *r, PyObject *args) {
     }
     CUresult rc = cu_launch(r->fn, r->grid[0], r->grid[1], r->grid[2], r->threads, 1, 1, r->smem,
                             (void *)(uintptr_t)stream, r->kparams, NULL);
-    if (rc == CUDA_ERROR_INVALID_CONTEXT) {  /* a thread torch never made current: the Python path fixes it */
-        Py_DECREF(out);
-        Py_RETURN_NONE;
-    }
-    if (rc) {
-        const char *name = NULL;
-        if (cu_errname) cu_errname(rc, &name);
-        Py_DECREF(out);
-        PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: %s (%d)", name ? name : "?", rc);
-        return NULL;
-    }
-    r->hits++;
+    out = after_launch(rc, out);
+    if (out && out != Py_None) r->hits++;
     return out;
 }
+
+#include "decoder.h"
 
 /* serve(records, args): the output of the first record the call matches, or None. */
 static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
