@@ -85,10 +85,9 @@ class KernelRunner:
         self._last: tuple | None = None
         # the decode kernel's launch in C for any sizes (ops/decoder.py): made at the first call it may serve
         self._decoder: Any = None
-        self._decoder_ok = False  # set below, once the fields it reads are known
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
-        self._decoder_ok = decoder.eligible(self) and hotpath.enabled()
+        self._decoder_ok = decoder.eligible(self) and hotpath.enabled()  # reads the fields set above
 
     # -- calls -----------------------------------------------------------------
     def serve(self, args: tuple, kwargs: dict, record: bool = False) -> Any:
@@ -531,7 +530,9 @@ def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2) -> tuple[int,
     tiles on 132 SMs: 4 splits, 256 CTAs, against 5 and 320, which put three on some SMs and two on others:
     1.96 against 1.88 TB/s at 4k, 2.77 against 2.69 at 32k, H100, NOTES v17). Measured on the H100 (NOTES
     v8): filling every resident slot in whole waves instead (up to 12 splits of 6 blocks at 4k) was slower,
-    1.41 against 1.85 TB/s, since each split pays its Q load, warp merge and partial write."""
+    1.41 against 1.85 TB/s, since each split pays its Q load, warp merge and partial write. The C Decoder
+    (csrc/host/decoder.h) applies the same rule; tests/test_decoder_gpu.py holds its launches to this one's
+    bit for bit."""
     n = max(1, min(n_blk, per_sm * sms // ctas))
     per = -(-n_blk // n)
     return -(-n_blk // per), per
