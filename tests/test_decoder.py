@@ -1,4 +1,4 @@
-"""Which decode runners the C Decoder may serve (ops/decoder.py), decided on the CPU from the program alone.
+"""Which decode runners the C Decoder may serve (KernelRunner.decodable), decided on the CPU from the program alone.
 
 The first device run of the Decoder found it never used: decode programs hold B = 1 and Sq = 1 (unit dims
 are in the call's signature), which the rule read as "sizes needed per call". These cases keep that from
@@ -8,7 +8,6 @@ import torch
 
 import torch_cubridge as tc
 from torch_cubridge.lower import lower
-from torch_cubridge.ops import decoder
 from torch_cubridge.ops.runner import KernelRunner
 
 
@@ -42,16 +41,16 @@ def _runner(fn, *args, **kwargs):
 def test_plain_decode_programs_are_served_by_the_decoder(B):
     q, k, v = torch.randn(B, 8, 1, 64), torch.randn(B, 2, 300, 64), torch.randn(B, 2, 300, 64)
     r = _runner(gqa_decode, q, k, v)
-    assert r.p.requires and decoder.eligible(r)  # B = 1 and/or Sq = 1 held: the Decoder checks them itself
+    assert r.p.requires and r.decodable  # B = 1 and/or Sq = 1 held: the Decoder checks them itself
 
 
 def test_the_drop_in_s_eager_function_is_served_by_the_decoder():
     q, k, v = torch.randn(1, 8, 1, 64), torch.randn(1, 2, 300, 64), torch.randn(1, 2, 300, 64)
     r = _runner(eager_style, torch.nn.Module(), q, k, v, None, scaling=0.125)
-    assert r.p.out.tuple_len == 2 and decoder.eligible(r)
+    assert r.p.out.tuple_len == 2 and r.decodable
 
 
 def test_a_program_with_an_extra_tensor_takes_the_python_runner():
     q, k, v = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 300, 64), torch.randn(1, 8, 300, 64)
     r = _runner(key_padding, q, k, v, torch.rand(1, 300) > 0.2)
-    assert r.p.extras and not decoder.eligible(r)
+    assert r.p.extras and not r.decodable

@@ -197,40 +197,19 @@ static int ll_tuple(PyObject *t, long long *out, int n) {
     return PyErr_Occurred() ? -1 : 1;
 }
 
-/* 1: read, 0: not a call this path takes, -1: an error. */
+/* 1: read, 0: not a call this path takes, -1: an error. The tensor's dtype, device, shape, stride and grad
+   as a record's match reads them (see), then its pointer. */
 static int read_operand(Decoder *d, PyObject *t, int rank, Operand *o) {
     if (Py_TYPE(t) != (PyTypeObject *)d->tensor_type) return 0;
-    PyObject *v = PyObject_GetAttr(t, s_dtype);
-    if (!v) return -1;
-    int same = v == d->dtype;
-    Py_DECREF(v);
-    if (!same) return 0;
-    v = PyObject_CallMethodNoArgs(t, s_get_device);
-    if (!v) return -1;
-    long dev = PyLong_AsLong(v);
-    Py_DECREF(v);
-    if (PyErr_Occurred()) return -1;
-    if (dev != d->device) return 0;
-    v = PyObject_GetAttr(t, s_shape);
-    if (!v) return -1;
-    int ok = ll_tuple(v, o->shape, rank);
-    Py_DECREF(v);
-    if (ok <= 0) return ok;
-    v = PyObject_CallMethodNoArgs(t, s_stride);
-    if (!v) return -1;
-    ok = ll_tuple(v, o->stride, rank);
-    Py_DECREF(v);
-    if (ok <= 0) return ok;
-    v = PyObject_CallMethodNoArgs(t, s_data_ptr);
-    if (!v) return -1;
-    o->ptr = PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (PyErr_Occurred()) return -1;
-    v = PyObject_GetAttr(t, s_requires_grad);
-    if (!v) return -1;
-    o->grad = v == Py_True;
-    Py_DECREF(v);
-    return 1;
+    Seen s;
+    memset(&s, 0, sizeof(s));
+    int r = see(t, &s) < 0 ? -1 : (s.dtype == d->dtype && s.device == d->device);
+    if (r == 1) r = ll_tuple(s.shape, o->shape, rank);
+    if (r == 1) r = ll_tuple(s.stride, o->stride, rank);
+    if (r == 1 && pointer(t, &o->ptr) < 0) r = -1;
+    o->grad = s.grad;
+    forget(&s, 1);
+    return r;
 }
 
 /* Canonical [B, H, S, D] sizes and strides (a missing batch or head dim: size 1, stride 0), as fastpath.canon. */

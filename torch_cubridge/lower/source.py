@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 from ..ir.expr import Expr
 from ..ir.program import Program
-from .tiles import Tile, decode_head_dim, decode_tile, tile_for, value_dim_of
+from .tiles import Tile, decode_dims_refusal, decode_tile, tile_for
 from .variant import ParamField, default_scale, variant_source
 
 KERNEL_NAME = "cubridge_fwd"
@@ -57,10 +57,9 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
 def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
     """Why the decode kernel cannot serve this program at these head dims; None when it can. paged: K
     and V read in place (pages or pieces)."""
-    dv = value_dim_of(head_dim, value_dim)
-    for d in (head_dim, dv):
-        if not decode_head_dim(d):
-            return f"the decode kernel takes head dims in steps of 8 up to 256, not {d}"
+    why = decode_dims_refusal(head_dim, value_dim)
+    if why:
+        return why
     if paged and p.empty_rows == "mean_v":
         return "rows with every key masked take the mean of V, which the decode kernel reads in one piece only"
     return None

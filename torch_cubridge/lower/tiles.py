@@ -125,7 +125,8 @@ def fwd_band(head_dim: int, value_dim: int) -> int:
 # 16, 4k and 32k keys (H100, D 128, benchmarks/NOTES.md v24). Two past a padded head dim of 160, where the
 # third stage's addressing spilled registers (192 and 224, -Xptxas -v), and for K/V read through pages,
 # whose page lookups want two CTAs per multiprocessor to hide them (0.745 of contiguous with three stages
-# and one CTA against 0.965 with two and two, pages of 16, 4k, H100). Chosen for calls with at most this many queries:
+# and one CTA against 0.949-0.959 with two and two, pages of 16, 4k, H100 runs 15, 16 and 19; one CTA is what
+# costs it, NOTES v24). Chosen for calls with at most this many queries:
 DECODE_MAX_QUERIES = 16
 
 
@@ -134,16 +135,20 @@ def decode_call(sq: int) -> bool:
     return sq <= DECODE_MAX_QUERIES
 
 
-def decode_head_dim(head_dim: int) -> bool:
-    """DecodeTile's head dims: steps of 8 (computed over k16 steps), at most 256."""
-    return head_dim_ok(head_dim)
+def decode_dims_refusal(head_dim: int, value_dim: int | None = None) -> str | None:
+    """Why DecodeTile cannot take these head dims (steps of 8, computed over k16 steps, at most 256); None
+    where it can."""
+    for d in (head_dim, value_dim_of(head_dim, value_dim)):
+        if not head_dim_ok(d):
+            return f"the decode kernel takes head dims in steps of 8 up to 256, not {d}"
+    return None
 
 
 def decode_tile(head_dim: int, value_dim: int | None = None, paged: bool = False) -> Tile:
     dv = value_dim_of(head_dim, value_dim)
-    for d in (head_dim, dv):
-        if not decode_head_dim(d):
-            raise UnsupportedSpec(f"the decode kernel takes head dims in steps of 8 up to 256, not {d}", op="lower")
+    why = decode_dims_refusal(head_dim, dv)
+    if why:
+        raise UnsupportedSpec(why, op="lower")
     stages = 3 if max(pad16(head_dim), pad16(dv)) <= 160 and not paged else 2
     return Tile(head_dim, 16, 64, 4, stages, "decode", value_dim=0 if dv == head_dim else dv)
 

@@ -4,7 +4,7 @@ A decode loop over a growing KV cache changes its key length at every step, so n
 fast path (ops/hotpath.py) ever replays it, and every step took the Python runner (17 us a call on the
 H100, of a 35 us drop-in call). A Decoder holds what the runner works out from its program alone and does
 the rest of a call in C; a call it does not take as it is returns None and the Python runner serves it.
-Made only for runners whose calls need nothing per call but q, k and v (`eligible`).
+Made only for runners whose calls need nothing per call but q, k and v (KernelRunner.decodable).
 """
 from __future__ import annotations
 
@@ -13,17 +13,6 @@ from typing import Any
 import torch
 
 from . import hotpath
-
-
-def eligible(runner: Any) -> bool:
-    """The decode kernel, no extra tensors, literal scalars and scale, no prologue or epilogue, no row scale,
-    no returned LSE, K and V in one piece each, the output in q's dtype (sizes the program requires, such as
-    Sq = 1, the Decoder checks)."""
-    p = runner.p
-    return (runner.low.tile.kernel == "decode" and runner._fast and runner._params_const is not None
-            and not runner.aux and p.row_scale is None and not runner._row_lse and not runner._lse_out
-            and runner.paged is None and runner.segments is None and p.out.dtype == "q"
-            and runner._lit is not None and runner._scale_const is not None and not runner._sites)
 
 
 SIZES = ("B", "H", "Hkv", "Sq", "Skv", "D")  # the order the Decoder reads a program's required sizes in

@@ -77,17 +77,22 @@ class KernelRunner:
         if self._lit is not None and not p.extras and low.prepass is None:
             self._params_const = pack_params(self.fmt, low.params, {}, self._lit)
         self._scale_const = 1.0 if low.scale is None else None  # 1.0: the score hook applies its own scale
-        # one launch whose blocks differ between calls of one layout only in q's, k's, v's and the output's
-        # pointers: the host fast path may replay it (ops/hotpath.py); _last holds the latest such launch
-        self.replayable = self._fast and self._params_const is not None and not aux and p.row_scale is None \
-            and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q" \
-            and not p.out.tuple_len
+        # one launch whose blocks differ between calls only in what q, k and v give (their layout and
+        # pointers) and the output's pointer: no extra tensor, no argument scalar, no prologue or epilogue,
+        # no row scale, no returned LSE, K and V in one piece each, the output in q's dtype
+        one_launch = self._fast and self._params_const is not None and not aux and p.row_scale is None \
+            and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q"
+        # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
+        # returns the output alone); _last holds the latest such launch
+        self.replayable = one_launch and not p.out.tuple_len
         self._last: tuple | None = None
-        # the decode kernel's launch in C for any sizes (ops/decoder.py): made at the first call it may serve
-        self._decoder: Any = None
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
-        self._decoder_ok = decoder.eligible(self) and hotpath.enabled()  # reads the fields set above
+        # the C Decoder (ops/decoder.py) launches such a decode call for any sizes where the scale is fixed
+        # (sizes the program holds, such as Sq = 1, it checks itself); made at the first call it may serve
+        self.decodable = one_launch and self._decode and self._scale_const is not None
+        self._decoder_ok = self.decodable and hotpath.enabled()
+        self._decoder: Any = None
 
     # -- calls -----------------------------------------------------------------
     def serve(self, args: tuple, kwargs: dict, record: bool = False) -> Any:
