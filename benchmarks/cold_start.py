@@ -49,13 +49,19 @@ print(json.dumps({{"import_s": import_s, "calls": rows}}))
 PYCACHE = "/tmp/cubridge-cold-start-pycache"
 
 
+def child_env(cache: str, bytecode: bool) -> dict:
+    """A child's environment: its own disk cache; with bytecode, Python's bytecode under PYCACHE."""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    return env
+
+
 def child(root: Path, bytecode: bool = False) -> dict:
     code = CHILD.format(root=str(root), bench=str(ROOT / "benchmarks"), variants=VARIANTS)
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
-        if bytecode:
-            env.pop("PYTHONDONTWRITEBYTECODE", None)
-            env["PYTHONPYCACHEPREFIX"] = PYCACHE
+        env = child_env(cache, bytecode)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
     if r.returncode:
         return {"error": r.stderr[-1500:]}

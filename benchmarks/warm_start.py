@@ -6,7 +6,7 @@ verifications and the build where they run; the kernel load) and whether a kerne
 host time: microseconds per call of a compiled function, N calls back to back with one clock
 around them, against SDPA on the same inputs, at a tiny prefill and at a decode shape.
 
-Usage: python benchmarks/warm_start.py [--out DIR]; writes warm_start.json there.
+Usage: python benchmarks/warm_start.py [--out DIR] [--host-only] [--bytecode]; writes warm_start.json there.
 """
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ print(json.dumps({{"first_call_s": dt, "kernel": f.served["kernel"], "spec": f.s
 """
 
 
-def warm_start(name: str, S: int, cache: str) -> dict:
+def warm_start(name: str, S: int, cache: str, bytecode: bool = False) -> dict:
+    from cold_start import child_env
     code = CHILD.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
-    env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
+    env = child_env(cache, bytecode)
     out = {}
     for run in ("cold", "warm"):
         t0 = time.perf_counter()
@@ -101,14 +102,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--host-only", action="store_true", help="per-call host time only, no warm-start processes")
-    out_dir = Path(ap.parse_args().out)
+    ap.add_argument("--bytecode", action="store_true",
+                    help="children write and read Python bytecode, as an installed Python does (cold_start.py); "
+                         "a first, uncounted pair of children writes it")
+    a = ap.parse_args()
+    out_dir = Path(a.out)
     import torch
     print(torch.cuda.get_device_name(), flush=True)
     res = {"device": torch.cuda.get_device_name(), "warm_start": {}, "host": []}
-    skip_warm = "--host-only" in sys.argv
+    res["bytecode"] = a.bytecode
+    if a.bytecode and not a.host_only:
+        with tempfile.TemporaryDirectory() as cache:
+            warm_start("causal", 4096, cache, True)
     with tempfile.TemporaryDirectory() as cache:
-        for name in () if skip_warm else ("causal", "softcap_causal"):
-            res["warm_start"][name] = warm_start(name, 4096, cache)
+        for name in () if a.host_only else ("causal", "softcap_causal"):
+            res["warm_start"][name] = warm_start(name, 4096, cache, a.bytecode)
     res["host"] = host_times()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "warm_start.json").write_text(json.dumps(res, indent=2))

@@ -3,8 +3,8 @@ version and target. Stable across processes (no ids, no addresses)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,10 +26,15 @@ def _value_text(v: Any, module_values: bool = True) -> str:
 def package_digest() -> str:
     """This package's Python source: a verdict recorded by other code is not this code's verdict."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode())
-        h.update(f.read_bytes())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = []  # plain strings, not pathlib: this runs in a warm process's first call (17 ms on the H100 host)
+    for here, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        files += [os.path.join(here, n) for n in names if n.endswith(".py")]
+    for rel, f in sorted((os.path.relpath(f, root).replace(os.sep, "/"), f) for f in files):
+        h.update(rel.encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read())
     return h.hexdigest()[:16]
 
 
