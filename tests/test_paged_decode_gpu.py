@@ -23,10 +23,18 @@ def _serve(fn, args):
     return f, cuda, out
 
 
-@pytest.mark.parametrize("D,P", [(128, 16), (128, 256), (64, 64), (64, 24), (48, 16)])
+@pytest.mark.parametrize("D,P", [(128, 16), (128, 256), (64, 64), (64, 32), (64, 24), (48, 16), (32, 16)])
 def test_heads_first_pages_with_lengths(D, P):
-    """Page sizes a power of two and not (24); D 48 takes the loader with no fixed column per thread."""
+    """Page sizes a power of two and not (24): blocks inside a page (64, 256), of whole pages (16, 32), of
+    neither (24); D 48 takes the loader with no fixed column per thread, D 32 a pass of 32 rows."""
     _serve(ps.vllm_heads_first, ps.pages(3, 8, 2, 3000, D, P, torch.bfloat16))
+
+
+@pytest.mark.parametrize("B,S,P", [(16, 8192, 2), (1, 3000, 16)])
+def test_small_pages_and_many_splits(B, S, P):
+    """Pages of 2 (several per pass of a thread's rows: a lookup per row) over 2048 pages a split; one
+    sequence of 3000 keys in pages of 16 over many splits, most starting inside the table."""
+    _serve(ps.vllm_heads_first, ps.pages(B, 16, 8, S, 64, P, torch.bfloat16))
 
 
 def test_slots_first_int32_table_negative_tail_and_a_second_call():

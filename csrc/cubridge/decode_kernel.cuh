@@ -115,22 +115,52 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
   return e < 0 ? 0 : (e >= n ? n - 1 : e);
 }
 
-// One K/V block's rows [row0, row0 + BN) from their pages into the ring. Where the thread count is a
+__device__ __forceinline__ bool pages_shared(const PagedKV& pg) {
+  return pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp && pg.k_pages == pg.v_pages;
+}
+
+// One operand's block of BN rows inside one page (pages a multiple of BN): that page's strided copy, with
+// the contiguous copy's running pointer. Returns false otherwise (the caller's per-row lookups). The per-row
+// page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
+// 256 (H100, NOTES v25).
+template <int BN, int D, int LDS, int NTH, class T, class PageOf>
+__device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, int page, int shift,
+                                                   PageOf page_of, int row0, int nrows, int tid) {
+  constexpr int kChunks = D / 8;
+  if constexpr (NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
+    if (page % BN == 0) {
+      const int pi = shift >= 0 ? row0 >> shift : row0 / page;  // row0 < nrows: its page is in the table
+      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * page) * ss, ss, 0,
+                                 nrows - row0, tid);
+      return true;
+    }
+  }
+  return false;
+}
+
+// One K/V block's rows [row0, row0 + BN) from their pages into the ring: a block inside one page as
+// above. Otherwise, where the thread count is a
 // multiple of the 16-byte chunks of a row, a thread keeps one column and walks rows NTH / chunks apart,
 // so it looks up a page only where its rows cross into the next one, and V reuses K's entries where both
 // read one table: a lookup per row per tensor cost 18% at 4k keys (H100, pages of 16). V of another head
-// dim (DV, multi-head latent attention) walks its own rows, a lookup per row.
+// dim (DV, multi-head latent attention) walks its own rows, a lookup per row. (Tried at pages of 16, H100,
+// NOTES v25: entries staged in shared memory per split, and whole pages copied with running pointers; no
+// gain with two CTAs per SM, which hide the lookups.)
 template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
 __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
                                               const PagedKV& pg, int b, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
   const bool t64 = pg.table64 != 0;
   const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
+  auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
+  const bool k_done = load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, k_page, row0, nrows, tid);
+  const bool v_done = load_block_in_page<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, v_page, row0, nrows, tid);
+  if (k_done && v_done) return;
   if constexpr (DV == D && NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
     constexpr int kStep = NTH / kChunks, kRows = BN / kStep;
+    const bool shared = pages_shared(pg);
     const int r0 = tid / kChunks, c = tid % kChunks;
-    const bool shared = pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp &&
-                        pg.k_pages == pg.v_pages;
     const unsigned k0 = smem_u32(sK) + (r0 * LDS + c * 8) * 2, v0 = smem_u32(sV) + (r0 * LDS + c * 8) * 2;
     long long ke = 0, ve = 0;
     int last = -1;
@@ -140,8 +170,8 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
       const bool ok = row < nrows;
       const int pi = shift >= 0 ? row >> shift : row / page;
       if (ok && pi != last) {
-        ke = page_entry(pg.k_table, t64, b * pg.kt_sb + pi * pg.kt_sp, pg.k_pages);
-        ve = shared ? ke : page_entry(pg.v_table, t64, b * pg.vt_sb + pi * pg.vt_sp, pg.v_pages);
+        ke = k_page(pi);
+        ve = shared ? ke : v_page(pi);
         last = pi;
       }
       const long long slot = shift >= 0 ? row & (page - 1) : row % page;
@@ -149,10 +179,8 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
       cp_async16(v0 + i * kStep * LDS * 2, ok ? gV + ve * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
     }
   } else {
-    auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
-    auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
-    load_tile_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, k_page, row0, nrows, tid);
-    load_tile_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, v_page, row0, nrows, tid);
+    if (!k_done) load_tile_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, k_page, row0, nrows, tid);
+    if (!v_done) load_tile_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, v_page, row0, nrows, tid);
   }
 }
 
