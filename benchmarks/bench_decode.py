@@ -149,8 +149,10 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
             kv = dict(x.split("=") for x in cfg.split(",")) if cfg.strip() else {}
             st = int(kv.get("stages", 0)) or None
             ctas = int(kv["ctas"]) if "ctas" in kv else base_ctas  # None: the tile's own (decode_ctas_per_sm)
-            if st is not None:
-                source.decode_tile = lambda d, dv=None, paged=False, st=st: replace(base_tile(d, dv, paged), stages=st)
+            bn = int(kv.get("bn", 0))  # keys per K/V block (DecodeTile's BLOCK_N)
+            if st is not None or bn:
+                source.decode_tile = lambda d, dv=None, paged=False, st=st, bn=bn: replace(
+                    t := base_tile(d, dv, paged), stages=st or t.stages, block_n=bn or t.block_n)
             runner.DECODE_CTAS_PER_SM = ctas
             l2 = int(kv.get("l2", 0))  # the copies' L2 prefetch hint, a define ahead of the source
             if l2:
@@ -164,7 +166,7 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
                 o = f(q, k, v)
                 ref = gqa_decode(q.double(), k.double(), v.double())
                 ms = bench(lambda: f(q, k, v))
-                out.append({"B": B, "Skv": Skv, "stages": st, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
+                out.append({"B": B, "Skv": Skv, "stages": st, "block_n": bn or None, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
                              "tbs": nbytes / (ms * 1e-3) / 1e12,
                              "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
             finally:
@@ -185,7 +187,7 @@ def main() -> None:
     # a paged program is generic in the table width since 974d213 (it was held at its shape and verified
     # there: 90 s at 4k on the CPU at 6946744, 20 s at 32k on the GPU at e61b27b)
     ap.add_argument("--paged-lengths", default="4096,32768")
-    ap.add_argument("--ab", default="", help='decode kernel A/B, e.g. "stages=2;stages=3;ctas=3"')
+    ap.add_argument("--ab", default="", help='decode kernel A/B, e.g. "stages=2;stages=3,bn=128;ctas=3"')
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -195,7 +197,8 @@ def main() -> None:
         (Path(a.out) / "decode_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                 "rows": res}, indent=1))
         for r in res:
-            what = r.get("impl") or f"stages {r['stages']} ctas/SM {r['ctas_per_sm']} splits {r['splits']}"
+            what = r.get("impl") or (f"stages {r['stages']} block_n {r.get('block_n')} ctas/SM {r['ctas_per_sm']} "
+                                     f"splits {r['splits']}")
             print(f"B {r['B']:2d} {r['Skv']:6d} {what}: {r['tbs']:.2f} TB/s")
         return
     rows = []

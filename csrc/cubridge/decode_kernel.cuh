@@ -16,7 +16,7 @@
 // tables, read only where the kernel is built paged (kPaged).
 //
 // Per CTA: Q rows -> shared -> registers; for every non-empty 64-key block of its chunk, all
-// warps load K and V (cp.async, a ring of kStages blocks) and warp w takes keys [16w, 16w + 16) with its own
+// warps load K and V (cp.async, a ring of kStages blocks) and warp w takes its quarter of the keys with its own
 // online softmax (m, l, O in registers); the four warps merge through shared memory at the end.
 #pragma once
 #include <cuda_bf16.h>
@@ -184,14 +184,15 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   }
 }
 
-template <int D, int DV = D, int ST = 2>
+template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
   static constexpr int kValueDim = DV;  // V's and O's head dim (multi-head latent attention: below Q's)
   static constexpr int kPadD = pad16(D);    // computed over head dims padded to 16 (fwd_config.cuh)
   static constexpr int kPadDv = pad16(DV);
   static constexpr int kRows = 16;    // packed (head, query) rows per CTA
-  static constexpr int kBlockN = 64;  // keys per block: 16 per warp
+  static constexpr int kBlockN = BLOCK_N;  // keys per block: a quarter per warp
+  static constexpr int kWarpKeys = BLOCK_N / 4;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 128;
   static constexpr int kStages = ST;  // K/V blocks in the ring: ST - 1 load while one is used
@@ -202,6 +203,7 @@ struct DecodeTile {
   static constexpr int kMergeBytes = kWarps * kRows * (kPadDv + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   static_assert(D % 8 == 0 && D <= 256 && DV % 8 == 0 && DV <= 256, "head dims in steps of 8, at most 256");
+  static_assert(BLOCK_N % 64 == 0, "whole k16 steps of keys per warp");
 };
 
 template <class Variant, class T, int D>
@@ -218,6 +220,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr int NTH = Cfg::kThreads, ST = Cfg::kStages;
   constexpr int PD = Cfg::kPadD, PDV = Cfg::kPadDv;
   constexpr int KC = PD / 16, DT = PDV / 8;  // k steps of Q.K; 8-column tiles of O (padded columns: zero)
+  constexpr int KW = Cfg::kWarpKeys, NT = KW / 8;  // a warp's keys of each block, as 8-key tiles
   constexpr bool kRaw = score_is_default<Variant>(0);
   constexpr bool kSeg = KV::kSegmented;
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
@@ -308,8 +311,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   int hr[2], qr[2];  // this lane's two rows
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) hr[hf] = head_of(lane / 4 + hf * 8), qr[hf] = query_of(lane / 4 + hf * 8);
-  const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * 16 * LDS) * 2;
-  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * 16 * LDSV) * 2;
+  const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
+  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
 
   int stage = 0;
   // @cuir loop axis=kv size=kBlockN
@@ -323,13 +326,13 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     cp_async_wait<ST - 1>();
     __syncthreads();
     // @cuir mma name=qk
-    float s[1][2][4];
-    gemm_qk<T, 1, 2, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
+    float s[1][NT][4];
+    gemm_qk<T, 1, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
-    const int kv0 = j * BN + warp * 16 + (lane % 4) * 2;
+    const int kv0 = j * BN + warp * KW + (lane % 4) * 2;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int hf = e / 2, kv = kv0 + nt * 8 + e % 2, kc = imin(kv, skv - 1);
@@ -341,10 +344,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
         s[0][nt][e] = keep ? x : neg_inf();
       }
     // @cuir softmax kind=online
-    softmax_update<1, 2, DT, true>(s, o, m, l, factor);
+    softmax_update<1, NT, DT, true>(s, o, m, l, factor);
     // @cuir load tensor=v
     // @cuir mma name=pv
-    gemm_pv<T, 1, 2, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
+    gemm_pv<T, 1, NT, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
     __syncthreads();  // every warp is done with this stage before the next prefetch refills it
     stage = stage == ST - 1 ? 0 : stage + 1;
   }

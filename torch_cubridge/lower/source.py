@@ -34,7 +34,7 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
         kv = "cubridge::SegKV" if segmented else "cubridge::PagedKV"
-        return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.dv}, {tile.stages}>;",
+        return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.dv}, {tile.stages}, {tile.block_n}>;",
                 f'extern "C" __global__ void __launch_bounds__({tile.threads})',
                 f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
                 f"int* counters, long long chunk, {kv} pg) {{",
