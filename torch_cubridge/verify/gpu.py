@@ -84,9 +84,12 @@ def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dt
         if ex["B"] * ex["H"] * ex["Sq"] * ex["Skv"] <= OWN_INPUTS_LIMIT:
             raw.append((example, ex, 1.0, -1))
         for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
-            cpu = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
-                              pattern=pattern)
-            raw.append((_to(cpu, device), sizes, mag, pattern))
+            # drawn where they run: a pool drawn once per verification (verify/inputs.py) is then one device
+            # tensor, converted to float64 once, where drawing it on the CPU copied 1 GB to the device and
+            # converted it again for every trial (a 32k paged first call, H100, NOTES v25)
+            drawn = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
+                                pattern=pattern, device=device)
+            raw.append((_to(drawn, device), sizes, mag, pattern))
         return [GpuCase(b, sizes, mag, pattern, *_reference(fn, p, b, reference_device(example, sizes)))
                 for b, sizes, mag, pattern in raw]
 

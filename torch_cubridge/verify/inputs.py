@@ -182,11 +182,7 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
             continue
         # every other tensor argument is redrawn, read by the program or not: a program
         # that baked example values into itself must disagree with the spec here
-        follow = _follow_dims(p, loaded[path]) if path in loaded else {
-            i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
-        # a dim follows its size only where the example's has that size: a buffer longer than the
-        # sequence (a causal mask of the model's context, sliced by the spec) keeps its length
-        follow = {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
+        follow = _arg_follow(p, loaded, ex_sizes, path, ex)
         shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
         if path in fed:  # an input of a computed operand: only the dims its length rule moves
             shape = tuple(lengths.get(path, {}).get(i, n) for i, n in enumerate(ex.shape))
@@ -199,10 +195,30 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
             out[path] = once(("draw", id(ex), tuple(shape), gen.device), ex, lambda: redraw(ex, shape, gen))
         else:
             out[path] = redraw(ex, shape, gen)
-        axes = {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
-        if pattern is not None and "Sq" in axes and "Skv" in axes and _is_mask_family(ex):
+        if pattern is not None and _takes_structured(ex, follow):
+            axes = _axes(ex, follow)
             out[path] = structured_mask(out[path], axes["Sq"], axes["Skv"], pattern)
     return out
+
+
+def _arg_follow(p: Program, loaded: dict[str, str], ex_sizes: dict[str, int], path: str,
+                ex: torch.Tensor) -> dict[int, str]:
+    """dim -> the size (B, H, Sq, Skv) a tensor argument's dim follows when the sizes change."""
+    follow = _follow_dims(p, loaded[path]) if path in loaded else {
+        i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
+    # a dim follows its size only where the example's has that size: a buffer longer than the
+    # sequence (a causal mask of the model's context, sliced by the spec) keeps its length
+    return {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
+
+
+def _axes(ex: torch.Tensor, follow: dict[int, str]) -> dict[str, int]:
+    return {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
+
+
+def _takes_structured(ex: torch.Tensor, follow: dict[int, str]) -> bool:
+    """A mask-like argument over both the query and the key axis: structured cases shape it."""
+    axes = _axes(ex, follow)
+    return "Sq" in axes and "Skv" in axes and _is_mask_family(ex)
 
 
 def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
@@ -254,14 +270,13 @@ def snap(p: Program, sizes: dict[str, int]) -> dict[str, int]:
 
 
 def has_structured(p: Program, example: dict[str, Any]) -> bool:
-    """Whether some tensor argument is a mask over (query, key) that structured cases can shape."""
-    ex = example_sizes(p, example)
-    # small and distinct query/key lengths: only the other arguments' values are compared
-    probe = snap(p, dict(ex, B=min(ex["B"], 2), Sq=min(ex["Sq"], 16) + 1, Skv=min(ex["Skv"], 16) + 2))
-    a = make_inputs(p, example, probe, seed=0)
-    b = make_inputs(p, example, probe, seed=0, pattern=0)
-    return any(isinstance(v, torch.Tensor) and not torch.equal(v, b[k]) for k, v in a.items()
-               if k not in (p.q.arg, p.k.arg, p.v.arg))
+    """Whether some tensor argument is a mask over (query, key) that structured cases can shape: the rule
+    make_inputs applies, asked of the arguments without drawing any (drawing them redrew a paged decode's
+    2 x 268M-element page pool twice: 12 s of a 32k first call, H100, NOTES v25)."""
+    ex_sizes = example_sizes(p, example)
+    loaded = {x.arg: x.name for x in p.extras if x.arg is not None}
+    return any(_takes_structured(ex, _arg_follow(p, loaded, ex_sizes, path, ex)) for path, ex in example.items()
+               if isinstance(ex, torch.Tensor) and path not in (p.q.arg, p.k.arg, p.v.arg))
 
 
 def within_guards(p: Program, example: dict[str, Any], sizes: dict[str, int]) -> bool:
