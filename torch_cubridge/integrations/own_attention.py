@@ -24,12 +24,13 @@ from typing import Any, Callable
 import torch
 
 from ..compile import CompiledAttention, compile
+from .module_table import ModuleTable
 
 _PLAIN = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)
 _specs: dict[type, Callable] = {}
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+_compiled: ModuleTable[CompiledAttention] = ModuleTable("own")
 # the compiled forward of calls that pass a DynamicCache (_serve_cached)
-_compiled_cached: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+_compiled_cached: ModuleTable[CompiledAttention] = ModuleTable("own_cached")
 
 
 def has_own_attention(model: torch.nn.Module) -> bool:
@@ -255,4 +256,4 @@ def serve_own_attention(model: torch.nn.Module) -> int:
 
 def tables() -> list[CompiledAttention]:
     """The compiled forward of every routed module that has been called, with a cache and without."""
-    return list(_compiled.values()) + list(_compiled_cached.values())
+    return _compiled.values() + _compiled_cached.values()

@@ -16,17 +16,17 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import weakref
 from typing import Any, Callable
 
 import torch
 
 from ..compile import CompiledAttention, compile
+from .module_table import ModuleTable
 from .own_attention import has_own_attention, serve_own_attention
 
 NAME = "cubridge"
-# weak keys: a table dies with its module (the table holds its module only weakly)
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+# an entry dies with its module (the table holds its module only weakly)
+_compiled: ModuleTable[CompiledAttention] = ModuleTable("dropin")
 
 
 def _eager_for(module: torch.nn.Module) -> Callable:
@@ -96,7 +96,7 @@ def _from_paged_cache(module: torch.nn.Module, key: torch.Tensor, value: torch.T
     return key, value, mask, {k: v for k, v in kwargs.items() if k not in _CB_KWARGS}
 
 
-_compiled_causal: weakref.WeakKeyDictionary[torch.nn.Module, CompiledAttention] = weakref.WeakKeyDictionary()
+_compiled_causal: ModuleTable[CompiledAttention] = ModuleTable("dropin_causal")
 
 
 _causal_specs: dict[Callable, Callable] = {}
@@ -154,11 +154,11 @@ def tables(module: torch.nn.Module | None = None) -> list[CompiledAttention]:
     and one for causal calls without (causal_spec)."""
     if module is not None:
         return [t[module] for t in (_compiled, _compiled_causal) if module in t]
-    return list(_compiled.values()) + list(_compiled_causal.values())
+    return _compiled.values() + _compiled_causal.values()
 
 
 def table_items() -> list[tuple[torch.nn.Module, CompiledAttention]]:
-    return list(_compiled.items()) + list(_compiled_causal.items())
+    return _compiled.items() + _compiled_causal.items()
 
 
 def clear_tables() -> None:
