@@ -31,6 +31,24 @@ def _case(S=160, W=40, fill=torch.finfo(torch.float32).min):
     return args, bind_example(additive_mask_attention, args, {})
 
 
+def test_whether_structured_cases_apply_is_read_without_drawing(monkeypatch):
+    """has_structured answers from the arguments themselves: a mask over (query, key) yes, a paged
+    cache's pools and table no; and no argument is drawn (it once drew a 2 x 268M-element page pool
+    twice per verification, 12 s of a 32k paged decode's first call, NOTES v25)."""
+    import paged_specs as ps
+    from torch_cubridge.verify import inputs
+
+    def no_draw(*a, **k):
+        raise AssertionError("has_structured drew an argument")
+    args, bound = _case()
+    p = tc.transfer(additive_mask_attention, *args)
+    pargs = ps.pages(2, 8, 2, 100, 64, 16, torch.float32, slots_first=True)
+    pp = tc.transfer(ps.flash_slots_first, *pargs[:4])
+    monkeypatch.setattr(inputs, "redraw", no_draw)
+    assert has_structured(p, bound)
+    assert not has_structured(pp, bind_example(ps.flash_slots_first, pargs[:4], {}))
+
+
 def test_structured_cases_cover_tiles_rows_and_fills():
     args, bound = _case()
     p = tc.transfer(additive_mask_attention, *args)
