@@ -379,6 +379,26 @@ def test_processes_racing_to_rebuild_the_index(tmp_path: Path) -> None:
     assert results == [sorted(keys)] * 3
 
 
+def test_an_index_moved_aside_while_opening_is_opened_again(tmp_path: Path, monkeypatch) -> None:
+    """Another process renames the index aside to rebuild it between this one's directory check and its
+    connect, so sqlite cannot open the file: the index waits on the rebuild lock and opens it again, with no
+    error (the race above met it once in CI: "unable to open database file")."""
+    d = tmp_path / "k"
+    keys = _populate(d, 3)
+    real, calls = Index._open, []
+
+    def moved_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            e = sqlite3.OperationalError("unable to open database file")
+            e.sqlite_errorcode = 14  # SQLITE_CANTOPEN
+            raise e
+        return real(self)
+    monkeypatch.setattr(Index, "_open", moved_once)
+    c = ArtifactCache(d)
+    assert all(c.get(k) is not None for k in keys) and len(calls) == 2
+
+
 def test_tampered_row_that_is_not_json_is_dropped(tmp_path: Path) -> None:
     d = tmp_path / "k"
     ArtifactCache(d).put("k", CUBIN)

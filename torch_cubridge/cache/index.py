@@ -34,7 +34,7 @@ _INLINE_LIMIT = 1 << 30
 # Ours override whatever a (tampered) Settings table says: never evict or cull,
 # since culling is one more path by which diskcache acts on rows.
 _SETTINGS = {"eviction_policy": "none", "cull_limit": 0, "disk_min_file_size": _INLINE_LIMIT}
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_CANTOPEN = 11, 26, 14
 
 Entries = Callable[[], Iterable["tuple[str, dict]"]]
 
@@ -80,6 +80,15 @@ def _is_corrupt(e: sqlite3.DatabaseError) -> bool:
     return not isinstance(e, sqlite3.OperationalError)
 
 
+def _cannot_open(e: sqlite3.DatabaseError) -> bool:
+    """The database file could not be opened: another process moved the index aside to rebuild it
+    between this one's directory check and its connect (a race CI met once)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == _SQLITE_CANTOPEN
+    return "unable to open database file" in str(e)
+
+
 def _healthy(db_file: Path) -> bool:
     con = sqlite3.connect(db_file)
     try:
@@ -111,24 +120,38 @@ class Index:
 
     def _run(self, op: Callable[[diskcache.Cache], Any]) -> Any:
         with self._lock:
-            for attempt in range(3):
+            rebuilt = 0
+            for attempt in range(4):
                 try:
                     if self._db is None:
                         self._db = self._open()
                     return op(self._db)
                 except sqlite3.DatabaseError as e:
-                    if attempt == 2 or not _is_corrupt(e):
+                    if attempt == 3:
+                        raise
+                    if _cannot_open(e):  # a rebuild elsewhere moved the index: wait for it, then reopen
+                        self._await_rebuild()
+                        continue
+                    if not _is_corrupt(e):
                         raise
                     # First time, another process may have rebuilt it already;
                     # if the "healthy" file still fails us, rebuild regardless.
-                    self._rebuild(keep_healthy=attempt == 0)
+                    self._rebuild(keep_healthy=rebuilt == 0)
+                    rebuilt += 1
+
+    def _rebuild_lock(self) -> filelock.FileLock:
+        # A name no key's lock can have (keys never start with a dot).
+        return filelock.FileLock(str(self._dir.parent / f".{self._dir.name}.lock"))
+
+    def _await_rebuild(self) -> None:
+        self._drop_connection()
+        with self._rebuild_lock():  # held by the process rebuilding, if one is
+            make_private_dir(self._dir)
 
     def _rebuild(self, keep_healthy: bool) -> None:
         self._drop_connection()
         # One process rebuilds; the others wait, then find a healthy database.
-        # A name no key's lock can have (keys never start with a dot).
-        lock = filelock.FileLock(str(self._dir.parent / f".{self._dir.name}.lock"))
-        with lock:
+        with self._rebuild_lock():
             db_file = self._dir / DBNAME
             if keep_healthy and db_file.is_file() and _healthy(db_file):
                 return
