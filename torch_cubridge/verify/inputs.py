@@ -173,7 +173,7 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
                 t.copy_(redraw(t, tuple(t.shape), gen))
             out[head] = mod
             continue
-    loaded = {x.arg: x.name for x in p.extras if x.arg is not None}
+    loaded = _loaded(p)
     ex_sizes = example_sizes(p, example)
     lengths = length_dims(p, sizes)
     fed = operand_inputs(p) if lengths else set()
@@ -195,10 +195,15 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
             out[path] = once(("draw", id(ex), tuple(shape), gen.device), ex, lambda: redraw(ex, shape, gen))
         else:
             out[path] = redraw(ex, shape, gen)
-        if pattern is not None and _takes_structured(ex, follow):
-            axes = _axes(ex, follow)
+        axes = _mask_axes(ex, follow) if pattern is not None else None
+        if axes is not None:
             out[path] = structured_mask(out[path], axes["Sq"], axes["Skv"], pattern)
     return out
+
+
+def _loaded(p: Program) -> dict[str, str]:
+    """argument path -> the name the program loads it by (its extras)."""
+    return {x.arg: x.name for x in p.extras if x.arg is not None}
 
 
 def _arg_follow(p: Program, loaded: dict[str, str], ex_sizes: dict[str, int], path: str,
@@ -211,14 +216,11 @@ def _arg_follow(p: Program, loaded: dict[str, str], ex_sizes: dict[str, int], pa
     return {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
 
 
-def _axes(ex: torch.Tensor, follow: dict[int, str]) -> dict[str, int]:
-    return {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
-
-
-def _takes_structured(ex: torch.Tensor, follow: dict[int, str]) -> bool:
-    """A mask-like argument over both the query and the key axis: structured cases shape it."""
-    axes = _axes(ex, follow)
-    return "Sq" in axes and "Skv" in axes and _is_mask_family(ex)
+def _mask_axes(ex: torch.Tensor, follow: dict[int, str]) -> dict[str, int] | None:
+    """size -> dim of a mask-like argument over both the query and the key axis, which structured cases
+    shape; None for any other argument."""
+    axes = {n: i for i, n in follow.items() if n and ex.shape[i] != 1}
+    return axes if "Sq" in axes and "Skv" in axes and _is_mask_family(ex) else None
 
 
 def length_dims(p: Program, sizes: dict[str, int]) -> dict[str, dict[int, int]]:
@@ -274,8 +276,8 @@ def has_structured(p: Program, example: dict[str, Any]) -> bool:
     make_inputs applies, asked of the arguments without drawing any (drawing them redrew a paged decode's
     2 x 268M-element page pool twice: 12 s of a 32k first call, H100, NOTES v25)."""
     ex_sizes = example_sizes(p, example)
-    loaded = {x.arg: x.name for x in p.extras if x.arg is not None}
-    return any(_takes_structured(ex, _arg_follow(p, loaded, ex_sizes, path, ex)) for path, ex in example.items()
+    loaded = _loaded(p)
+    return any(_mask_axes(ex, _arg_follow(p, loaded, ex_sizes, path, ex)) is not None for path, ex in example.items()
                if isinstance(ex, torch.Tensor) and path not in (p.q.arg, p.k.arg, p.v.arg))
 
 
