@@ -1,4 +1,4 @@
-"""Paged-KV decode specs in the styles serving code writes them (shared by the CPU and GPU tests)."""
+"""Paged-KV decode and prefill specs in the styles serving code writes them (shared by the CPU and GPU tests)."""
 import math
 
 import torch
@@ -26,15 +26,28 @@ def sliced_to_length(q, k_pages, v_pages, block_table):
     return (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v
 
 
-def pages(B, H, Hkv, S, D, P, dtype, slots_first=False, table_dtype=torch.int64, negative_tail=False):
-    """q, K and V pages (a few spare), a shuffled block table and sequence lengths."""
+def chunked_prefill(q, k_pages, v_pages, block_table, seq_lens):
+    """Chunked prefill: Sq new queries a sequence, their keys already in the pages; query i of sequence b
+    sits at position seq_lens[b] - Sq + i and sees the keys up to it."""
+    B, H, Sq, D = q.shape
+    Hkv = k_pages.shape[1]
+    k = k_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D)
+    v = v_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D)
+    pos = seq_lens[:, None] - Sq + torch.arange(Sq, device=q.device)[None, :]        # [B, Sq]
+    keep = torch.arange(k.shape[2], device=q.device)[None, None, :] <= pos[:, :, None]  # [B, Sq, S]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None], enable_gqa=True)
+
+
+def pages(B, H, Hkv, S, D, P, dtype, slots_first=False, table_dtype=torch.int64, negative_tail=False, sq=1):
+    """q (`sq` queries), K and V pages (a few spare), a shuffled block table and sequence lengths (at
+    least `sq`)."""
     per = -(-S // P)
     n = B * per + 3
     table = torch.randperm(n)[:B * per].reshape(B, per).to(table_dtype)
-    lens = torch.randint(1, per * P + 1, (B,))
+    lens = torch.randint(min(sq, per * P), per * P + 1, (B,))
     if negative_tail:  # pages past a sequence's length left at -1 (torch indexing reads the last page)
         for b in range(B):
             table[b, -(-int(lens[b]) // P):] = -1
     shape = (n, P, Hkv, D) if slots_first else (n, Hkv, P, D)
-    return (torch.randn(B, H, 1, D, dtype=dtype), torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype),
+    return (torch.randn(B, H, sq, D, dtype=dtype), torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype),
             table, lens)

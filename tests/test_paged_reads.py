@@ -75,3 +75,54 @@ def test_value_pages_of_their_own_head_dim_lower_to_the_paged_decode_kernel(D, D
     assert res.report.ok and paged_operands(res.program, bound) is not None
     src = lower(res.program, "sm_90a", "bfloat16", D, decode=True, value_dim=DV, paged=True).source
     assert f"DecodeTile<{D}, {DV}" in src and "attention_decode<Cfg, Variant, __nv_bfloat16, true, cubridge::PagedKV>" in src
+
+
+def _choice(fn, args, arch):
+    from torch_cubridge.pipeline import kernel_choice
+    bound = bind_example(fn, args, {})
+    res = transfer_stage(fn, bound)
+    assert res.report.ok
+    return res.program, kernel_choice(res.program, bound, arch)
+
+
+@pytest.mark.parametrize("D,P,rows", [(128, 16, None), (128, 256, 128), (128, 64, 64), (128, 32, 32),
+                                      (128, 12, None), (256, 160, 80), (256, 256, None)])
+def test_prefill_over_pages_reads_them_in_place_on_hopper_where_the_boxes_fit(D, P, rows):
+    """Many queries: the Hopper kernel reads the pages in place, in TMA boxes of the largest piece of the
+    page and the key block (80 keys at D 256), where that has 32 rows at least; smaller pages, and pages
+    on an arch without the Hopper kernel, are gathered by the prologue."""
+    from torch_cubridge.lower import lower
+    from torch_cubridge.lower.tiles import paged_tma_rows
+    args = ps.pages(2, 8, 2, 300, D, P, torch.bfloat16, sq=40)
+    prog, (_, _, _, decode, reads) = _choice(ps.chunked_prefill, args, "sm_90a")
+    assert not decode and (reads is not None) == (rows is not None)
+    low = lower(prog, "sm_90a", "bfloat16", D, paged=reads is not None)
+    assert paged_tma_rows(P, low.tile.block_n) == rows
+    if rows is not None:
+        assert "attention_fwd_sm90<Cfg, Variant, __nv_bfloat16, true>(a, p, &tq, &tk, &tv, pg)" in low.source
+    assert _choice(ps.chunked_prefill, args, "sm_80")[1][4] is None
+
+
+def test_the_fa2_kernel_refuses_to_read_pages():
+    from torch_cubridge.errors import UnsupportedSpec
+    from torch_cubridge.lower import lower
+    prog, _ = _choice(ps.chunked_prefill, ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16, sq=40), "sm_80")
+    with pytest.raises(UnsupportedSpec, match="decode and Hopper kernels only"):
+        lower(prog, "sm_80", "bfloat16", 64, paged=True)
+
+
+def test_the_paged_box_rule_is_one_rule_in_python_and_cuda():
+    """lower/tiles.py's paged_tma_rows and paged.cuh's: the greatest common divisor of the page and the
+    block, boxes of at least kPagedTmaRows rows."""
+    import math
+    import re
+    from torch_cubridge.config import csrc_dir
+    from torch_cubridge.lower.tiles import PAGED_TMA_ROWS, paged_tma_rows
+    text = (csrc_dir() / "cubridge" / "paged.cuh").read_text()
+    assert re.search(r"int page_box_rows\(int page, int block\) \{\s*while \(block\) \{\s*const int r = page % block;"
+                     r"\s*page = block;\s*block = r;\s*\}\s*return page;", text)
+    assert int(re.search(r"constexpr int kPagedTmaRows = (\d+);", text).group(1)) == PAGED_TMA_ROWS
+    for p in range(1, 300):
+        for n in (80, 128):
+            g = math.gcd(p, n)
+            assert paged_tma_rows(p, n) == (g if g >= PAGED_TMA_ROWS else None)

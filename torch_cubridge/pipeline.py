@@ -306,8 +306,8 @@ def build_early(prog: Program, bound: dict[str, Any]) -> None:
         from .lower import lower
         from .ops.kernel import kernel_key, load_kernel
         from .ops.runner import arch_for
-        dtype, head_dim, value_dim, decode, reads = kernel_choice(prog, bound)
         arch = arch_for(call_device(bound))
+        dtype, head_dim, value_dim, decode, reads = kernel_choice(prog, bound, arch)
         low = lower(prog, arch, dtype, head_dim, fast_tanh=True, decode=decode, value_dim=value_dim,
                     **_read_kind(reads))
         key = kernel_key(low, arch)
@@ -351,9 +351,9 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .ops.runner import KernelRunner, arch_for
     from .verify.gpu import gpu_cases, verify_kernel
     p = res.program
-    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound)
     device = call_device(bound)
     arch = arch_for(device)
+    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound, arch)
     last = None
     for fast in (True, False):
         low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,
@@ -389,15 +389,17 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, bool, Any]:
+def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, int, int, bool, Any]:
     """(the dtype the kernel computes in, head dim of Q and K, head dim of V, whether the decode kernel
     serves, how it reads K and V in place: paged (ir/paged.py), as the pieces the spec concatenates
-    (ir/segments.py), or None) for a call; refuses what no kernel takes (a head dim none takes is refused
-    at lowering). Paged reads hold at the call's shapes: their program is guarded to them."""
+    (ir/segments.py), or None) for a call on `arch`; refuses what no kernel takes (a head dim none takes is
+    refused at lowering). Paged reads hold at the call's shapes: their program is guarded to them. The
+    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages of 32 rows and more."""
+    from .ir.bind import lookup
     from .ir.paged import paged_operands
     from .ir.segments import segment_operands
-    from .lower.source import decode_refusal
-    from .lower.tiles import decode_call
+    from .lower.source import decode_refusal, in_place_refusal, program_tile
+    from .lower.tiles import decode_call, paged_tma_rows
     from .ops.runner import DTYPES
     ops = operand_shapes(p, bound)
     q = ops["q"]
@@ -410,11 +412,20 @@ def kernel_choice(p: Program, bound: dict[str, Any]) -> tuple[str, int, int, boo
     reads: Any = None
     if decode and decode_refusal(p, head_dim, dv, paged=True) is None:  # else the prologue gathers or joins
         reads = paged_operands(p, bound) or segment_operands(p)
+    elif not decode and arch == "sm_90a" and in_place_refusal(p) is None:
+        try:
+            tile = program_tile(p, arch, head_dim, dv)
+        except UnsupportedSpec:  # refused again, with its reason, at lowering
+            tile = None
+        reads = paged_operands(p, bound) if tile is not None and tile.kernel == "sm90" else None
+        if reads is not None and paged_tma_rows(lookup(bound, reads[0].pages).shape[reads[0].slot_dim],
+                                                tile.block_n) is None:
+            reads = None  # pages too small for the copy engine's boxes: gathered (lower/tiles.py)
     return DTYPES[q.dtype], head_dim, dv, decode, reads
 
 
 def _read_kind(reads: Any) -> dict[str, bool]:
-    """lower()'s flags for how the decode kernel reads K and V in place (kernel_choice's `reads`)."""
+    """lower()'s flags for how the kernel reads K and V in place (kernel_choice's `reads`)."""
     from .ir.segments import KVSegments
     return {"paged": isinstance(reads, tuple), "segmented": isinstance(reads, KVSegments)}
 
@@ -435,7 +446,7 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
     progress("capture, transfer and CPU verification")
     res = transfer_stage(fn, bound)
     p = res.program
-    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound)  # as a serving process chooses
+    dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound, arch)  # as a serving process chooses
     out = []
     for fast in (True, False):  # the variants a serving process may try, in its order
         low = lower(p, arch, dtype, head_dim, fast_tanh=fast, decode=decode, value_dim=value_dim,

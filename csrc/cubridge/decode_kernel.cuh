@@ -28,26 +28,12 @@
 #include "gemm.cuh"
 #include "hooks.cuh"
 #include "mma.cuh"
+#include "paged.cuh"
 #include "score_tile.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
 
 namespace cubridge {
-
-// K and V kept in pages (vLLM-style), read in place where the kernel is built paged: key s of
-// sequence b is row s % page of page table[b, s / page]. FwdArgs' k/v then point at the pages, with
-// k_sh/v_sh the pages' head stride and k_ss/v_ss the row stride within a page (k_sb/v_sb unused).
-struct PagedKV {
-  static constexpr bool kSegmented = false;
-  const void* k_table;  // [B, pages per sequence], int32 or int64
-  const void* v_table;
-  long long kt_sb, kt_sp, vt_sb, vt_sp;  // table strides: sequence, page
-  long long k_sp, v_sp;                  // elements from one page to the next
-  long long k_pages, v_pages;            // pages in each buffer
-  long long page;                        // keys per page
-  long long page_shift;                  // log2(page) where page is a power of two, else -1
-  long long table64;                     // 1: the tables are int64
-};
 
 // K and V kept as up to kMax pieces one after another along the keys (a KV cache and the new keys
 // concatenated inside the spec, memory key/values before the sequence's), read where they lie where the
@@ -105,14 +91,6 @@ __device__ __forceinline__ void load_tile_pieces(T* s, const T* const (&base)[Se
   } else {
     load_tile_at<BN, D, LDS, NTH>(s, base[0], [&](int row) { return segment_row<T>(base, end, ss, row); }, r0, nrows, tid);
   }
-}
-
-// A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
-// buffer: an entry the spec itself would reject must not become a wild read.
-__device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
-  long long e = t64 ? __ldg(static_cast<const long long*>(table) + off) : __ldg(static_cast<const int*>(table) + off);
-  if (e < 0) e += n;
-  return e < 0 ? 0 : (e >= n ? n - 1 : e);
 }
 
 __device__ __forceinline__ bool pages_shared(const PagedKV& pg) {

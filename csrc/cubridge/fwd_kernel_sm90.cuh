@@ -23,6 +23,11 @@
 // tile's last Q K^T (kOwnO) or after the epilogue. Epilogue: O / l (sink joins
 // l), staged in shared memory (an O buffer where it fits, else the consumer's
 // own Q rows), 16-byte coalesced stores.
+//
+// kPaged: K and V read in place from pages through block tables (paged.cuh). The tensor maps of K
+// and V then describe the pages as [pages][Hkv][page rows][D] with boxes of page_box_rows rows (at
+// least kPagedTmaRows), and the producer copies a block as the boxes of the pages its keys lie in;
+// boxes past Skv read as zeros.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,6 +36,7 @@
 #include "fwd_config.cuh"
 #include "hooks.cuh"
 #include "mma.cuh"
+#include "paged.cuh"
 #include "score_tile.cuh"
 #include "softmax.cuh"
 #include "tma.cuh"
@@ -45,10 +51,10 @@ __device__ __forceinline__ unsigned sw128_offset(int r, int c) {
   return (c / 64) * (ROWS * 128) + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
 }
 
-template <class Cfg, class Variant, class T>
+template <class Cfg, class Variant, class T, bool kPaged = false>
 __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typename Variant::Params& p,
                                                    const TmaDesc* tq, const TmaDesc* tk,
-                                                   const TmaDesc* tv) {
+                                                   const TmaDesc* tv, const PagedKV& pg) {
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   constexpr int NC = Cfg::kConsumers, kConsumerWarps = 4 * NC;
   constexpr int DP = Cfg::kPadD, DVP = Cfg::kPadDv;  // shared tiles: whole 64-column chunks
@@ -166,6 +172,24 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   }
   __syncthreads();
 
+  // Key block j of K or V (`chunks` 64-column chunks) into the ring stage at dst. Paged: box by box,
+  // each inside one page (the table entry of its first key); a box past the keys takes the page index
+  // past the buffer, which the copy engine reads as zeros (and counts in full).
+  const int box = kPaged ? page_box_rows(static_cast<int>(pg.page), BN) : BN;
+  const int page_rows = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  auto load_block = [&](int chunks, unsigned dst, const TmaDesc* d, unsigned bar, int j, const void* table,
+                        long long t_sb, long long t_sp, long long n_pages) {
+    for (int r = 0; r < BN; r += box) {
+      const int key = j * BN + r, pi = !kPaged ? 0 : shift >= 0 ? key >> shift : key / page_rows;
+      const int page = !kPaged ? b : key < skv ? static_cast<int>(page_entry(table, pg.table64 != 0,
+                                                                              b * t_sb + pi * t_sp, n_pages))
+                                                : static_cast<int>(n_pages);
+#pragma unroll
+      for (int c = 0; c < chunks; ++c)
+        tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page);
+    }
+  };
+
   if (wg == 0) {
     regs_dealloc<Cfg::kProducerRegs>();
     if (tid == 0) {
@@ -194,14 +218,10 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
         stage_info[2 * s] = j;
         stage_info[2 * s + 1] = cls | (j_next >= n_blk ? 4 : 0);
         mbar_expect_tx(k_full(s), kKBytes);  // boxes count whole, zero-filled columns included
-#pragma unroll
-        for (int c = 0; c < CH; ++c)
-          tma_load_4d(sK + s * kKBytes + c * BN * 128, tk, k_full(s), c * 64, j * BN, hk, b);
+        load_block(CH, sK + s * kKBytes, tk, k_full(s), j, pg.k_table, pg.kt_sb, pg.kt_sp, pg.k_pages);
         mbar_wait(v_empty(s), free_ph);
         mbar_expect_tx(v_full(s), kVBytes);
-#pragma unroll
-        for (int c = 0; c < CHV; ++c)
-          tma_load_4d(sV + s * kVBytes + c * BN * 128, tv, v_full(s), c * 64, j * BN, hk, b);
+        load_block(CHV, sV + s * kVBytes, tv, v_full(s), j, pg.v_table, pg.vt_sb, pg.vt_sp, pg.v_pages);
         ++i;
         j = j_next;
       }

@@ -26,7 +26,7 @@ class Lowered:
     dtype: str
     fast_tanh: bool
     prepass: str | None = None  # kernel name of the block-class pre-pass, when the mask reads data
-    paged: bool = False         # decode: K and V read in place from pages through a block table (ir/paged.py)
+    paged: bool = False         # K and V read in place from pages through a block table (ir/paged.py)
     segmented: bool = False     # decode: K and V read in place as the pieces the spec concatenates (ir/segments.py)
 
 
@@ -41,13 +41,15 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
                 f"  cubridge::attention_decode<Cfg, Variant, {t}, {str(paged).lower()}, {kv}>(a, p, part_o, "
                 "part_lse, counters, (int)chunk, pg);",
                 "}", ""]
-    if tile.kernel == "sm90":
+    if tile.kernel == "sm90":  # paged: the block tables after the tensor maps (K's and V's map the pages)
         tma = "const __grid_constant__ cubridge::TmaDesc"
+        pg = ", cubridge::PagedKV pg" if paged else ""
         return [f"using Cfg = cubridge::Sm90Tile<{head_dim}, {tile.dv}, {tile.block_m}, {tile.block_n}, {tile.stages}, {int(tile.own_o)}, "
                 f"{int(tile.persistent)}>;",
                 'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
-                f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv) {{",
-                f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv);", "}", ""]
+                f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv{pg}) {{",
+                f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}, {str(paged).lower()}>(a, p, &tq, &tk, &tv, "
+                f"{'pg' if paged else 'cubridge::PagedKV{}'});", "}", ""]
     return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
             'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
             f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
@@ -57,12 +59,22 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
 def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
     """Why the decode kernel cannot serve this program at these head dims; None when it can. paged: K
     and V read in place (pages or pieces)."""
-    why = decode_dims_refusal(head_dim, value_dim)
-    if why:
-        return why
-    if paged and p.empty_rows == "mean_v":
-        return "rows with every key masked take the mean of V, which the decode kernel reads in one piece only"
+    return decode_dims_refusal(head_dim, value_dim) or (in_place_refusal(p) if paged else None)
+
+
+def in_place_refusal(p: Program) -> str | None:
+    """Why no kernel reads this program's K and V in place (pages or pieces); None where one may."""
+    if p.empty_rows == "mean_v":
+        return "rows with every key masked take the mean of V, which the kernels read in one piece only"
     return None
+
+
+def program_tile(p: Program, arch: str, head_dim: int, value_dim: int | None = None, decode: bool = False,
+                 paged: bool = False) -> Tile:
+    """The tile lower() builds this program's kernel with."""
+    if decode:
+        return decode_tile(head_dim, value_dim, paged)
+    return tile_for(head_dim, arch, value_dim, plain_scores=p.mask is None and default_scale(p) is not None)
 
 
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
@@ -70,13 +82,15 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
           paged: bool = False, segmented: bool = False) -> Lowered:
     """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel.
     `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that).
-    `paged`: the decode kernel reads K and V from pages through block tables (ir/paged.py)."""
+    `paged`: the decode or Hopper kernel reads K and V from pages through block tables (ir/paged.py);
+    `segmented`: the decode kernel reads them as the pieces the spec concatenates (ir/segments.py)."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16, not {dtype}", op="lower")
-    if (paged or segmented) and not decode:
-        raise UnsupportedSpec("K and V are read in place (pages, pieces) only by the decode kernel", op="lower")
-    why = decode_refusal(p, head_dim, value_dim, paged or segmented) if decode else None
+    if segmented and not decode:
+        raise UnsupportedSpec("K and V are read in place as pieces only by the decode kernel", op="lower")
+    why = decode_refusal(p, head_dim, value_dim, paged or segmented) if decode else \
+        in_place_refusal(p) if paged else None
     if why:
         raise UnsupportedSpec(why, op="lower")
     if decode and p.block_rule == "prepass":
@@ -84,8 +98,9 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block
         # the rule cannot rule out is partial), and the mask reads its data per element there.
         p = replace(p, block_rule="interval")
-    tile = decode_tile(head_dim, value_dim, paged) if decode else \
-        tile_for(head_dim, arch, value_dim, plain_scores=p.mask is None and default_scale(p) is not None)
+    tile = program_tile(p, arch, head_dim, value_dim, decode, paged)
+    if paged and tile.kernel not in ("decode", "sm90"):
+        raise UnsupportedSpec("K and V are read from pages in place by the decode and Hopper kernels only", op="lower")
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)
     prepass = []

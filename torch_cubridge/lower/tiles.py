@@ -2,6 +2,7 @@
 (a CPU test parses that header and compares)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..errors import UnsupportedSpec
@@ -117,6 +118,18 @@ def fwd_band(head_dim: int, value_dim: int) -> int:
     Q's and V's rounded up to 32; a V wider than Q takes 8 warps at least (band 160)."""
     band = -(-max(head_dim, value_dim) // 32) * 32
     return max(band, 160) if value_dim > head_dim else band
+
+
+# The fewest rows a TMA box of paged K/V may have in the Hopper kernel (paged.cuh's kPagedTmaRows says why)
+PAGED_TMA_ROWS = 32
+
+
+def paged_tma_rows(page: int, block_n: int) -> int | None:
+    """Rows of the Hopper kernel's TMA boxes over K/V pages (paged.cuh's page_box_rows: the largest piece
+    dividing both the page and the key block, so no box crosses a page); None where that is under
+    PAGED_TMA_ROWS, and the prologue gathers the pages instead."""
+    rows = math.gcd(page, block_n)
+    return rows if rows >= PAGED_TMA_ROWS else None
 
 
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,

@@ -13,7 +13,7 @@ from ..lower.variant import ParamField
 FWD_FORMAT = struct.Struct("<5Q12q5qd")
 
 
-# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/decode_kernel.cuh); all zero where unpaged
+# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh); all zero where unpaged
 PAGED_FORMAT = struct.Struct("<2Q11q")
 NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
 # SegKV: K's and V's piece pointers, their b/h/s strides, their cumulative ends (decode_kernel.cuh)

@@ -25,7 +25,7 @@ from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_epilogue, run_prologue
 from ..lower import Lowered
-from ..lower.tiles import decode_ctas_per_sm, value_dim_of
+from ..lower.tiles import decode_ctas_per_sm, paged_tma_rows, value_dim_of
 from . import decoder, hotpath
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
@@ -190,8 +190,9 @@ class KernelRunner:
                    and all(t.stride(i) % 8 == 0 for i in range(3)) for t in ts)
 
     def _pages(self, bound: dict[str, Any]) -> tuple:
-        """(K pages, V pages, their canonical [B, Hkv, S, D] sizes and strides, the PagedKV words): key
-        s of sequence b is row s % P of page table[b, s // P] (ir/paged.py)."""
+        """(K pages, V pages, their canonical [B, Hkv, S, D] sizes and strides, the PagedKV words, and on
+        the Hopper kernel the tensor maps of K's and V's pages): key s of sequence b is row s % P of page
+        table[b, s // P] (ir/paged.py)."""
         kr, vr = self.paged
         kp, vp = lookup(bound, kr.pages), lookup(bound, vr.pages)
         kt, vt = lookup(bound, kr.table), lookup(bound, vr.table)
@@ -210,7 +211,16 @@ class KernelRunner:
         words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
                                   vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P,
                                   P.bit_length() - 1 if P & (P - 1) == 0 else -1, int(kt.dtype == torch.int64))
-        return kp, vp, layout(kp, kr), layout(vp, vr), words
+        kl, vl = layout(kp, kr), layout(vp, vr)
+        maps = None
+        if self._tma:  # [pages, Hkv, P, D] in boxes inside one page (fwd_kernel_sm90.cuh)
+            rows = paged_tma_rows(P, self.low.tile.block_n)
+            if rows is None:  # kernel_choice gathers such pages; a program guarded to P never meets them
+                raise SpecServes(f"pages of {P} rows are too small for the Hopper kernel's boxes")
+            maps = tuple(
+                tensor_map(t.data_ptr(), (t.shape[0], hkv, P, d), (t.stride(0), sh, ss, 1), self.dtype, rows)
+                for t, ((_, hkv, _, d), (_, sh, ss, _)) in ((kp, kl), (vp, vl)))
+        return kp, vp, kl, vl, words, maps
 
     def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
@@ -337,9 +347,10 @@ class KernelRunner:
             blocks: tuple = (fwd, params)
             if tma:
                 tile = self.low.tile
-                blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),
-                           tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
-                           tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
+                blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),)
+                blocks += paged[3] + (paged[2],) if paged is not None else (
+                    tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
+                    tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
             if self._decode:
                 self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q, stream,
                                     paged[2] if paged is not None else NO_PAGES)

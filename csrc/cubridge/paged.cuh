@@ -1,0 +1,47 @@
+// K and V read in place from pages through a block table (vLLM-style paged caches), shared by the
+// decode kernel (cp.async copies) and the Hopper prefill kernel (one TMA box per page piece).
+#pragma once
+
+namespace cubridge {
+
+// K and V kept in pages (vLLM-style), read in place where the kernel is built paged: key s of
+// sequence b is row s % page of page table[b, s / page]. FwdArgs' k/v then point at the pages, with
+// k_sh/v_sh the pages' head stride and k_ss/v_ss the row stride within a page (k_sb/v_sb unused).
+struct PagedKV {
+  static constexpr bool kSegmented = false;
+  const void* k_table;  // [B, pages per sequence], int32 or int64
+  const void* v_table;
+  long long kt_sb, kt_sp, vt_sb, vt_sp;  // table strides: sequence, page
+  long long k_sp, v_sp;                  // elements from one page to the next
+  long long k_pages, v_pages;            // pages in each buffer
+  long long page;                        // keys per page
+  long long page_shift;                  // log2(page) where page is a power of two, else -1
+  long long table64;                     // 1: the tables are int64
+};
+
+// A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
+// buffer: an entry the spec itself would reject must not become a wild read.
+__device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
+  long long e = t64 ? __ldg(static_cast<const long long*>(table) + off) : __ldg(static_cast<const int*>(table) + off);
+  if (e < 0) e += n;
+  return e < 0 ? 0 : (e >= n ? n - 1 : e);
+}
+
+// The fewest rows a TMA box of paged K/V may have in the Hopper prefill kernel; smaller pages are
+// gathered by the prologue. A box costs about the same however few rows it holds: against contiguous
+// K/V, boxes of 16 rows ran at 0.45, of 32 at 0.78, of 64 at 0.93 (H100, D 128, NOTES v26), and a
+// gather costs a copy of K and V (in place at 16 was 0.66 of gathering at Sq 2048, 32k keys).
+constexpr int kPagedTmaRows = 32;
+
+// Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
+// so a box never crosses a page. The host builds the tensor maps with the same rule (ops/tma.py).
+__host__ __device__ __forceinline__ int page_box_rows(int page, int block) {
+  while (block) {
+    const int r = page % block;
+    page = block;
+    block = r;
+  }
+  return page;
+}
+
+}  // namespace cubridge
