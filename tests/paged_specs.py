@@ -51,3 +51,21 @@ def pages(B, H, Hkv, S, D, P, dtype, slots_first=False, table_dtype=torch.int64,
     shape = (n, P, Hkv, D) if slots_first else (n, Hkv, P, D)
     return (torch.randn(B, H, sq, D, dtype=dtype), torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype),
             table, lens)
+
+
+def serve(fn, args, kernel, in_place=True):
+    """fn compiled and called on the GPU: served by `kernel` ("decode", "sm90") with K and V read from their
+    pages in place (or gathered), the output against float64. (compiled fn, the CUDA args, the output)"""
+    import torch_cubridge as tc
+    from helpers import rel_err, to64
+    f = tc.compile(fn, fallback="raise")
+    cuda = tuple(a.cuda() for a in args)
+    out = f(*cuda)
+    torch.cuda.synchronize()
+    assert f.served["spec"] == 0, [e.reasons or e.reason for e in f.entries()]
+    r = f.kernels()[-1]
+    assert r.low.tile.kernel == kernel
+    assert (r.low.paged and r.paged is not None) == in_place
+    assert rel_err(out.float().cpu(), fn(*to64(args))) < 1e-2
+    return f, cuda, out
+

@@ -11,16 +11,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _serve(fn, args):
-    f = tc.compile(fn, fallback="raise")
-    cuda = tuple(a.cuda() for a in args)
-    out = f(*cuda)
-    torch.cuda.synchronize()
-    assert f.served["spec"] == 0, [e.reasons or e.reason for e in f.entries()]
-    r = f.kernels()[-1]
-    assert r.low.tile.kernel == "decode" and r.low.paged and r.paged is not None
-    ref = fn(*to64(args))
-    assert rel_err(out.float().cpu(), ref) < 1e-2
-    return f, cuda, out
+    return ps.serve(fn, args, "decode")
 
 
 @pytest.mark.parametrize("D,P", [(128, 16), (128, 256), (64, 64), (64, 32), (64, 24), (48, 16), (32, 16)])

@@ -18,17 +18,7 @@ def _hopper():
 
 
 def _serve(fn, args, in_place=True):
-    f = tc.compile(fn, fallback="raise")
-    cuda = tuple(a.cuda() for a in args)
-    out = f(*cuda)
-    torch.cuda.synchronize()
-    assert f.served["spec"] == 0, [e.reasons or e.reason for e in f.entries()]
-    r = f.kernels()[-1]
-    assert r.low.tile.kernel == "sm90"
-    assert (r.low.paged and r.paged is not None) == in_place
-    ref = fn(*to64(args))
-    assert rel_err(out.float().cpu(), ref) < 1e-2
-    return f, cuda, out
+    return ps.serve(fn, args, "sm90", in_place)
 
 
 @pytest.mark.parametrize("D,P,sq", [(128, 256, 333), (128, 64, 129), (128, 32, 200), (64, 32, 64),
