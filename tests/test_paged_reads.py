@@ -85,11 +85,11 @@ def _choice(fn, args, arch):
     return res.program, kernel_choice(res.program, bound, arch)
 
 
-@pytest.mark.parametrize("D,P,rows", [(128, 16, None), (128, 256, 128), (128, 64, 64), (128, 32, 32),
-                                      (128, 12, None), (256, 160, 80), (256, 256, None)])
+@pytest.mark.parametrize("D,P,rows", [(128, 16, 16), (128, 256, 128), (128, 64, 64), (128, 8, None),
+                                      (128, 24, None), (128, 12, None), (256, 160, 80), (256, 256, 16)])
 def test_prefill_over_pages_reads_them_in_place_on_hopper_where_the_boxes_fit(D, P, rows):
     """Many queries: the Hopper kernel reads the pages in place, in TMA boxes of the largest piece of the
-    page and the key block (80 keys at D 256), where that has 32 rows at least; smaller pages, and pages
+    page and the key block (80 keys at D 256), where that has 16 rows at least; smaller pieces, and pages
     on an arch without the Hopper kernel, are gathered by the prologue."""
     from torch_cubridge.lower import lower
     from torch_cubridge.lower.tiles import paged_tma_rows

@@ -394,7 +394,7 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
     serves, how it reads K and V in place: paged (ir/paged.py), as the pieces the spec concatenates
     (ir/segments.py), or None) for a call on `arch`; refuses what no kernel takes (a head dim none takes is
     refused at lowering). Paged reads hold at the call's shapes: their program is guarded to them. The
-    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages of 32 rows and more."""
+    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages in boxes of 16 rows or more."""
     from .ir.bind import lookup
     from .ir.paged import paged_operands
     from .ir.segments import segment_operands

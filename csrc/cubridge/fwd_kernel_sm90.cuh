@@ -177,24 +177,47 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // past the buffer, which the copy engine reads as zeros (and counts in full).
   const int box = kPaged ? page_box_rows(static_cast<int>(pg.page), BN) : BN;
   const int page_rows = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  // One thread issues a block's few large boxes. Boxes of fewer than 64 rows are issued by the producer
+  // warp's 32 lanes, a (box, chunk) each: a box costs its issuing thread about the same whatever its size
+  // (pages of 16 at 0.52 of contiguous K/V from one thread, 0.79 from 32 lanes; one machine, H100 run 12,
+  // NOTES v26). The row in the page is key - page * rows, not key % rows: a modulo per box cost pages of
+  // 64 a tenth (run 11).
+  const int lanes = kPaged && box < 64 ? 32 : 1;
   auto load_block = [&](int chunks, unsigned dst, const TmaDesc* d, unsigned bar, int j, const void* table,
                         long long t_sb, long long t_sp, long long n_pages) {
-    for (int r = 0; r < BN; r += box) {
-      const int key = j * BN + r, pi = !kPaged ? 0 : shift >= 0 ? key >> shift : key / page_rows;
-      const int page = !kPaged ? b : key < skv ? static_cast<int>(page_entry(table, pg.table64 != 0,
-                                                                              b * t_sb + pi * t_sp, n_pages))
-                                                : static_cast<int>(n_pages);
+    if constexpr (!kPaged) {
 #pragma unroll
-      for (int c = 0; c < chunks; ++c)
-        tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page);
+      for (int c = 0; c < chunks; ++c) tma_load_4d(dst + c * BN * 128, d, bar, c * 64, j * BN, hk, b);
+    } else {
+      // a box past the keys takes the index past the buffer, read as zeros
+      auto page_at = [&](int key, int pi) {
+        return key < skv ? static_cast<int>(page_entry(table, pg.table64 != 0, b * t_sb + pi * t_sp, n_pages))
+                         : static_cast<int>(n_pages);
+      };
+      if (lanes == 1) {  // large boxes: one table read a box for all its column chunks
+        for (int r = 0; r < BN; r += box) {
+          const int key = j * BN + r, pi = shift >= 0 ? key >> shift : key / page_rows, page = page_at(key, pi);
+#pragma unroll
+          for (int c = 0; c < chunks; ++c)
+            tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page);
+        }
+      } else {  // small boxes: the producer warp's lanes take one (box, chunk) each
+        for (int x = tid; x < BN / box * chunks; x += lanes) {
+          const int r = x / chunks * box, c = x % chunks, key = j * BN + r;
+          const int pi = shift >= 0 ? key >> shift : key / page_rows;
+          tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page_at(key, pi));
+        }
+      }
     }
   };
 
   if (wg == 0) {
     regs_dealloc<Cfg::kProducerRegs>();
-    if (tid == 0) {
-      tma_prefetch_desc(tk);
-      tma_prefetch_desc(tv);
+    if (tid < lanes) {  // paged in small boxes: the whole producer warp walks the blocks
+      if (tid == 0) {
+        tma_prefetch_desc(tk);
+        tma_prefetch_desc(tv);
+      }
       int i = 0, it = 0;  // ring position and tile count, both run on across tiles
       for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
       // @cuir tile axis=q size=kBlockM
@@ -203,10 +226,12 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       const int j_first = next_live(0);
       // @cuir load tensor=q
       mbar_wait(q_empty, (it & 1) ^ 1);  // the consumers are done with the last tile's Q
-      tile_info[0] = j_first;
-      mbar_expect_tx(q_full, kQBytes);
+      if (tid == 0) {
+        tile_info[0] = j_first;
+        mbar_expect_tx(q_full, kQBytes);
 #pragma unroll
-      for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
+        for (int c = 0; c < CH; ++c) tma_load_4d(sQ + c * BM * 128, tq, q_full, c * 64, q_lo, h, b);
+      }
       // K and V of a stage are released separately: K once its QK^T is done,
       // V once its PV is, a block later.
       for (int j = j_first; j < n_blk;) {
@@ -215,12 +240,14 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
         const int s = i % ST;
         const unsigned free_ph = ((i / ST) & 1) ^ 1;  // a fresh barrier passes parity 1
         mbar_wait(k_empty(s), free_ph);
-        stage_info[2 * s] = j;
-        stage_info[2 * s + 1] = cls | (j_next >= n_blk ? 4 : 0);
-        mbar_expect_tx(k_full(s), kKBytes);  // boxes count whole, zero-filled columns included
+        if (tid == 0) {  // before its arrival; other lanes' boxes may land first (the count goes below zero)
+          stage_info[2 * s] = j;
+          stage_info[2 * s + 1] = cls | (j_next >= n_blk ? 4 : 0);
+          mbar_expect_tx(k_full(s), kKBytes);  // boxes count whole, zero-filled columns included
+        }
         load_block(CH, sK + s * kKBytes, tk, k_full(s), j, pg.k_table, pg.kt_sb, pg.kt_sp, pg.k_pages);
         mbar_wait(v_empty(s), free_ph);
-        mbar_expect_tx(v_full(s), kVBytes);
+        if (tid == 0) mbar_expect_tx(v_full(s), kVBytes);
         load_block(CHV, sV + s * kVBytes, tv, v_full(s), j, pg.v_table, pg.vt_sb, pg.vt_sp, pg.v_pages);
         ++i;
         j = j_next;

@@ -27,11 +27,11 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
   return e < 0 ? 0 : (e >= n ? n - 1 : e);
 }
 
-// The fewest rows a TMA box of paged K/V may have in the Hopper prefill kernel; smaller pages are
-// gathered by the prologue. A box costs about the same however few rows it holds: against contiguous
-// K/V, boxes of 16 rows ran at 0.45, of 32 at 0.78, of 64 at 0.93 (H100, D 128, NOTES v26), and a
-// gather costs a copy of K and V (in place at 16 was 0.66 of gathering at Sq 2048, 32k keys).
-constexpr int kPagedTmaRows = 32;
+// The fewest rows a TMA box of paged K/V may have in the Hopper prefill kernel; smaller pieces are
+// gathered by the prologue. A box costs its issuing thread about the same however few rows it holds:
+// with the producer warp's lanes issuing them, boxes of 16 rows ran at 0.73-0.75 of contiguous K/V and
+// beat gathering (1.05-1.92x), boxes of 8 at 0.53, below gathering at Sq 2048 (0.76x; H100, NOTES v26).
+constexpr int kPagedTmaRows = 16;
 
 // Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
 // so a box never crosses a page. The host builds the tensor maps with the same rule (ops/tma.py).

@@ -121,7 +121,7 @@ def fwd_band(head_dim: int, value_dim: int) -> int:
 
 
 # The fewest rows a TMA box of paged K/V may have in the Hopper kernel (paged.cuh's kPagedTmaRows says why)
-PAGED_TMA_ROWS = 32
+PAGED_TMA_ROWS = 16
 
 
 def paged_tma_rows(page: int, block_n: int) -> int | None:
