@@ -110,3 +110,78 @@ def test_rebinding_a_global_the_spec_reads_traces_again(traces):
     ns["W"] = 32
     c = guards.size_guards(ns["spec"], b, SEQ)
     assert len(traces) == 2 and a != c
+
+
+# -- whole transfers (memoised_stage): a layer after the first takes the first's program ---------------
+
+@pytest.fixture
+def transfers(monkeypatch):
+    import torch_cubridge.pipeline as pipeline
+    tracememo.clear()
+    count = []
+    real = pipeline._transfer_stage
+
+    def counted(*a, **kw):
+        count.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(pipeline, "_transfer_stage", counted)
+    yield count
+    tracememo.clear()
+
+
+def _serve(fn, module, q, k, v):
+    """(compiled fn, what its program computes for this call): on a CPU the spec serves the call, so the
+    program is run by the CuIR interpreter here."""
+    import torch_cubridge as tc
+    from torch_cubridge.ir.interpreter import run_program
+    f = tc.compile(fn, fallback="silent")
+    f(module, q, k, v)
+    e = f.entries()[-1]
+    assert e.result is not None, e.reason
+    return f, run_program(e.result.program, module, q, k, v)
+
+
+def test_layers_equal_in_what_the_spec_reads_share_one_transfer(transfers):
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    for i in range(4):  # one compiled table per layer, as the transformers drop-in keeps them
+        f, out = _serve(windowed, Attn(i), q, k, v)
+        assert torch.allclose(out, windowed(Attn(i), q, k, v), atol=1e-5)
+    assert len(transfers) == 1
+
+
+@pytest.mark.parametrize("change", ["window", "scaling"])
+def test_a_layer_whose_read_attribute_differs_gets_its_own_program(transfers, change):
+    """A memo ignoring the attributes would serve the second layer the first's window or scale: its
+    output would be the first layer's spec's, not its own."""
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    _serve(windowed, Attn(0), q, k, v)
+    other = Attn(1, window=4) if change == "window" else Attn(1, scaling=0.5)
+    f, out = _serve(windowed, other, q, k, v)
+    assert len(transfers) == 2
+    assert torch.allclose(out, windowed(other, q, k, v), atol=1e-5)
+    assert not torch.allclose(out, windowed(Attn(0), q, k, v), atol=1e-3)
+
+
+def test_a_spec_calling_its_submodule_transfers_per_layer(transfers):
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    for i in range(2):
+        _serve(with_submodule, Attn(i), q, k, v)
+    assert len(transfers) == 2
+
+
+def test_the_layers_of_a_transformers_model_transfer_once_per_kind_of_call(transfers):
+    """8 layers, a prefill and decode steps: one transfer for the causal prefill and one for the masked
+    decode step, where each layer took its own before (16)."""
+    import torch_cubridge.integrations.transformers as tcx
+    from tiny_models import pair
+    tcx.register()
+    tcx.clear_tables()
+    ref, ours = pair("llama", layers=8)
+    ids = torch.randint(1, 128, (1, 24))
+    with torch.no_grad():
+        want = ref.generate(ids, max_new_tokens=3, do_sample=False)
+        got = ours.generate(ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, want)
+    assert len(transfers) == 2
+    served = {id(c) for c in tcx.tables()}
+    assert len(served) == 16  # the 8 layers' tables, causal and masked: each has its entry, sharing 2 programs

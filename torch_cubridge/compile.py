@@ -21,6 +21,7 @@ from .capture.trace import bind_example
 from .capture.checks import check_call
 from .capture.codekey import GlobalsWatch
 from .capture.modulestate import ModuleState
+from .capture.tracememo import memoised_stage
 from .errors import UnsupportedSpec
 from .ir.guards import GuardSet, reader
 from .ir.prologue import operand_shapes
@@ -226,9 +227,10 @@ class CompiledAttention:
         try:
             where = warm_key(self.fn, key)  # once: hashing the code is not free
             res = warm_transfer(where, bound, self.options.backend)
-            if res is None:
-                res = transfer_stage(self.fn, bound, self.options.backend, self.options.llm, where=where)
-            # the entry must not keep the call's module and tensors alive; _runner binds each call's own
+            if res is None:  # the entry must not keep the call's module and tensors alive: no `captured`
+                res = memoised_stage(self.fn, bound, ("transfer", self.options.backend, repr(self.options.llm)),
+                                     lambda: replace(transfer_stage(self.fn, bound, self.options.backend,
+                                                                    self.options.llm, where=where), captured=None))
             res = replace(res, captured=None)
         except Exception as err:
             if self.options.fallback == "raise":

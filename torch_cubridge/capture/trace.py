@@ -17,6 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import UnsupportedSpec
 from .sdpa_math import SdpaAsMath
+from .tracememo import reading_modules
 
 
 @dataclass
@@ -110,7 +111,7 @@ def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable
     def flat(*tensors: torch.Tensor) -> Any:
         b = dict(bound)
         b.update(zip(paths, tensors))
-        args, kwargs = rebuild_call(fn, b)
+        args, kwargs = rebuild_call(fn, reading_modules(b))  # module stand-ins while a memoised stage records
         with SdpaAsMath():
             return fn(*args, **kwargs)
     return flat
