@@ -38,6 +38,18 @@ def bench(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median")  # milliseconds
 
 
+def first_call(spec, *args) -> tuple:
+    """(spec compiled, its first call's output, the row's first_call_s and kernel): the first call captures,
+    verifies, builds and GPU-verifies, timed to its end on the GPU."""
+    f = tc.compile(spec, fallback="raise")
+    t0 = time.perf_counter()
+    out = f(*args)
+    torch.cuda.synchronize()
+    r = f.kernels()[-1]
+    return f, out, {"first_call_s": time.perf_counter() - t0,
+                    "kernel": r.low.tile.kernel + ("-paged" if r.low.paged else "")}
+
+
 def sdpa(backend: str, q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     b = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -52,12 +64,8 @@ def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     k, v = (torch.randn(B, Hkv, Skv, D, device=dev, dtype=dt) for _ in range(2))
     nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * Sq * D)
     row = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D, "bytes": nbytes}
-    f = tc.compile(gqa_decode, fallback="raise")
-    t0 = time.perf_counter()
-    out = f(q, k, v)
-    torch.cuda.synchronize()
-    row["first_call_s"] = time.perf_counter() - t0
-    row["kernel"] = f.kernels()[-1].low.tile.kernel
+    f, out, first = first_call(gqa_decode, q, k, v)
+    row.update(first)
     ref = gqa_decode(q.double(), k.double(), v.double())
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
     row["ours_ms"] = bench(lambda: f(q, k, v))
@@ -94,13 +102,8 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     table = torch.randperm(n, device=dev)[:B * per].reshape(B, per)
     nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * D)
     row = {"B": B, "H": H, "Hkv": Hkv, "Sq": 1, "Skv": Skv, "D": D, "page": P, "bytes": nbytes}
-    f = tc.compile(paged_gqa_decode, fallback="raise")
-    t0 = time.perf_counter()
-    out = f(q, kp, vp, table)
-    torch.cuda.synchronize()
-    row["first_call_s"] = time.perf_counter() - t0
-    r = f.kernels()[-1]
-    row["kernel"] = r.low.tile.kernel + ("-paged" if r.low.paged else "")
+    f, out, first = first_call(paged_gqa_decode, q, kp, vp, table)
+    row.update(first)
     ref = paged_gqa_decode(q.double(), kp.double(), vp.double(), table)
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
     row["ours_ms"] = bench(lambda: f(q, kp, vp, table))

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
 import torch_cubridge.ir.paged as paged_ir  # noqa: E402
-from bench_decode import bench  # noqa: E402
+from bench_decode import bench, first_call  # noqa: E402
 
 
 def _chunk_mask(Sq: int, S: int, device) -> torch.Tensor:
@@ -66,13 +65,8 @@ def run(B: int, Sq: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 1
     flops = 4 * pairs * D
     row = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D, "page": P, "flops": flops}
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
-    f = tc.compile(paged_chunk, fallback="raise")
-    t0 = time.perf_counter()
-    out = f(q, kp, vp, table)
-    torch.cuda.synchronize()
-    row["first_call_s"] = time.perf_counter() - t0
-    r = f.kernels()[-1]
-    row["kernel"] = r.low.tile.kernel + ("-paged" if r.low.paged else "")
+    f, out, first = first_call(paged_chunk, q, kp, vp, table)
+    row.update(first)
     ref = paged_chunk(q.float(), kp.float(), vp.float(), table)  # fp64 on the CPU takes minutes here (tests do it)
     row["rel_err_vs_fp32"] = float((out.float() - ref).norm() / ref.norm())
     del ref

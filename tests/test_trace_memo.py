@@ -37,17 +37,22 @@ def with_submodule(module, q, k, v):
     return torch.softmax(s, -1) @ v
 
 
-@pytest.fixture
-def traces(monkeypatch):
+def _counted(monkeypatch, owner, name: str):
+    """A fresh memo, and a list that grows by one per call of owner.name."""
     tracememo.clear()
     count = []
-    real = guards._size_guards
+    real = getattr(owner, name)
 
     def counted(*a, **kw):
         count.append(1)
         return real(*a, **kw)
-    monkeypatch.setattr(guards, "_size_guards", counted)
-    yield count
+    monkeypatch.setattr(owner, name, counted)
+    return count
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    yield _counted(monkeypatch, guards, "_size_guards")
     tracememo.clear()
 
 
@@ -117,15 +122,7 @@ def test_rebinding_a_global_the_spec_reads_traces_again(traces):
 @pytest.fixture
 def transfers(monkeypatch):
     import torch_cubridge.pipeline as pipeline
-    tracememo.clear()
-    count = []
-    real = pipeline._transfer_stage
-
-    def counted(*a, **kw):
-        count.append(1)
-        return real(*a, **kw)
-    monkeypatch.setattr(pipeline, "_transfer_stage", counted)
-    yield count
+    yield _counted(monkeypatch, pipeline, "_transfer_stage")
     tracememo.clear()
 
 

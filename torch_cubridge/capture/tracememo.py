@@ -165,8 +165,6 @@ def memoised(fn: Callable, bound: dict[str, Any], extra: Any,
     key = _static_key(fn, bound, extra)
     if key is None:
         return compute(bound)
-    with _lock:
-        entries = list(_memo.get(key, ()))
     hit = _lookup(key, fn, bound)
     if hit is not None:
         return hit
