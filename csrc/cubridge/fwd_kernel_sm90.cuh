@@ -26,7 +26,7 @@
 //
 // kPaged: K and V read in place from pages through block tables (paged.cuh). The tensor maps of K
 // and V then describe the pages as [pages][Hkv][page rows][D] with boxes of page_box_rows rows (at
-// least kPagedTmaRows), and the producer copies a block as the boxes of the pages its keys lie in;
+// least lower/tiles.py's PAGED_TMA_ROWS), and the producer copies a block as the boxes of the pages its keys lie in;
 // boxes past Skv read as zeros.
 #pragma once
 #include <cuda_bf16.h>
@@ -189,22 +189,22 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
 #pragma unroll
       for (int c = 0; c < chunks; ++c) tma_load_4d(dst + c * BN * 128, d, bar, c * 64, j * BN, hk, b);
     } else {
-      // a box past the keys takes the index past the buffer, read as zeros
+      // the key's index in the table; a box past the keys takes the page index past the buffer, read as zeros
+      auto index_of = [&](int key) { return shift >= 0 ? key >> shift : key / page_rows; };
       auto page_at = [&](int key, int pi) {
         return key < skv ? static_cast<int>(page_entry(table, pg.table64 != 0, b * t_sb + pi * t_sp, n_pages))
                          : static_cast<int>(n_pages);
       };
       if (lanes == 1) {  // large boxes: one table read a box for all its column chunks
         for (int r = 0; r < BN; r += box) {
-          const int key = j * BN + r, pi = shift >= 0 ? key >> shift : key / page_rows, page = page_at(key, pi);
+          const int key = j * BN + r, pi = index_of(key), page = page_at(key, pi);
 #pragma unroll
           for (int c = 0; c < chunks; ++c)
             tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page);
         }
       } else {  // small boxes: the producer warp's lanes take one (box, chunk) each
         for (int x = tid; x < BN / box * chunks; x += lanes) {
-          const int r = x / chunks * box, c = x % chunks, key = j * BN + r;
-          const int pi = shift >= 0 ? key >> shift : key / page_rows;
+          const int r = x / chunks * box, c = x % chunks, key = j * BN + r, pi = index_of(key);
           tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page_at(key, pi));
         }
       }

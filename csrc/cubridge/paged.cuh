@@ -27,14 +27,9 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
   return e < 0 ? 0 : (e >= n ? n - 1 : e);
 }
 
-// The fewest rows a TMA box of paged K/V may have in the Hopper prefill kernel; smaller pieces are
-// gathered by the prologue. A box costs its issuing thread about the same however few rows it holds:
-// with the producer warp's lanes issuing them, boxes of 16 rows ran at 0.73-0.75 of contiguous K/V and
-// beat gathering (1.05-1.92x), boxes of 8 at 0.53, below gathering at Sq 2048 (0.76x; H100, NOTES v26).
-constexpr int kPagedTmaRows = 16;
-
 // Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
-// so a box never crosses a page. The host builds the tensor maps with the same rule (ops/tma.py).
+// so a box never crosses a page. The host builds the tensor maps with the same rule, and gathers pages
+// whose boxes would be smaller than lower/tiles.py's PAGED_TMA_ROWS (ops/runner.py, pipeline.kernel_choice).
 __host__ __device__ __forceinline__ int page_box_rows(int page, int block) {
   while (block) {
     const int r = page % block;

@@ -348,9 +348,11 @@ class KernelRunner:
             if tma:
                 tile = self.low.tile
                 blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),)
-                blocks += paged[3] + (paged[2],) if paged is not None else (
-                    tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
-                    tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
+                if paged is not None:  # K's and V's maps over their pages, then the PagedKV words
+                    blocks += paged[3] + (paged[2],)
+                else:
+                    blocks += (tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
+                               tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
             if self._decode:
                 self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q, stream,
                                     paged[2] if paged is not None else NO_PAGES)
