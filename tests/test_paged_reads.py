@@ -100,15 +100,19 @@ def test_prefill_over_pages_reads_them_in_place_on_hopper_where_the_boxes_fit(D,
     assert paged_tma_rows(P, low.tile.block_n) == rows
     if rows is not None:
         assert "attention_fwd_sm90<Cfg, Variant, __nv_bfloat16, true>(a, p, &tq, &tk, &tv, pg)" in low.source
-    assert _choice(ps.chunked_prefill, args, "sm_80")[1][4] is None
+    assert _choice(ps.chunked_prefill, args, "sm_80")[1][4] is not None  # the FA2-class kernel: any page
 
 
-def test_the_fa2_kernel_refuses_to_read_pages():
-    from torch_cubridge.errors import UnsupportedSpec
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_fa2_kernel_reads_pages_of_any_size(arch):
     from torch_cubridge.lower import lower
-    prog, _ = _choice(ps.chunked_prefill, ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16, sq=40), "sm_80")
-    with pytest.raises(UnsupportedSpec, match="decode and Hopper kernels only"):
-        lower(prog, "sm_80", "bfloat16", 64, paged=True)
+    for P in (2, 8, 24, 256):
+        prog, (_, _, _, decode, reads) = _choice(ps.chunked_prefill, ps.pages(2, 8, 2, 300, 64, P, torch.bfloat16,
+                                                                               sq=40), arch)
+        assert not decode and reads is not None
+        low = lower(prog, arch, "bfloat16", 64, paged=True)
+        assert low.tile.kernel == "sm80" and low.paged
+        assert "attention_fwd<Cfg, Variant, __nv_bfloat16, true>(a, p, pg)" in low.source
 
 
 def test_the_paged_box_rule_is_one_rule_in_python_and_cuda():

@@ -394,7 +394,8 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
     serves, how it reads K and V in place: paged (ir/paged.py), as the pieces the spec concatenates
     (ir/segments.py), or None) for a call on `arch`; refuses what no kernel takes (a head dim none takes is
     refused at lowering). Paged reads hold at the call's shapes: their program is guarded to them. The
-    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages in boxes of 16 rows or more."""
+    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages in boxes of 16 rows or more
+    (smaller pages are gathered for it), the FA2-class prefill kernel pages of any size."""
     from .ir.bind import lookup
     from .ir.paged import paged_operands
     from .ir.segments import segment_operands
@@ -412,14 +413,14 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
     reads: Any = None
     if decode and decode_refusal(p, head_dim, dv, paged=True) is None:  # else the prologue gathers or joins
         reads = paged_operands(p, bound) or segment_operands(p)
-    elif not decode and arch == "sm_90a" and in_place_refusal(p) is None:
+    elif not decode and in_place_refusal(p) is None:
         try:
             tile = program_tile(p, arch, head_dim, dv)
         except UnsupportedSpec:  # refused again, with its reason, at lowering
             tile = None
-        reads = paged_operands(p, bound) if tile is not None and tile.kernel == "sm90" else None
-        if reads is not None and paged_tma_rows(lookup(bound, reads[0].pages).shape[reads[0].slot_dim],
-                                                tile.block_n) is None:
+        reads = paged_operands(p, bound) if tile is not None else None
+        if reads is not None and tile.kernel == "sm90" and paged_tma_rows(
+                lookup(bound, reads[0].pages).shape[reads[0].slot_dim], tile.block_n) is None:
             reads = None  # pages too small for the copy engine's boxes: gathered (lower/tiles.py)
     return DTYPES[q.dtype], head_dim, dv, decode, reads
 

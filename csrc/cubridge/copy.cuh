@@ -104,4 +104,32 @@ __device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, 
   load_tile_at<ROWS, D, LDS, NTHREADS>(s, g, row_at, row0, nrows, tid);
 }
 
+// One operand's block of BN rows inside one page (pages a multiple of BN): that page's strided copy, with
+// the contiguous copy's running pointer. Returns false otherwise (the caller's per-row lookups). The per-row
+// page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
+// 256 (H100, NOTES v25).
+template <int BN, int D, int LDS, int NTH, class T, class PageOf>
+__device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, int page, int shift,
+                                                   PageOf page_of, int row0, int nrows, int tid) {
+  constexpr int kChunks = D / 8;
+  if constexpr (NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
+    if (page % BN == 0) {
+      const int pi = shift >= 0 ? row0 >> shift : row0 / page;  // row0 < nrows: its page is in the table
+      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * page) * ss, ss, 0,
+                                 nrows - row0, tid);
+      return true;
+    }
+  }
+  return false;
+}
+
+// One operand's block of BN rows from its pages, the whole block by the page's strided copy where it lies in
+// one page, else row by row (the FA2-class kernel; the decode kernel walks K and V together, decode_kernel.cuh).
+template <int BN, int D, int LDS, int NTH, class T, class PageOf>
+__device__ __forceinline__ void load_block_paged(T* s, const T* g, long long ss, long long sp, int page, int shift,
+                                                 PageOf page_of, int row0, int nrows, int tid) {
+  if (!load_block_in_page<BN, D, LDS, NTH>(s, g, ss, sp, page, shift, page_of, row0, nrows, tid))
+    load_tile_paged<BN, D, LDS, NTH>(s, g, ss, sp, page, page_of, row0, nrows, tid);
+}
+
 }  // namespace cubridge

@@ -97,25 +97,6 @@ __device__ __forceinline__ bool pages_shared(const PagedKV& pg) {
   return pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp && pg.k_pages == pg.v_pages;
 }
 
-// One operand's block of BN rows inside one page (pages a multiple of BN): that page's strided copy, with
-// the contiguous copy's running pointer. Returns false otherwise (the caller's per-row lookups). The per-row
-// page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
-// 256 (H100, NOTES v25).
-template <int BN, int D, int LDS, int NTH, class T, class PageOf>
-__device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, int page, int shift,
-                                                   PageOf page_of, int row0, int nrows, int tid) {
-  constexpr int kChunks = D / 8;
-  if constexpr (NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
-    if (page % BN == 0) {
-      const int pi = shift >= 0 ? row0 >> shift : row0 / page;  // row0 < nrows: its page is in the table
-      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * page) * ss, ss, 0,
-                                 nrows - row0, tid);
-      return true;
-    }
-  }
-  return false;
-}
-
 // One K/V block's rows [row0, row0 + BN) from their pages into the ring: a block inside one page as
 // above. Otherwise, where the thread count is a
 // multiple of the 16-byte chunks of a row, a thread keeps one column and walks rows NTH / chunks apart,

@@ -26,14 +26,18 @@
 #include "gemm.cuh"
 #include "hooks.cuh"
 #include "mma.cuh"
+#include "paged.cuh"
 #include "score_tile.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
 
 namespace cubridge {
 
-template <class Cfg, class Variant, class T>
-__device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename Variant::Params& p) {
+// kPaged: K and V read in place from pages through block tables (paged.cuh): FwdArgs' k and v point at
+// the pages, k_sh/v_sh and k_ss/v_ss are the pages' head and row strides.
+template <class Cfg, class Variant, class T, bool kPaged = false>
+__device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename Variant::Params& p,
+                                              const PagedKV& pg = PagedKV{}) {
   constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   constexpr int NW = Cfg::kWarps, ST = Cfg::kStages, LDS = Cfg::kSmemLd, LDV = Cfg::kSmemLdV, NTH = Cfg::kThreads;
   constexpr int LDQ = Cfg::kSmemLdQ;  // Q's rows, which stage O at the end
@@ -49,6 +53,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   constexpr bool kRaw = score_is_default<Variant>(0);
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
+  static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -64,8 +69,12 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   const int hk = Variant::kv_head(a, h);  // GQA/MQA: shared K/V head, by the variant's head map
   const int q_lo = m_blk * BM, q_hi = imin(q_lo + BM, sq);
   const T* gQ = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh;
-  const T* gK = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
-  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+  const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
+  const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
+  const bool t64 = pg.table64 != 0;
+  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
+  auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
 
   const int n_blk = (skv + BN - 1) / BN;
   auto block_cls = [&](int j) {
@@ -86,9 +95,15 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   auto prefetch = [&](int stage) {
     while (pf < n_blk && block_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < n_blk;
-    if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
-    cp_async_commit();
-    if (ok) load_tile<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pf * BN, skv, tid);
+    if constexpr (kPaged) {
+      if (ok) load_block_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, page, shift, k_page, pf * BN, skv, tid);
+      cp_async_commit();
+      if (ok) load_block_paged<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pg.v_sp, page, shift, v_page, pf * BN, skv, tid);
+    } else {
+      if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
+      cp_async_commit();
+      if (ok) load_tile<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pf * BN, skv, tid);
+    }
     cp_async_commit();
     ++pf;
   };

@@ -50,6 +50,11 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv{pg}) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}, {str(paged).lower()}>(a, p, &tq, &tk, &tv, "
                 f"{'pg' if paged else 'cubridge::PagedKV{}'});", "}", ""]
+    if paged:  # the block tables after Params
+        return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
+                'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
+                f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, cubridge::PagedKV pg) {{",
+                f"  cubridge::attention_fwd<Cfg, Variant, {t}, true>(a, p, pg);", "}", ""]
     return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
             'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
             f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
@@ -82,7 +87,7 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
           paged: bool = False, segmented: bool = False) -> Lowered:
     """The translation unit of the prefill kernel for `arch`, or with `decode` of the decode kernel.
     `value_dim`: V's head dim where it differs from Q's and K's (the Hopper kernel takes that).
-    `paged`: the decode or Hopper kernel reads K and V from pages through block tables (ir/paged.py);
+    `paged`: the kernel reads K and V from pages through block tables (ir/paged.py);
     `segmented`: the decode kernel reads them as the pieces the spec concatenates (ir/segments.py)."""
     from ..errors import UnsupportedSpec
     if dtype not in _DTYPES:
@@ -99,8 +104,6 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
         # the rule cannot rule out is partial), and the mask reads its data per element there.
         p = replace(p, block_rule="interval")
     tile = program_tile(p, arch, head_dim, value_dim, decode, paged)
-    if paged and tile.kernel not in ("decode", "sm90"):
-        raise UnsupportedSpec("K and V are read from pages in place by the decode and Hopper kernels only", op="lower")
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, tile.kernel)
     prepass = []

@@ -359,6 +359,8 @@ class KernelRunner:
             else:
                 nq = -(-Sq // self.low.tile.block_m)
                 grid = (nq, H, B)
+                if paged is not None and not tma:  # the FA2-class kernel: the PagedKV words after Params
+                    blocks += (paged[2],)
                 if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
                     grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
                 self.kernel.launch(grid, blocks, stream)
