@@ -87,9 +87,23 @@ def _symbolic_mode() -> tuple[ShapeEnv, FakeTensorMode]:
     ops are seldom repeated at one shape within one trace (an 8-layer llama's first generate on the CPU:
     2.86 s with the cache, 2.06 s without)."""
     env = ShapeEnv(duck_shape=False)
+    _no_source_locations(env)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     mode.cache_enabled = False
     return env, mode
+
+
+def _no_source_locations(env: ShapeEnv) -> None:
+    """The shape env records where each symbol and guard came from, for its error messages, by walking the
+    stack past "uninteresting" files; the first walk imports torch.export, aot_autograd, inductor's sizevars
+    and networkx to name them (0.5 s of a first generate on the CPU, more than the trace itself). The
+    guards here are read as expressions, never reported, so every location is one fixed string."""
+    try:
+        from torch._guards import SLoc
+    except ImportError:  # another torch: keep its own
+        return
+    here = SLoc("torch_cubridge size trace", None)
+    env._get_stack_summary = lambda is_debug=False, framework_loc=None: (here, "")
 
 
 def symbolic_fakes(tensors: dict[str, torch.Tensor]) -> tuple[ShapeEnv, FakeTensorMode, dict[str, torch.Tensor],
