@@ -395,7 +395,10 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
     (ir/segments.py), or None) for a call on `arch`; refuses what no kernel takes (a head dim none takes is
     refused at lowering). Paged reads hold at the call's shapes: their program is guarded to them. The
     decode kernel reads pages and pieces; the Hopper prefill kernel reads pages in boxes of 16 rows or more
-    (smaller pages are gathered for it), the FA2-class prefill kernel pages of any size."""
+    (smaller pages are gathered for it), the FA2-class prefill kernel pages of whole key blocks: every CTA of a
+    key block's queries and heads reads it, so a row-by-row walk of smaller pages repeats its lookups where
+    one gather pays them once (H100 under CUBRIDGE_KERNEL=sm80, B 4, Sq 512, 32k keys: pages of 8 and 16 at
+    0.95-0.96x the gathered kernel, 256 at 1.71x; NOTES v27)."""
     from .ir.bind import lookup
     from .ir.paged import paged_operands
     from .ir.segments import segment_operands
@@ -419,9 +422,11 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
         except UnsupportedSpec:  # refused again, with its reason, at lowering
             tile = None
         reads = paged_operands(p, bound) if tile is not None else None
-        if reads is not None and tile.kernel == "sm90" and paged_tma_rows(
-                lookup(bound, reads[0].pages).shape[reads[0].slot_dim], tile.block_n) is None:
+        page = lookup(bound, reads[0].pages).shape[reads[0].slot_dim] if reads is not None else 0
+        if reads is not None and tile.kernel == "sm90" and paged_tma_rows(page, tile.block_n) is None:
             reads = None  # pages too small for the copy engine's boxes: gathered (lower/tiles.py)
+        elif reads is not None and tile.kernel != "sm90" and page % tile.block_n:
+            reads = None  # the FA2-class kernel walks such pages row by row, slower than gathering (below)
     return DTYPES[q.dtype], head_dim, dv, decode, reads
 
 

@@ -124,7 +124,8 @@ __device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long s
 }
 
 // One operand's block of BN rows from its pages, the whole block by the page's strided copy where it lies in
-// one page, else row by row (the FA2-class kernel; the decode kernel walks K and V together, decode_kernel.cuh).
+// one page and the threads split its rows evenly, else row by row (the FA2-class kernel, whose paged programs
+// have pages of whole blocks, pipeline.kernel_choice; the decode kernel walks K and V together).
 template <int BN, int D, int LDS, int NTH, class T, class PageOf>
 __device__ __forceinline__ void load_block_paged(T* s, const T* g, long long ss, long long sp, int page, int shift,
                                                  PageOf page_of, int row0, int nrows, int tid) {
