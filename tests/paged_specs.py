@@ -69,3 +69,11 @@ def serve(fn, args, kernel, in_place=True):
     assert rel_err(out.float().cpu(), fn(*to64(args))) < 1e-2
     return f, cuda, out
 
+
+def second_call(f, cuda, fn, rewrite):
+    """The cache changes between calls (cuda[rewrite] redrawn in place): the kernel reads it again where it
+    lies; the second output against float64."""
+    from helpers import rel_err, to64
+    cuda[rewrite].normal_()
+    out = f(*cuda)
+    assert rel_err(out.float().cpu(), fn(*to64(tuple(t.cpu() for t in cuda)))) < 1e-2
