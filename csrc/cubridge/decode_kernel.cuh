@@ -97,8 +97,8 @@ __device__ __forceinline__ bool pages_shared(const PagedKV& pg) {
   return pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp && pg.k_pages == pg.v_pages;
 }
 
-// One K/V block's rows [row0, row0 + BN) from their pages into the ring: a block inside one page as
-// above. Otherwise, where the thread count is a
+// One K/V block's rows [row0, row0 + BN) from their pages into the ring: a block inside one page by
+// copy.cuh's load_block_in_page. Otherwise, where the thread count is a
 // multiple of the 16-byte chunks of a row, a thread keeps one column and walks rows NTH / chunks apart,
 // so it looks up a page only where its rows cross into the next one, and V reuses K's entries where both
 // read one table: a lookup per row per tensor cost 18% at 4k keys (H100, pages of 16). V of another head
