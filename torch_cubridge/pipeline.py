@@ -394,16 +394,12 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
     serves, how it reads K and V in place: paged (ir/paged.py), as the pieces the spec concatenates
     (ir/segments.py), or None) for a call on `arch`; refuses what no kernel takes (a head dim none takes is
     refused at lowering). Paged reads hold at the call's shapes: their program is guarded to them. The
-    decode kernel reads pages and pieces; the Hopper prefill kernel reads pages in boxes of 16 rows or more
-    (smaller pages are gathered for it), the FA2-class prefill kernel pages of whole key blocks: every CTA of a
-    key block's queries and heads reads it, so a row-by-row walk of smaller pages repeats its lookups where
-    one gather pays them once (H100 under CUBRIDGE_KERNEL=sm80, B 4, Sq 512, 32k keys: pages of 8 and 16 at
-    0.95-0.96x the gathered kernel, 256 at 1.71x; NOTES v27)."""
+    decode kernel reads pages and pieces; a prefill kernel the pages lower/tiles.py's pages_in_place takes."""
     from .ir.bind import lookup
     from .ir.paged import paged_operands
     from .ir.segments import segment_operands
     from .lower.source import decode_refusal, in_place_refusal, program_tile
-    from .lower.tiles import decode_call, paged_tma_rows
+    from .lower.tiles import decode_call, pages_in_place
     from .ops.runner import DTYPES
     ops = operand_shapes(p, bound)
     q = ops["q"]
@@ -422,11 +418,8 @@ def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, in
         except UnsupportedSpec:  # refused again, with its reason, at lowering
             tile = None
         reads = paged_operands(p, bound) if tile is not None else None
-        page = lookup(bound, reads[0].pages).shape[reads[0].slot_dim] if reads is not None else 0
-        if reads is not None and tile.kernel == "sm90" and paged_tma_rows(page, tile.block_n) is None:
-            reads = None  # pages too small for the copy engine's boxes: gathered (lower/tiles.py)
-        elif reads is not None and tile.kernel != "sm90" and page % tile.block_n:
-            reads = None  # the FA2-class kernel walks such pages row by row, slower than gathering (below)
+        if reads is not None and not pages_in_place(lookup(bound, reads[0].pages).shape[reads[0].slot_dim], tile):
+            reads = None  # gathered by the prologue
     return DTYPES[q.dtype], head_dim, dv, decode, reads
 
 

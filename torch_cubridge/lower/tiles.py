@@ -135,6 +135,18 @@ def paged_tma_rows(page: int, block_n: int) -> int | None:
     return rows if rows >= PAGED_TMA_ROWS else None
 
 
+def pages_in_place(page: int, tile: Tile) -> bool:
+    """Whether a prefill kernel of `tile` reads pages of `page` rows in place (else the prologue gathers
+    them): the Hopper kernel in boxes of PAGED_TMA_ROWS rows or more; the FA2-class kernel pages of whole key
+    blocks. Every CTA of a key block's queries and heads reads the block, so the FA2 kernel's row-by-row walk
+    of smaller pages repeats its table reads where one gather pays them once (H100 under
+    CUBRIDGE_KERNEL=sm80, B 4, Sq 512, 32k keys: pages of 8 and 16 at 0.95-0.96x the gathered kernel, 256 at
+    1.71x; NOTES v27)."""
+    if tile.kernel == "sm90":
+        return paged_tma_rows(page, tile.block_n) is not None
+    return page % tile.block_n == 0
+
+
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
 # 4 warps, split-KV, head dims in steps of 8. Three K/V blocks in the ring, with the split rule's one CTA
 # per multiprocessor (ops/runner.py): against two stages and two CTAs, +1.5% to +14% at batch 1, 4, 8 and
