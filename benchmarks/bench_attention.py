@@ -20,7 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_cubridge as tc  # noqa: E402
-from timing import host_us  # noqa: E402
+from timing import backend_times, host_us  # noqa: E402
 from variants import SPECS, flex_mods, pair_count  # noqa: E402
 
 
@@ -83,12 +83,7 @@ def run_case(name, S, D, H, total, results, with_eager):
     row["ours_ms"] = bench(lambda: f(q, k, v, *extra))
     causal = name not in ("full", "softcap_full")
     if name in ("full", "causal", "gqa_causal"):
-        for be in ("flash", "cudnn"):
-            try:
-                row[f"sdpa_{be}_ms"] = bench(lambda: sdpa(be, q, k, v, causal, Hkv != H))
-            except Exception as e:  # backend unavailable for this shape
-                row[f"sdpa_{be}_ms"] = None
-                row[f"sdpa_{be}_error"] = str(e)[:200]
+        backend_times(row, ("flash", "cudnn"), lambda be: bench(lambda: sdpa(be, q, k, v, causal, Hkv != H)))
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         score, mask = flex_mods(name, H, S, dev, doc)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
+from timing import backend_times  # noqa: E402
 
 
 def gqa_decode(q, k, v):
@@ -69,12 +70,7 @@ def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     ref = gqa_decode(q.double(), k.double(), v.double())
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
     row["ours_ms"] = bench(lambda: f(q, k, v))
-    for be in ("flash", "cudnn", "efficient"):
-        try:
-            row[f"sdpa_{be}_ms"] = bench(lambda: sdpa(be, q, k, v))
-        except Exception as e:  # backend unavailable for this shape
-            row[f"sdpa_{be}_ms"] = None
-            row[f"sdpa_{be}_error"] = str(e)[:160]
+    backend_times(row, ("flash", "cudnn", "efficient"), lambda be: bench(lambda: sdpa(be, q, k, v)))
     try:
         from torch.nn.attention.flex_attention import flex_attention
         torch._dynamo.reset()

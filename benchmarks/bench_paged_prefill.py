@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
 import torch_cubridge.ir.paged as paged_ir  # noqa: E402
 from bench_decode import bench, first_call  # noqa: E402
+from timing import backend_times  # noqa: E402
 
 
 def _chunk_mask(Sq: int, S: int, device) -> torch.Tensor:
@@ -87,12 +88,7 @@ def run(B: int, Sq: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 1
     row["contiguous_ms"] = bench(lambda: c(q, k, v))
     row["spec_ms"] = bench(lambda: paged_chunk(q, kp, vp, table))
     kr, vr = (x.repeat_interleave(H // Hkv, dim=1) for x in (k, v))  # SDPA's lower-right bias takes no GQA
-    for be in ("flash", "cudnn"):
-        try:
-            row[f"sdpa_{be}_ms"] = bench(lambda: _sdpa(be, q, kr, vr))
-        except Exception as e:  # backend unavailable for this shape
-            row[f"sdpa_{be}_ms"] = None
-            row[f"sdpa_{be}_error"] = str(e)[:160]
+    backend_times(row, ("flash", "cudnn"), lambda be: bench(lambda: _sdpa(be, q, kr, vr)))
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         off = Skv - Sq

@@ -35,3 +35,14 @@ def best_host_us(fn: Callable[[], object], n: int = 200, rounds: int = 20, warmu
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
     return best
+
+
+def backend_times(row: dict, backends: tuple[str, ...], time_one: Callable[[str], float]) -> None:
+    """row["sdpa_<backend>_ms"] = time_one(backend) for each backend; None, with the error beside it, where
+    the backend does not take the shape."""
+    for be in backends:
+        try:
+            row[f"sdpa_{be}_ms"] = time_one(be)
+        except Exception as e:  # backend unavailable for this shape
+            row[f"sdpa_{be}_ms"] = None
+            row[f"sdpa_{be}_error"] = str(e)[:200]
