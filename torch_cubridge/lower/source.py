@@ -50,15 +50,12 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
                 f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv{pg}) {{",
                 f"  cubridge::attention_fwd_sm90<Cfg, Variant, {t}, {str(paged).lower()}>(a, p, &tq, &tk, &tv, "
                 f"{'pg' if paged else 'cubridge::PagedKV{}'});", "}", ""]
-    if paged:  # the block tables after Params
-        return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
-                'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
-                f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p, cubridge::PagedKV pg) {{",
-                f"  cubridge::attention_fwd<Cfg, Variant, {t}, true>(a, p, pg);", "}", ""]
+    pg = ", cubridge::PagedKV pg" if paged else ""  # paged: the block tables after Params
     return [f"using Cfg = cubridge::FwdConfig<{head_dim}, {t}, {tile.dv}>;",
             'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
-            f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p) {{",
-            f"  cubridge::attention_fwd<Cfg, Variant, {t}>(a, p);", "}", ""]
+            f"{KERNEL_NAME}(cubridge::FwdArgs a, Variant::Params p{pg}) {{",
+            f"  cubridge::attention_fwd<Cfg, Variant, {t}{', true' if paged else ''}>(a, p{', pg' if paged else ''});",
+            "}", ""]
 
 
 def decode_refusal(p: Program, head_dim: int, value_dim: int | None = None, paged: bool = False) -> str | None:
