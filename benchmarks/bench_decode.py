@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
-from timing import backend_times  # noqa: E402
+from timing import backend_times, best_host_us  # noqa: E402
 
 
 def gqa_decode(q, k, v):
@@ -110,6 +110,15 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     row["contiguous_ms"] = contiguous_ms = bench(lambda: g(q, k, v))
     row["ours_tbs"] = nbytes / (row["ours_ms"] * 1e-3) / 1e12
     row["paged_over_contiguous"] = contiguous_ms / row["ours_ms"]
+    # host time per call: ours through the C Decoder, then through the Python runner; the contiguous kernel's
+    (r,) = f.kernels()
+    hits = r.decoder_hits
+    row["host_us"] = best_host_us(lambda: f(q, kp, vp, table))
+    row["c_launched"] = r.decoder_hits > hits
+    r._decoder_ok = False
+    row["python_host_us"] = best_host_us(lambda: f(q, kp, vp, table))
+    r._decoder_ok = r.decodable
+    row["contiguous_host_us"] = best_host_us(lambda: g(q, k, v))
     wider = torch.cat([table, torch.randint(0, n, (B, 1), device=dev)], 1)
     t0 = time.perf_counter()
     out = f(q, kp, vp, wider)
@@ -186,6 +195,7 @@ def main() -> None:
     # a paged program is generic in the table width since 974d213 (it was held at its shape and verified
     # there: 90 s at 4k on the CPU at 6946744, 20 s at 32k on the GPU at e61b27b)
     ap.add_argument("--paged-lengths", default="4096,32768")
+    ap.add_argument("--paged-batch", default="8", help="batch sizes of the paged rows")
     ap.add_argument("--ab", default="", help='decode kernel A/B, e.g. "stages=2;stages=3,bn=128;ctas=3"')
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -209,7 +219,8 @@ def main() -> None:
     paged = []
     for P in [int(x) for x in a.pages.split(",") if x]:
         for Skv in [int(x) for x in a.paged_lengths.split(",") if x]:
-            paged.append(run_paged(8, 32, 8, Skv, 128, P))
+            for B in map(int, a.paged_batch.split(",")):
+                paged.append(run_paged(B, 32, 8, Skv, 128, P))
             print(json.dumps(paged[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "decode.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
@@ -221,12 +232,13 @@ def main() -> None:
         print(f"{r['B']:2d} {r['Sq']:3d} {r['Skv']:6d} {r['kernel']:>7} {g('ours_tbs'):9.2f} {g('sdpa_flash_tbs'):6.2f} "
               f"{g('sdpa_cudnn_tbs'):6.2f} {g('flex_tbs'):6.2f} {g('sdpa_flash_ms') / g('ours_ms'):6.2f} "
               f"{(g('flex_ms') / g('ours_ms')):6.2f}")
-    print(f"{'page':>4} {'Skv':>6} {'kernel':>12} {'TB/s':>6} {'paged/contiguous':>16} {'spec ms':>8} "
-          f"{'first s':>7} {'wider s':>7} {'programs':>8}")
+    print(f"{'B':>2} {'page':>4} {'Skv':>6} {'kernel':>12} {'TB/s':>6} {'paged/contiguous':>16} {'spec ms':>8} "
+          f"{'first s':>7} {'wider s':>7} {'programs':>8} {'host us C/Py/contig':>20}")
     for r in paged:
-        print(f"{r['page']:4d} {r['Skv']:6d} {r['kernel']:>12} {r['ours_tbs']:6.2f} "
+        print(f"{r['B']:2d} {r['page']:4d} {r['Skv']:6d} {r['kernel']:>12} {r['ours_tbs']:6.2f} "
               f"{r['paged_over_contiguous']:16.3f} {r['spec_ms']:8.3f} {r['first_call_s']:7.2f} "
-              f"{r['wider_table_call_s']:7.3f} {r['programs']:8d}")
+              f"{r['wider_table_call_s']:7.3f} {r['programs']:8d} "
+              f"{r['host_us']:6.1f}/{r['python_host_us']:5.1f}/{r['contiguous_host_us']:5.1f}")
 
 
 if __name__ == "__main__":

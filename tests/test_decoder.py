@@ -1,4 +1,5 @@
-"""Which decode runners the C Decoder may serve (KernelRunner.decodable), decided on the CPU from the program alone.
+"""Which decode runners the C Decoder may serve (KernelRunner.decodable), decided on the CPU from the program alone,
+and the Params template it patches per call.
 
 The first device run of the Decoder found it never used: decode programs hold B = 1 and Sq = 1 (unit dims
 are in the call's signature), which the rule read as "sizes needed per call". These cases keep that from
@@ -6,8 +7,11 @@ coming back without a GPU; tests/test_decoder_gpu.py checks the launches themsel
 import pytest
 import torch
 
+import paged_specs as ps
 import torch_cubridge as tc
+from torch_cubridge.ir.paged import paged_operands
 from torch_cubridge.lower import lower
+from torch_cubridge.ops.pack import params_template
 from torch_cubridge.ops.runner import KernelRunner
 
 
@@ -30,11 +34,16 @@ def key_padding(q, k, v, pad):
     return s.masked_fill(~pad[:, None, None, :], float("-inf")).softmax(-1) @ v
 
 
-def _runner(fn, *args, **kwargs):
+def _runner(fn, *args, paged=False, **kwargs):
     p = tc.transfer(fn, *args, **kwargs)
     q = next(a for a in args if isinstance(a, torch.Tensor))
-    low = lower(p, arch="sm_90a", head_dim=q.shape[-1], decode=True)
-    return KernelRunner(p, low, None, q.shape[-1], {})
+    reads = None
+    if paged:
+        import inspect
+        reads = paged_operands(p, dict(zip(inspect.signature(fn).parameters, args)))
+        assert reads is not None
+    low = lower(p, arch="sm_90a", head_dim=q.shape[-1], decode=True, paged=paged)
+    return KernelRunner(p, low, None, q.shape[-1], {}, paged=reads)
 
 
 @pytest.mark.parametrize("B", [1, 2])
@@ -50,7 +59,43 @@ def test_the_drop_in_s_eager_function_is_served_by_the_decoder():
     assert r.p.out.tuple_len == 2 and r.decodable
 
 
-def test_a_program_with_an_extra_tensor_takes_the_python_runner():
+def test_an_extra_tensor_argument_is_read_by_the_decoder_its_words_patched():
+    """A padding mask passed as an argument: the Decoder reads it after q, k and v and patches its pointer
+    and strides into a Params template (every other word fixed by the program)."""
     q, k, v = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 300, 64), torch.randn(1, 8, 300, 64)
     r = _runner(key_padding, q, k, v, torch.rand(1, 300) > 0.2)
-    assert r.p.extras and not r.decodable
+    assert r.p.extras and r.decodable and r._c_args == ("q", "k", "v", "pad") and r._c_at == (0, 1, 2, 3)
+    (x,) = r.p.extras
+    tmpl, patches = params_template(r.fmt, r.low.params, {}, r._lit, {x.name: x.rank})
+    assert len(tmpl) == 8 * len(r.low.params)
+    fields = {f.kind: f for f in r.low.params if f.source == x.name}
+    assert "ptr" in fields and {(o // 8, kind, src) for o, kind, src, _ in patches} >= {
+        (r.low.params.index(fields["ptr"]), 0, 0)}
+    assert all(src == 0 and 0 <= dim < x.rank and o % 8 == 0 for o, _, src, dim in patches)
+    assert len(patches) == sum(f.source == x.name for f in r.low.params)
+
+
+@pytest.mark.parametrize("spec,slots_first", [(ps.vllm_heads_first, False), (ps.flash_slots_first, True)])
+def test_paged_decode_programs_are_served_by_the_decoder(spec, slots_first):
+    """Paged K and V: the Decoder reads q, both page arrays and both tables, then the sequence lengths
+    where the spec takes them (their reads at index b bounds-checked by the runner)."""
+    args = ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16, slots_first=slots_first)
+    args = args if spec is ps.vllm_heads_first else args[:4]
+    r = _runner(spec, *args, paged=True)
+    names = ("q",) + tuple(spec.__code__.co_varnames[1:3]) + ("block_table", "block_table")
+    assert r.decodable and r._c_args[:5] == names
+    assert (r._c_args[5:] == ("seq_lens",)) == (spec is ps.vllm_heads_first) == bool(r._sites)
+    if r._sites:  # the Decoder's bounds question, answered by the runner's check
+        assert r.reads_in_bounds((2, 8, 8, 1, 320, 64), {"seq_lens": (2,)})
+        assert not r.reads_in_bounds((3, 8, 8, 1, 320, 64), {"seq_lens": (2,)})
+
+
+def sorted_lengths(q, k_pages, v_pages, block_table, seq_lens):
+    """The lengths computed from an argument (a prologue step that PyTorch runs before the kernel)."""
+    return ps.vllm_heads_first(q, k_pages, v_pages, block_table, seq_lens.sort().values)
+
+
+def test_a_computed_extra_takes_the_python_runner():
+    args = ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16)
+    r = _runner(sorted_lengths, *args, paged=True)
+    assert any(x.step for x in r.p.extras) and not r.decodable

@@ -2,15 +2,17 @@
 
 The same kernel launched by the C Decoder and by the Python runner must give the same output bit for bit
 (same blocks, same split rule) over batch sizes, head groupings, query counts, key lengths, head dims and
-layouts; calls the Decoder must not take (misaligned rows, grad, another dtype, a CUDA graph, a scratch of
-another stream) are served by the Python runner, correctly."""
+layouts, paged K and V and extra tensors; calls the Decoder must not take (misaligned rows, grad, another
+dtype, a CUDA graph, a scratch of another stream, extras read out of range) are served by the Python runner,
+correctly."""
 import pytest
 import torch
 
+import paged_specs as ps
 import torch_cubridge as tc
 from helpers import rel_err, to64
 from torch_cubridge.ops import hotpath
-from torch_cubridge.ops.errors import NeedsAutograd
+from torch_cubridge.ops.errors import NeedsAutograd, SpecServes
 
 pytestmark = pytest.mark.gpu
 
@@ -46,12 +48,30 @@ def _qkv(B, H, Hkv, Sq, Skv, D, bshd=False, Dv=None):
     return t(H, Sq, D), t(Hkv, Skv, D), t(Hkv, Skv, Dv or D)
 
 
+def key_padding(q, k, v, pad):
+    """A padding mask [B, Skv] passed as an argument: an extra tensor the Decoder reads per call."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~pad[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+
 def _runner(f, args):
     f(*args)
     assert hotpath.wait(120) is not None, hotpath.failure
     (r,) = f.kernels()
     assert r.low.tile.kernel == "decode" and r._decoder_ok
     return r
+
+
+def _from_c(r, args):
+    """One call served by the Decoder (a second try where the first made a larger split scratch)."""
+    hits = r.decoder_hits
+    c = r.serve(args, {}, record=False)
+    if hits == r.decoder_hits:
+        c = r.serve(args, {}, record=False)
+    assert r.decoder_hits == hits + 1
+    return c
 
 
 def _same(a, b) -> bool:
@@ -160,3 +180,75 @@ def test_the_drop_in_decodes_a_growing_cache_from_c():
         assert float((g - w).norm() / w.norm()) < 3e-2, step
     decode = [r for t in tcx.tables() for r in t.kernels() if r.low.tile.kernel == "decode"]
     assert decode and sum(r.decoder_hits for r in decode) >= 2 * 20, [r.decoder_hits for r in decode]
+
+
+@pytest.mark.parametrize("P", [16, 24, 256])
+@pytest.mark.parametrize("spec,slots_first,table_dtype", [(ps.vllm_heads_first, False, torch.int64),
+                                                          (ps.flash_slots_first, True, torch.int32)],
+                         ids=["heads_first_lengths", "slots_first_int32"])
+def test_paged_calls_launch_from_c_as_the_python_runner_does(spec, slots_first, table_dtype, P):
+    """Paged K and V, with and without sequence lengths, int64 and int32 tables, pages a power of two and
+    not: over a widening table (one program), each call from C equals the Python runner's bit for bit, and
+    float64 within bf16's error."""
+    def args(keys):
+        a = ps.pages(2, 16, 4, keys, 128, P, torch.bfloat16, slots_first=slots_first, table_dtype=table_dtype)
+        return tuple(t.cuda() for t in (a if spec is ps.vllm_heads_first else a[:4]))
+    f = tc.compile(spec, fallback="raise")
+    r = _runner(f, args(3 * P))
+    assert r.paged is not None
+    for keys in (100, 1000, 6000):  # one split to many
+        a = args(keys)
+        c = _from_c(r, a)
+        assert torch.equal(c, r(*a)), keys
+        assert rel_err(c.float().cpu(), spec(*to64(tuple(t.cpu() for t in a)))) < 1e-2, keys
+
+
+def test_an_extra_tensor_launches_from_c_and_out_of_range_reads_do_not():
+    """A padding mask read per call (its pointer and strides patched into Params): C equals Python bit
+    for bit over growing lengths; a mask one key short (a read out of range) is refused by the bounds
+    check, which the Python runner then raises; the next good call launches from C again."""
+    def args(n):
+        q, k, v = _qkv(2, 16, 4, 1, n, 64)
+        return q, k, v, torch.rand(2, n, device="cuda") > 0.3
+    f = tc.compile(key_padding, fallback="raise")
+    r = _runner(f, args(200))
+    for n in (201, 777, 5000):
+        a = args(n)
+        c = _from_c(r, a)
+        assert torch.equal(c, r(*a)), n
+        assert rel_err(c.float(), key_padding(*to64(a))) < 2e-2, n
+    q, k, v, pad = args(300)
+    hits = r.decoder_hits
+    with pytest.raises(SpecServes):
+        r.serve((q, k, v, pad[:, :-1]), {})
+    assert r.decoder_hits == hits
+    assert torch.equal(_from_c(r, (q, k, v, pad)), r(q, k, v, pad))
+
+
+def test_paged_calls_the_decoder_must_not_take_are_served_right():
+    """Pages one element off 16-byte alignment: the Python runner refuses them (SpecServes, so the
+    compiled function serves the spec); under a CUDA graph the runner captures, and replays read the
+    rewritten cache."""
+    a = tuple(t.cuda() for t in ps.pages(2, 8, 2, 640, 64, 16, torch.bfloat16))
+    f = tc.compile(ps.vllm_heads_first, fallback="raise")
+    r = _runner(f, a)
+    q, kp, vp, table, lens = a
+    hits = r.decoder_hits
+    off = torch.empty(kp.numel() + 1, device="cuda", dtype=kp.dtype)[1:].view_as(kp).copy_(kp)
+    with pytest.raises(SpecServes):
+        r.serve((q, off, vp, table, lens), {})
+    assert r.decoder_hits == hits
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        r.serve(a, {})
+        hits = r.decoder_hits
+        with torch.cuda.graph(g, stream=side):
+            out = r.serve(a, {})
+    torch.cuda.current_stream().wait_stream(side)
+    assert r.decoder_hits == hits
+    kp.normal_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out.float().cpu(), ps.vllm_heads_first(*to64(tuple(t.cpu() for t in a)))) < 1e-2

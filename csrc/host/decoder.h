@@ -9,14 +9,24 @@
    Any call it does not take as it is (another dtype or device, a tensor that needs grad while grad is on,
    rows not 16-byte aligned, shapes that do not fit, no keys, a CUDA graph capturing, split scratch too
    small or of another stream, a thread without a context) returns None, and the Python runner serves it
-   (and raises where it must). The split scratch is the runner's (set_scratch hands it over). */
+   (and raises where it must). The split scratch is the runner's (set_scratch hands it over).
+
+   Paged K and V (a serving loop's cache): serve(q, k_pages, v_pages, k_table, v_table, extras...), the
+   pages' dims described as operands with no batch dim, the PagedKV words packed per call (the runner's
+   _pages). Extra tensors (sequence lengths, a padding mask) are call arguments whose pointers, strides and
+   sizes are patched into a Params template; where the program reads them at computed indices, the
+   runner's bounds check runs for every new (sizes, extra shapes) and its yes is kept. */
 
 #define DEC_FWD_WORDS 23 /* FwdArgs: 5 pointers, 12 strides, 5 sizes, a double (csrc/cubridge/variant.cuh) */
+#define DEC_PAGED_WORDS 13 /* PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh, ops/pack.py) */
+#define DEC_MAX_EXTRAS 6
+#define DEC_MAX_PATCHES 24
+#define DEC_KEY_LEN (4 + 4 * DEC_MAX_EXTRAS)
 
 typedef struct {
     PyObject_HEAD
     PyObject *tensor_type, *dtype, *get_stream, *capturing, *grad_enabled, *device_obj, *params, *pages,
-        *scratch_keep;
+        *scratch_keep, *i32, *i64, *extra_dtypes, *bounds;
     int rank[3], perm[3][4];  /* per operand q, k, v: its rank and where b, h, s, d are (-1: no such dim) */
     int nout, out_len[4], out_dims[4][4];  /* the output's dims: each a group of canonical dims (b h s d) */
     long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
@@ -31,6 +41,13 @@ typedef struct {
     int has_scratch;
     int nreq, req_at[6];  /* sizes the program holds only at one value: index into (B, H, Hkv, Sq, Skv, D) */
     long long req_val[6];
+    int paged;        /* K and V are pages (no batch dim) read through two block tables */
+    long long heads;  /* paged: the spec's KV head count, as the program's held sizes name it */
+    int nextra, extra_rank[DEC_MAX_EXTRAS];
+    int npatch, patch_off[DEC_MAX_PATCHES], patch_kind[DEC_MAX_PATCHES], patch_src[DEC_MAX_PATCHES],
+        patch_dim[DEC_MAX_PATCHES];  /* Params words taken per call: kind 0 an extra's pointer, 1 stride, 2 size */
+    int nkey, has_key;
+    long long key[DEC_KEY_LEN];  /* the (B, H, Sq, Skv, extra shapes) the bounds check last said yes to */
     Py_ssize_t hits;
 } Decoder;
 
@@ -44,6 +61,10 @@ static void Decoder_dealloc(Decoder *d) {
     Py_XDECREF(d->params);
     Py_XDECREF(d->pages);
     Py_XDECREF(d->scratch_keep);
+    Py_XDECREF(d->i32);
+    Py_XDECREF(d->i64);
+    Py_XDECREF(d->extra_dtypes);
+    Py_XDECREF(d->bounds);
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
@@ -57,22 +78,68 @@ static int int_items(PyObject *t, int *out, Py_ssize_t n, const char *what) {
 }
 
 /* Decoder(tensor_type, dtype, ranks, perms, out_dims, head_dim, value_dim, block_m, block_n, fn, threads, smem,
-           device, scale, params, pages, ctas_per_sm, sm_count, get_stream, capturing, grad_enabled, requires)
-   perms: three (b, h, s, d) position tuples; out_dims: per output dim, the canonical dims (0 b, 1 h, 2 s,
-   3 d) it holds, outermost first; requires: (size index, value) pairs (Program.requires). */
+           device, scale, params, pages, ctas_per_sm, sm_count, get_stream, capturing, grad_enabled, requires,
+           paged, extras, patches, bounds)
+   perms: three (b, h, s, d) position tuples (pages: no b, s their slot dim); out_dims: per output dim, the
+   canonical dims (0 b, 1 h, 2 s, 3 d) it holds, outermost first; requires: (size index, value) pairs
+   (Program.requires); paged: () or (heads, int32, int64); extras: (dtype, rank) per extra tensor argument;
+   patches: (byte offset, kind, extra, dim) per Params word taken per call; bounds: None or
+   bounds(B, H, Hkv, Sq, Skv, D, shapes) -> bool. */
 static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
     PyObject *tensor_type, *dtype, *ranks, *perms, *out_dims, *params, *pages, *get_stream, *capturing, *grad_enabled,
-        *requires;
+        *requires, *paged, *extras, *patches, *bounds;
     long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
     unsigned long long fn;
     unsigned threads, smem;
     long device;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!LLLLKIIldO!O!LLOOOO!", &tensor_type, &dtype, &PyTuple_Type, &ranks,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!LLLLKIIldO!O!LLOOOO!O!O!O!O", &tensor_type, &dtype, &PyTuple_Type, &ranks,
                           &PyTuple_Type, &perms, &PyTuple_Type, &out_dims, &head_dim, &value_dim, &block_m, &block_n,
                           &fn, &threads, &smem, &device, &scale, &PyBytes_Type, &params, &PyBytes_Type, &pages,
-                          &ctas_per_sm, &sm_count, &get_stream, &capturing, &grad_enabled, &PyTuple_Type, &requires))
+                          &ctas_per_sm, &sm_count, &get_stream, &capturing, &grad_enabled, &PyTuple_Type, &requires,
+                          &PyTuple_Type, &paged, &PyTuple_Type, &extras, &PyTuple_Type, &patches, &bounds))
         return -1;
+    PyObject *i32 = NULL, *i64 = NULL;
+    d->paged = PyTuple_GET_SIZE(paged) != 0;
+    if (d->paged && !PyArg_ParseTuple(paged, "LOO", &d->heads, &i32, &i64)) return -1;
+    d->nextra = (int)PyTuple_GET_SIZE(extras);
+    if (d->nextra > DEC_MAX_EXTRAS) {
+        PyErr_SetString(PyExc_ValueError, "extras: at most six tensors");
+        return -1;
+    }
+    PyObject *edt = PyTuple_New(d->nextra);
+    if (!edt) return -1;
+    for (int i = 0; i < d->nextra; i++) {
+        PyObject *dt;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(extras, i), "Oi", &dt, &d->extra_rank[i]) || d->extra_rank[i] < 0 ||
+            d->extra_rank[i] > 4) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "extras: (dtype, rank of 0 to 4)");
+            Py_DECREF(edt);
+            return -1;
+        }
+        Py_INCREF(dt);
+        PyTuple_SET_ITEM(edt, i, dt);
+    }
+    Py_XSETREF(d->extra_dtypes, edt);
+    d->npatch = (int)PyTuple_GET_SIZE(patches);
+    if (d->npatch > DEC_MAX_PATCHES) {
+        PyErr_SetString(PyExc_ValueError, "patches: at most 24");
+        return -1;
+    }
+    for (int i = 0; i < d->npatch; i++) {
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(patches, i), "iiii", &d->patch_off[i], &d->patch_kind[i],
+                              &d->patch_src[i], &d->patch_dim[i]))
+            return -1;
+        int src = d->patch_src[i], kind = d->patch_kind[i];
+        if (d->patch_off[i] < 0 || d->patch_off[i] % 8 || d->patch_off[i] + 8 > PyBytes_GET_SIZE(params) || kind < 0 ||
+            kind > 2 || src < 0 || src >= d->nextra || (kind && (d->patch_dim[i] < 0 || d->patch_dim[i] >= d->extra_rank[src]))) {
+            PyErr_SetString(PyExc_ValueError, "patches: a Params word of an extra's pointer, stride or size");
+            return -1;
+        }
+    }
+    d->nkey = 4;
+    for (int i = 0; i < d->nextra; i++) d->nkey += d->extra_rank[i];
+    d->has_key = 0;
     d->nreq = (int)PyTuple_GET_SIZE(requires);
     if (d->nreq > 6) {
         PyErr_SetString(PyExc_ValueError, "requires: at most six sizes");
@@ -158,6 +225,11 @@ static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
     SET(get_stream, get_stream);
     SET(capturing, capturing);
     SET(grad_enabled, grad_enabled);
+    SET(bounds, bounds);
+    if (d->paged) {
+        SET(i32, i32);
+        SET(i64, i64);
+    }
 #undef SET
     d->has_scratch = 0;
     return load_driver();
@@ -197,19 +269,27 @@ static int ll_tuple(PyObject *t, long long *out, int n) {
     return PyErr_Occurred() ? -1 : 1;
 }
 
-/* 1: read, 0: not a call this path takes, -1: an error. The tensor's dtype, device, shape, stride and grad
-   as a record's match reads them (see), then its pointer. */
-static int read_operand(Decoder *d, PyObject *t, int rank, Operand *o) {
+/* 1: read, 0: not a call this path takes, -1: an error. A tensor on the Decoder's device of `rank` dims
+   (as a record's match reads them, see), its shape, stride, grad and pointer; its dtype must be `dtype`, or
+   where that is NULL one of `alt` and `alt2` (a block table's int32 or int64), given back in *seen_dtype. */
+static int read_tensor(Decoder *d, PyObject *t, int rank, PyObject *dtype, PyObject *alt, PyObject *alt2,
+                       PyObject **seen_dtype, Operand *o) {
     if (Py_TYPE(t) != (PyTypeObject *)d->tensor_type) return 0;
     Seen s;
     memset(&s, 0, sizeof(s));
-    int r = see(t, &s) < 0 ? -1 : (s.dtype == d->dtype && s.device == d->device);
+    int r = see(t, &s) < 0 ? -1 : s.device == d->device;
+    if (r == 1) r = dtype ? s.dtype == dtype : (s.dtype == alt || s.dtype == alt2);
+    if (r == 1 && seen_dtype) *seen_dtype = s.dtype;  /* torch's dtypes live as long as torch */
     if (r == 1) r = ll_tuple(s.shape, o->shape, rank);
     if (r == 1) r = ll_tuple(s.stride, o->stride, rank);
     if (r == 1 && pointer(t, &o->ptr) < 0) r = -1;
     o->grad = s.grad;
     forget(&s, 1);
     return r;
+}
+
+static int read_operand(Decoder *d, PyObject *t, int rank, Operand *o) {
+    return read_tensor(d, t, rank, d->dtype, NULL, NULL, NULL, o);
 }
 
 /* Canonical [B, H, S, D] sizes and strides (a missing batch or head dim: size 1, stride 0), as fastpath.canon. */
@@ -239,10 +319,46 @@ static PyObject *ll_shape(const long long *v, int n) {
     return t;
 }
 
-/* serve(q, k, v): the output of one launch, or None where the Python runner must serve the call. */
+/* The bounds check's yes for this call's sizes and extra shapes: kept for the next calls of the same ones
+   (1 holds, 0 does not, -1 an error). */
+static int bounds_hold(Decoder *d, const long long *sizes, const Operand *ex) {
+    long long key[DEC_KEY_LEN];
+    int n = 0;
+    key[n++] = sizes[0];
+    key[n++] = sizes[1];
+    key[n++] = sizes[3];
+    key[n++] = sizes[4];
+    for (int i = 0; i < d->nextra; i++)
+        for (int j = 0; j < d->extra_rank[i]; j++) key[n++] = ex[i].shape[j];
+    if (d->has_key && !memcmp(key, d->key, n * sizeof(long long))) return 1;
+    PyObject *shapes = PyTuple_New(d->nextra);
+    if (!shapes) return -1;
+    for (int i = 0; i < d->nextra; i++) {
+        PyObject *t = ll_shape(ex[i].shape, d->extra_rank[i]);
+        if (!t) {
+            Py_DECREF(shapes);
+            return -1;
+        }
+        PyTuple_SET_ITEM(shapes, i, t);
+    }
+    PyObject *yes = PyObject_CallFunction(d->bounds, "LLLLLLN", sizes[0], sizes[1], sizes[2], sizes[3], sizes[4],
+                                          sizes[5], shapes);
+    if (!yes) return -1;
+    int ok = PyObject_IsTrue(yes);
+    Py_DECREF(yes);
+    if (ok == 1) {
+        memcpy(d->key, key, n * sizeof(long long));
+        d->has_key = 1;
+    }
+    return ok;
+}
+
+/* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
+   one launch, or None where the Python runner must serve the call. */
 static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "serve(q, k, v)");
+    const int nkv = d->paged ? 4 : 2;
+    if (n != 1 + nkv + d->nextra) {
+        PyErr_SetString(PyExc_TypeError, "serve(q, k, v[, k_table, v_table], extras...)");
         return NULL;
     }
     Operand op[3];
@@ -256,15 +372,58 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
         canonical(&op[i], d->perm[i], cn[i], cs[i]);
         if (!aligned(&op[i], cs[i])) Py_RETURN_NONE;
     }
+    long long paged_words[DEC_PAGED_WORDS];
+    long long hkv_spec = cn[1][1];
+    if (d->paged) {  /* as runner._pages: key s of sequence b is row s % P of page table[b, s / P] */
+        Operand t[2];
+        PyObject *tdt[2] = {NULL, NULL};
+        for (int i = 0; i < 2; i++) {
+            int r = read_tensor(d, a[3 + i], 2, NULL, d->i32, d->i64, &tdt[i], &t[i]);
+            if (r <= 0) {
+                if (r == 0) Py_RETURN_NONE;
+                return NULL;
+            }
+        }
+        const long long P = cn[1][2];
+        if (tdt[0] != tdt[1] || t[0].shape[0] != t[1].shape[0] || t[0].shape[1] != t[1].shape[1] || cn[2][2] != P ||
+            op[1].stride[0] % 8 || op[2].stride[0] % 8 || P <= 0 || t[0].shape[1] > (1LL << 40) / P)
+            Py_RETURN_NONE;
+        const long long w[DEC_PAGED_WORDS] = {(long long)t[0].ptr, (long long)t[1].ptr, t[0].stride[0], t[0].stride[1],
+                                              t[1].stride[0], t[1].stride[1], op[1].stride[0], op[2].stride[0],
+                                              op[1].shape[0], op[2].shape[0], P, (P & (P - 1)) ? -1 : __builtin_ctzll(P),
+                                              tdt[0] == d->i64};
+        memcpy(paged_words, w, sizeof(w));
+        for (int i = 1; i < 3; i++) {  /* the pages' canonical sizes: every sequence's keys in a row */
+            cn[i][0] = t[0].shape[0];
+            cn[i][2] = t[0].shape[1] * P;
+        }
+        hkv_spec = d->heads;
+    }
     const long long B = cn[0][0], H = cn[0][1], Sq = cn[0][2], D = cn[0][3];
     const long long Hkv = cn[1][1], Skv = cn[1][2];
     if (D != d->head_dim || cn[1][3] != d->head_dim || cn[2][3] != d->value_dim || cn[1][0] != B || cn[2][0] != B ||
         cn[2][1] != Hkv || cn[2][2] != Skv || Hkv <= 0 || H % Hkv || Sq <= 0 || Skv <= 0 || B <= 0)
         Py_RETURN_NONE;
-    const long long sizes[6] = {B, H, Hkv, Sq, Skv, D};
+    Operand ex[DEC_MAX_EXTRAS];
+    int grad = op[0].grad || op[1].grad || op[2].grad;
+    for (int i = 0; i < d->nextra; i++) {
+        int r = read_tensor(d, a[1 + nkv + i], d->extra_rank[i], PyTuple_GET_ITEM(d->extra_dtypes, i), NULL, NULL,
+                            NULL, &ex[i]);
+        if (r <= 0) {
+            if (r == 0) Py_RETURN_NONE;
+            return NULL;
+        }
+        grad |= ex[i].grad;
+    }
+    const long long sizes[6] = {B, H, hkv_spec, Sq, Skv, D};
     for (int i = 0; i < d->nreq; i++)
         if (sizes[d->req_at[i]] != d->req_val[i]) Py_RETURN_NONE;  /* the runner says which size the program holds */
-    if (op[0].grad || op[1].grad || op[2].grad) {  /* autograd goes through the spec: the runner says so */
+    if (d->bounds != Py_None) {  /* extras read at computed indices: the runner's check, once per shape */
+        int ok = bounds_hold(d, sizes, ex);
+        if (ok < 0) return NULL;
+        if (!ok) Py_RETURN_NONE;
+    }
+    if (grad) {  /* autograd goes through the spec: the runner says so */
         PyObject *g = PyObject_CallNoArgs(d->grad_enabled);
         if (!g) return NULL;
         int on = PyObject_IsTrue(g);
@@ -349,8 +508,10 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     fwd[21] = Skv;
     memcpy(&fwd[22], &d->scale, 8);
     const long long chunk = per * d->block_n;
-    const void *src[6] = {fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk};
-    size_t len[7] = {sizeof(fwd), (size_t)PyBytes_GET_SIZE(d->params), 8, 8, 8, 8, (size_t)PyBytes_GET_SIZE(d->pages)};
+    const void *src[7] = {fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk,
+                          d->paged ? (const void *)paged_words : PyBytes_AS_STRING(d->pages)};
+    size_t len[7] = {sizeof(fwd), (size_t)PyBytes_GET_SIZE(d->params), 8, 8, 8, 8,
+                     d->paged ? sizeof(paged_words) : (size_t)PyBytes_GET_SIZE(d->pages)};
     void *kparams[7];
     size_t off = 0;
     for (int i = 0; i < 7; i++) {
@@ -358,9 +519,15 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
             Py_DECREF(out);
             Py_RETURN_NONE;
         }
-        memcpy(buf + off, i < 6 ? src[i] : PyBytes_AS_STRING(d->pages), len[i]);
+        memcpy(buf + off, src[i], len[i]);
         kparams[i] = buf + off;
         off = (off + len[i] + 63) & ~(size_t)63;
+    }
+    for (int i = 0; i < d->npatch; i++) {  /* the extras' words of Params (block 1) */
+        const Operand *x = &ex[d->patch_src[i]];
+        const long long v = d->patch_kind[i] == 0 ? (long long)x->ptr
+                            : d->patch_kind[i] == 1 ? x->stride[d->patch_dim[i]] : x->shape[d->patch_dim[i]];
+        memcpy((unsigned char *)kparams[1] + d->patch_off[i], &v, 8);
     }
     CUresult rc = cu_launch(d->fn, (unsigned)n_split, (unsigned)(Hkv * row_tiles), (unsigned)B, d->threads, 1, 1,
                             d->smem, (void *)(uintptr_t)stream, kparams, NULL);

@@ -52,3 +52,19 @@ def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dic
         else:
             vals.append(int(scalars[f.source]))
     return fmt.pack(*vals)
+
+
+_PER_CALL_KINDS = ("ptr", "stride", "size")
+
+
+def params_template(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
+                    scalars: dict[str, Any], per_call: dict[str, int]) -> tuple[bytes, tuple[tuple[int, int, int, int], ...]]:
+    """Params with the words of the `per_call` extra tensors (name: rank) left for each call to fill, and
+    where each goes: (byte offset, kind: 0 pointer, 1 stride, 2 size, the tensor's index in per_call, dim).
+    Every word is 8 bytes (params_format)."""
+    names = list(per_call)
+    stand_in = {n: torch.empty((0,) * r) for n, r in per_call.items()}  # its words are overwritten per call
+    patches = tuple((8 * i, _PER_CALL_KINDS.index(f.kind), names.index(f.source),
+                     f.dim % per_call[f.source] if f.kind != "ptr" else 0)
+                    for i, f in enumerate(fields) if f.source in per_call and f.kind in _PER_CALL_KINDS)
+    return pack_params(fmt, fields, {**tensors, **stand_in}, scalars), patches

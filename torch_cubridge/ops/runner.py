@@ -88,9 +88,16 @@ class KernelRunner:
         self._last: tuple | None = None
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
-        # the C Decoder (ops/decoder.py) launches such a decode call for any sizes where the scale is fixed
-        # (sizes the program holds, such as Sq = 1, it checks itself); made at the first call it may serve
-        self.decodable = one_launch and self._decode and self._scale_const is not None
+        # the C Decoder (ops/decoder.py) launches a decode call for any sizes where the scale is fixed and the
+        # call's arguments are all it reads (q, K and V or their pages and tables, extra tensors); sizes the
+        # program holds, such as Sq = 1, it checks itself; made at the first call it may serve
+        self._c_args = decoder.arguments(self) if self._decode else None
+        self.decodable = self._c_args is not None
+        self._c_at: tuple[int, ...] | None = None  # their positions, where all are named parameters
+        self._c_last = 0  # the last of them
+        if self._c_args is not None and all(n in self.plan.positions for n in self._c_args):
+            self._c_at = tuple(self.plan.positions[n] for n in self._c_args)
+            self._c_last = max(self._c_at)
         self._decoder_ok = self.decodable and hotpath.enabled()
         self._decoder: Any = None
 
@@ -100,24 +107,35 @@ class KernelRunner:
         path (a positional call while records pay), so the Python runner makes it; otherwise a decode call
         launches from C where the Decoder takes it."""
         if self._decoder_ok and not record:
-            plan = self.plan
-            at = plan.qkv_at
-            if at is not None and len(args) > at[3]:
-                q, k, v = args[at[0]], args[at[1]], args[at[2]]
+            at = self._c_at
+            if at is not None and len(args) > self._c_last:
+                vals = [args[i] for i in at]
             else:
                 try:
-                    q, k, v = (plan.get(args, kwargs, path) for path in plan.paths)
+                    vals = [self.plan.get(args, kwargs, name) for name in self._c_args]  # type: ignore[union-attr]
                 except (KeyError, IndexError):
                     return self(*args, **kwargs)
             d = self._decoder
-            if d is None and type(q) is torch.Tensor and q.is_cuda:
-                d = self._decoder = decoder.make(self, q.get_device(), _capturing, _sm_count(q.get_device()),
-                                                 self._ctas_per_sm(), NO_PAGES)
+            if d is None and type(vals[0]) is torch.Tensor and vals[0].is_cuda:
+                d = self._decoder = self._make_decoder(vals[0].get_device())
             if d is not None:
-                out = d.serve(q, k, v)
+                out = d.serve(*vals)
                 if out is not None:
                     return as_result(self.p, out) if self.p.out.tuple_len else out
         return self(*args, **kwargs)
+
+    def _make_decoder(self, device: int) -> Any:
+        try:
+            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm(), NO_PAGES)
+        except ValueError:  # a program the Decoder's tables cannot describe (too many extras): Python serves
+            self._decoder_ok = False
+            return None
+
+    def reads_in_bounds(self, sizes: tuple[int, int, int, int, int, int], shapes: dict[str, tuple]) -> bool:
+        """Whether every extra-tensor read is in range at these (B, H, Hkv, Sq, Skv, D) and extra shapes
+        (the Decoder asks once per new ones; _check_bounds answers the Python runner)."""
+        return out_of_bounds(self._sites, dict(zip(("B", "H", "Hkv", "Sq", "Skv", "D"), sizes)), self._lit or {},
+                             shapes) is None
 
     @property
     def decoder_hits(self) -> int:
