@@ -66,13 +66,17 @@ def test_an_extra_tensor_argument_is_read_by_the_decoder_its_words_patched():
     r = _runner(key_padding, q, k, v, torch.rand(1, 300) > 0.2)
     assert r.p.extras and r.decodable and r._c_args == ("q", "k", "v", "pad") and r._c_at == (0, 1, 2, 3)
     (x,) = r.p.extras
-    tmpl, patches = params_template(r.fmt, r.low.params, {}, r._lit, {x.name: x.rank})
+    tmpl, patches = params_template(r.fmt, r.low.params, {}, r._lit, {x.name: x.rank}), r.per_call_words
     assert len(tmpl) == 8 * len(r.low.params)
     fields = {f.kind: f for f in r.low.params if f.source == x.name}
     assert "ptr" in fields and {(o // 8, kind, src) for o, kind, src, _ in patches} >= {
         (r.low.params.index(fields["ptr"]), 0, 0)}
     assert all(src == 0 and 0 <= dim < x.rank and o % 8 == 0 for o, _, src, dim in patches)
     assert len(patches) == sum(f.source == x.name for f in r.low.params)
+    # a record of such a launch patches the mask's pointer into Params (block 1) as the fourth source
+    assert r.replayable and r.replay_sources() == (0, 1, 2, 3)
+    assert (3, 1, 8 * r.low.params.index(fields["ptr"]), False) in r.replay_patches()
+    assert (4, 0, 24, False) in r.replay_patches()  # the output, after the sources
 
 
 @pytest.mark.parametrize("spec,slots_first", [(ps.vllm_heads_first, False), (ps.flash_slots_first, True)])
@@ -85,6 +89,12 @@ def test_paged_decode_programs_are_served_by_the_decoder(spec, slots_first):
     names = ("q",) + tuple(spec.__code__.co_varnames[1:3]) + ("block_table", "block_table")
     assert r.decodable and r._c_args[:5] == names
     assert (r._c_args[5:] == ("seq_lens",)) == (spec is ps.vllm_heads_first) == bool(r._sites)
+    # a record of a paged launch patches q's and the pages' pointers into FwdArgs, the tables' into the
+    # PagedKV words (the last block), the lengths' into Params
+    patches = r.replay_patches()
+    assert r.replayable and r.replay_sources() == tuple(r.plan.positions[n] for n in r._c_args)
+    assert {(3, -1, 0, False), (4, -1, 8, False), (len(r._c_args), 0, 24, False)} <= set(patches)
+    assert any(src == 5 and blk == 1 for src, blk, _, _ in patches) == (spec is ps.vllm_heads_first)
     if r._sites:  # the Decoder's bounds question, answered by the runner's check
         assert r.reads_in_bounds((2, 8, 8, 1, 320, 64), {"seq_lens": (2,)})
         assert not r.reads_in_bounds((3, 8, 8, 1, 320, 64), {"seq_lens": (2,)})

@@ -252,3 +252,19 @@ def test_paged_calls_the_decoder_must_not_take_are_served_right():
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(out.float().cpu(), ps.vllm_heads_first(*to64(tuple(t.cpu() for t in a)))) < 1e-2
+
+
+def test_paged_calls_of_one_layout_replay_their_record_with_each_call_s_tables_and_lengths():
+    """A serving loop's table of fixed width: every call has the first call's layout, so its record
+    replays, the pages', tables' and lengths' pointers of each call patched in (new tensors each call,
+    the old ones kept alive with other contents): every output against float64."""
+    assert hotpath.wait(120) is not None, hotpath.failure
+    f = tc.compile(ps.vllm_heads_first, fallback="raise")
+    keep = []
+    for step in range(6):
+        a = tuple(t.cuda() for t in ps.pages(2, 16, 4, 1000, 128, 16, torch.bfloat16))
+        keep.append(a)
+        out = f(*a)
+        assert rel_err(out.float().cpu(), ps.vllm_heads_first(*to64(tuple(t.cpu() for t in a)))) < 1e-2, step
+    assert f._hot and sum(rec.hits for rec in f._hot) >= 4
+    assert f.served["spec"] == 0

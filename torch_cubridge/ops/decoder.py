@@ -75,8 +75,7 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
     dev = torch.device("cuda", device)
     per_call = [x for x in p.extras if x.arg is not None]
     consts = {x.name: runner._const(x, dev) for x in p.extras if x.arg is None}
-    params, patches = params_template(runner.fmt, runner.low.params, consts, runner._lit,
-                                      {x.name: x.rank for x in per_call})
+    params = params_template(runner.fmt, runner.low.params, consts, runner._lit, {x.name: x.rank for x in per_call})
     bounds = None
     if runner._sites:
         names, fixed = [x.name for x in per_call], {n: tuple(t.shape) for n, t in consts.items()}
@@ -88,4 +87,4 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
                        float(runner._scale_const), params, pages, ctas_per_sm, sm_count,
                        torch._C._cuda_getCurrentRawStream, capturing, torch.is_grad_enabled,
                        tuple((SIZES.index(name), val) for name, val in p.requires), paged,
-                       tuple((getattr(torch, x.dtype), x.rank) for x in per_call), patches, bounds)
+                       tuple((getattr(torch, x.dtype), x.rank) for x in per_call), runner.per_call_words, bounds)

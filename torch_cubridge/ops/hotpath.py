@@ -75,10 +75,10 @@ def record(runner: Any, args: tuple, out: Any) -> Any | None:
     not a tensor or a plain value, or the module is not built yet."""
     mod = module()
     last = runner.take_launch()
-    if mod is None or last is None or type(out) is not torch.Tensor or runner.plan.qkv_at is None:
+    at = runner.replay_sources()
+    if mod is None or last is None or type(out) is not torch.Tensor or at is None or max(at) >= len(args):
         return None
     grid, blocks, stream, device, keep = last
-    at = runner.plan.qkv_at[:3]
     expect, is_tensor = [], []
     for a in args:
         if type(a) is torch.Tensor:
@@ -89,12 +89,11 @@ def record(runner: Any, args: tuple, out: Any) -> Any | None:
             is_tensor.append(False)
         else:
             return None
-    patches = runner.replay_patches()
+    patches = tuple((src, blk % len(blocks), off, tmap) for src, blk, off, tmap in runner.replay_patches())
     ptrs = [args[i].data_ptr() for i in at] + [out.data_ptr()]
-    fwd = blocks[0]
-    if any(int.from_bytes(fwd[off:off + 8], "little") != ptrs[src] for src, blk, off, tmap in patches
+    if any(int.from_bytes(blocks[blk][off:off + 8], "little") != ptrs[src] for src, blk, off, tmap in patches
            if not tmap):
-        return None  # the runner copied an operand: the kernel read the copy, not the argument
+        return None  # the runner copied an argument: the kernel read the copy, not the argument
     kern = runner.kernel
     capturing = _capturing if keep is not None and _capturing is not None else None
     try:

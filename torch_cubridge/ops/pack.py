@@ -57,14 +57,17 @@ def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dic
 _PER_CALL_KINDS = ("ptr", "stride", "size")
 
 
-def params_template(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
-                    scalars: dict[str, Any], per_call: dict[str, int]) -> tuple[bytes, tuple[tuple[int, int, int, int], ...]]:
-    """Params with the words of the `per_call` extra tensors (name: rank) left for each call to fill, and
-    where each goes: (byte offset, kind: 0 pointer, 1 stride, 2 size, the tensor's index in per_call, dim).
-    Every word is 8 bytes (params_format)."""
+def per_call_words(fields: tuple[ParamField, ...], per_call: dict[str, int]) -> tuple[tuple[int, int, int, int], ...]:
+    """Where the words of the `per_call` extra tensors (name: rank) go in Params: (byte offset, kind: 0
+    pointer, 1 stride, 2 size, the tensor's index in per_call, dim). Every word is 8 bytes (params_format)."""
     names = list(per_call)
+    return tuple((8 * i, _PER_CALL_KINDS.index(f.kind), names.index(f.source),
+                  f.dim % per_call[f.source] if f.kind != "ptr" else 0)
+                 for i, f in enumerate(fields) if f.source in per_call and f.kind in _PER_CALL_KINDS)
+
+
+def params_template(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
+                    scalars: dict[str, Any], per_call: dict[str, int]) -> bytes:
+    """Params with the words of the `per_call` extra tensors (per_call_words) left for each call to fill."""
     stand_in = {n: torch.empty((0,) * r) for n, r in per_call.items()}  # its words are overwritten per call
-    patches = tuple((8 * i, _PER_CALL_KINDS.index(f.kind), names.index(f.source),
-                     f.dim % per_call[f.source] if f.kind != "ptr" else 0)
-                    for i, f in enumerate(fields) if f.source in per_call and f.kind in _PER_CALL_KINDS)
-    return pack_params(fmt, fields, {**tensors, **stand_in}, scalars), patches
+    return pack_params(fmt, fields, {**tensors, **stand_in}, scalars)

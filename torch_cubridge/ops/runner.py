@@ -31,7 +31,8 @@ from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
-from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, params_format
+from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, params_format, \
+    per_call_words
 from .tma import no_broadcast, tensor_map
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
@@ -82,10 +83,6 @@ class KernelRunner:
         # no row scale, no returned LSE, K and V in one piece each, the output in q's dtype
         one_launch = self._fast and self._params_const is not None and not aux and p.row_scale is None \
             and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q"
-        # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
-        # returns the output alone); _last holds the latest such launch
-        self.replayable = one_launch and not p.out.tuple_len
-        self._last: tuple | None = None
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
         # the C Decoder (ops/decoder.py) launches a decode call for any sizes where the scale is fixed and the
@@ -100,6 +97,16 @@ class KernelRunner:
             self._c_last = max(self._c_at)
         self._decoder_ok = self.decodable and hotpath.enabled()
         self._decoder: Any = None
+        # Params words of the extra tensors the Decoder reads (and a record patches): their pointers, strides, sizes
+        self.per_call_words = per_call_words(low.params, {x.name: x.rank for x in p.extras if x.arg is not None}) \
+            if self.decodable else ()
+        # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
+        # returns the output alone): a decode launch the Decoder could make, whose only per-call words are
+        # the arguments' pointers at that layout; _last holds the latest such launch
+        qkv = self.plan.qkv_at
+        self._replay_at = self._c_at if self.decodable else qkv[:3] if one_launch and qkv is not None else None
+        self.replayable = self._replay_at is not None and not p.out.tuple_len
+        self._last: tuple | None = None
 
     # -- calls -----------------------------------------------------------------
     def serve(self, args: tuple, kwargs: dict, record: bool = False) -> Any:
@@ -396,12 +403,25 @@ class KernelRunner:
         last, self._last = self._last, None
         return last
 
+    def replay_sources(self) -> tuple[int, ...] | None:
+        """The argument positions whose pointers a replayed launch takes (q, k, v or q, the pages and
+        tables, then the extra tensors: the Decoder's order), or None where no launch replays."""
+        return self._replay_at if self.replayable else None
+
     def replay_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
         """Where a replayed launch takes each call's pointers: (source, block, byte offset, tensor map?),
-        sources 0-2 q, k, v and 3 the output: FwdArgs' first words (pack.FWD_FORMAT) and, on the Hopper
-        kernel, the three tensor maps after the Params block."""
-        words = tuple((i, 0, 8 * i, False) for i in range(4))
-        return words + tuple((i, 2 + i, 0, True) for i in range(3)) if self._tma else words
+        sources numbered as replay_sources, the output last. q's, k's (or K's pages'), v's and the output's
+        go in FwdArgs' first words (pack.FWD_FORMAT); on the Hopper kernel, into the three tensor maps after
+        the Params block; the block tables' into the PagedKV words, the decode launch's last block (-1);
+        the extra tensors' into Params (block 1)."""
+        n = len(self._replay_at or ())
+        words = tuple((i, 0, 8 * i, False) for i in range(3)) + ((n, 0, 24, False),)
+        if self._tma:
+            return words + tuple((i, 2 + i, 0, True) for i in range(3))
+        tables = ((3, -1, 0, False), (4, -1, 8, False)) if self.paged is not None else ()
+        first = 5 if self.paged is not None else 3
+        return words + tables + tuple((first + src, 1, off, False) for off, kind, src, _ in self.per_call_words
+                                      if kind == 0)
 
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
                     tensors: dict, lse: torch.Tensor | None) -> None:
