@@ -21,7 +21,7 @@
 #define DEC_PAGED_WORDS 13 /* PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh, ops/pack.py) */
 #define DEC_MAX_EXTRAS 6
 #define DEC_MAX_PATCHES 24
-#define DEC_KEY_LEN (4 + 4 * DEC_MAX_EXTRAS)
+#define DEC_KEY_LEN (6 + 4 * DEC_MAX_EXTRAS)
 
 typedef struct {
     PyObject_HEAD
@@ -46,8 +46,8 @@ typedef struct {
     int nextra, extra_rank[DEC_MAX_EXTRAS];
     int npatch, patch_off[DEC_MAX_PATCHES], patch_kind[DEC_MAX_PATCHES], patch_src[DEC_MAX_PATCHES],
         patch_dim[DEC_MAX_PATCHES];  /* Params words taken per call: kind 0 an extra's pointer, 1 stride, 2 size */
-    int nkey, has_key;
-    long long key[DEC_KEY_LEN];  /* the (B, H, Sq, Skv, extra shapes) the bounds check last said yes to */
+    int has_key;
+    long long key[DEC_KEY_LEN];  /* the (B, H, Hkv, Sq, Skv, D, extra shapes) the bounds check last said yes to */
     Py_ssize_t hits;
 } Decoder;
 
@@ -137,8 +137,6 @@ static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
             return -1;
         }
     }
-    d->nkey = 4;
-    for (int i = 0; i < d->nextra; i++) d->nkey += d->extra_rank[i];
     d->has_key = 0;
     d->nreq = (int)PyTuple_GET_SIZE(requires);
     if (d->nreq > 6) {
@@ -324,10 +322,7 @@ static PyObject *ll_shape(const long long *v, int n) {
 static int bounds_hold(Decoder *d, const long long *sizes, const Operand *ex) {
     long long key[DEC_KEY_LEN];
     int n = 0;
-    key[n++] = sizes[0];
-    key[n++] = sizes[1];
-    key[n++] = sizes[3];
-    key[n++] = sizes[4];
+    for (int i = 0; i < 6; i++) key[n++] = sizes[i];
     for (int i = 0; i < d->nextra; i++)
         for (int j = 0; j < d->extra_rank[i]; j++) key[n++] = ex[i].shape[j];
     if (d->has_key && !memcmp(key, d->key, n * sizeof(long long))) return 1;

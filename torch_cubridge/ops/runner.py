@@ -480,7 +480,7 @@ class KernelRunner:
                       tensors: dict) -> None:
         """Every extra-tensor read in range: the kernel reads through raw pointers."""
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-        key = (B, H, Sq, Skv, tuple(sorted(scal.items())), tuple(sorted(shapes.items())))
+        key = (B, H, Hkv, Sq, Skv, D, tuple(sorted(scal.items())), tuple(sorted(shapes.items())))
         if key in self._in_bounds:
             return
         sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
