@@ -13,7 +13,9 @@ from ..lower.variant import ParamField
 FWD_FORMAT = struct.Struct("<5Q12q5qd")
 
 
-# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh); all zero where unpaged
+# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh); all zero where unpaged. Packed here by
+# runner._pages and in C by the Decoder (csrc/host/decoder.h): a change to the struct changes all three;
+# tests/test_decoder_gpu.py holds the two packings' launches equal bit for bit
 PAGED_FORMAT = struct.Struct("<2Q11q")
 NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
 # SegKV: K's and V's piece pointers, their b/h/s strides, their cumulative ends (decode_kernel.cuh)
