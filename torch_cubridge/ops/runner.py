@@ -141,8 +141,7 @@ class KernelRunner:
     def reads_in_bounds(self, sizes: tuple[int, int, int, int, int, int], shapes: dict[str, tuple]) -> bool:
         """Whether every extra-tensor read is in range at these (B, H, Hkv, Sq, Skv, D) and extra shapes
         (the Decoder asks once per new ones; _check_bounds answers the Python runner)."""
-        return out_of_bounds(self._sites, dict(zip(("B", "H", "Hkv", "Sq", "Skv", "D"), sizes)), self._lit or {},
-                             shapes) is None
+        return out_of_bounds(self._sites, dict(zip(decoder.SIZES, sizes)), self._lit or {}, shapes) is None
 
     @property
     def decoder_hits(self) -> int:
