@@ -38,6 +38,18 @@ def chunked_prefill(q, k_pages, v_pages, block_table, seq_lens):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None], enable_gqa=True)
 
 
+def span_dropped(q, k_pages, v_pages, block_table, seq_lens):
+    """Each sequence's keys 64 to 199 masked out (a retrieved passage dropped): the key blocks inside the span
+    are skipped, so the next block a CTA copies is not the one after its last."""
+    B, H, Sq, D = q.shape
+    Hkv = k_pages.shape[1]
+    k = k_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D)
+    v = v_pages[block_table].permute(0, 2, 1, 3, 4).reshape(B, Hkv, -1, D)
+    kv = torch.arange(k.shape[2], device=q.device)[None, :]
+    keep = (kv < seq_lens[:, None]) & ((kv < 64) | (kv >= 200))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], enable_gqa=True)
+
+
 def pages(B, H, Hkv, S, D, P, dtype, slots_first=False, table_dtype=torch.int64, negative_tail=False, sq=1):
     """q (`sq` queries), K and V pages (a few spare), a shuffled block table and sequence lengths (at
     least `sq`)."""

@@ -28,6 +28,15 @@ def test_small_pages_and_many_splits(B, S, P):
     _serve(ps.vllm_heads_first, ps.pages(B, 16, 8, S, 64, P, torch.bfloat16))
 
 
+@pytest.mark.parametrize("P", [16, 24, 256])
+def test_blocks_skipped_inside_a_split(P):
+    """Key blocks 1 and 2 masked out inside splits of many blocks (128 tiles fill the GPU in two splits): the
+    kernel loads a block's table entries one block ahead, and must load them again for the block after a skip."""
+    args = ps.pages(16, 32, 8, 2000, 128, P, torch.bfloat16)
+    args[4][:] = 2000
+    _serve(ps.span_dropped, args)
+
+
 def test_slots_first_int32_table_negative_tail_and_a_second_call():
     args = ps.pages(2, 16, 4, 5000, 128, 16, torch.bfloat16, slots_first=True, table_dtype=torch.int32,
                     negative_tail=True)

@@ -97,50 +97,87 @@ __device__ __forceinline__ bool pages_shared(const PagedKV& pg) {
   return pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp && pg.k_pages == pg.v_pages;
 }
 
-// One K/V block's rows [row0, row0 + BN) from their pages into the ring: a block inside one page by
-// copy.cuh's load_block_in_page. Otherwise, where the thread count is a
-// multiple of the 16-byte chunks of a row, a thread keeps one column and walks rows NTH / chunks apart,
-// so it looks up a page only where its rows cross into the next one, and V reuses K's entries where both
-// read one table: a lookup per row per tensor cost 18% at 4k keys (H100, pages of 16). V of another head
-// dim (DV, multi-head latent attention) walks its own rows, a lookup per row. (Tried at pages of 16, H100,
-// NOTES v25: entries staged in shared memory per split, and whole pages copied with running pointers; no
-// gain with two CTAs per SM, which hide the lookups.)
-template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
+// The per-row walk over a block's rows: a thread keeps one 16-byte column and walks rows kStep apart
+// (r0 + kStep * i, r0 = tid / kChunks), where the thread count is a multiple of a row's chunks.
+template <int BN, int D, int NTH>
+struct RowWalk {
+  static constexpr int kChunks = D / 8;
+  static constexpr bool kOk = NTH % kChunks == 0 && BN % (NTH / kChunks) == 0;
+  static constexpr int kStep = kOk ? NTH / kChunks : 1;
+  static constexpr int kRows = kOk ? BN / kStep : 1;
+};
+
+// The table entries of one thread's rows of a paged block (for K, and for V where it reads its own table),
+// loaded a block ahead of the block's copies: a lookup is a dependent load, and looked up at the copy it sat in
+// front of every block's copies (B 8, 32k, pages of 16: 0.944 of contiguous K/V looked up at the copy, 0.962
+// loaded ahead; 4k and B 1 unchanged; with three stages and one CTA per SM still 0.62-0.70: H100, NOTES v29).
+// Where the block lies in one page, entry 0 is its page.
+template <int N>
+struct BlockEntries {
+  int blk;  // the block they are for (-1: none)
+  RawEntry k[N], v[N];
+};
+
+template <int BN, int D, int NTH, int N>
+__device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const PagedKV& pg, int b, int blk, int nrows,
+                                                   int tid) {
+  using W = RowWalk<BN, D, NTH>;
+  const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
+  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  const bool in_page = page % BN == 0;
+  const int r0 = tid / W::kChunks;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (in_page && i > 0) continue;
+    const int row = imin(blk * BN + r0 + W::kStep * i, nrows - 1);  // a row past the end: the last one's page
+    const int pi = shift >= 0 ? row >> shift : row / page;
+    en.k[i] = load_entry(pg.k_table, t64, b * pg.kt_sb + pi * pg.kt_sp);
+    if (!shared) en.v[i] = load_entry(pg.v_table, t64, b * pg.vt_sb + pi * pg.vt_sp);
+  }
+  en.blk = blk;
+}
+
+// One K/V block's rows [row0, row0 + BN) from their pages into the ring, through the entries
+// load_block_entries loaded for it: a block inside one page by copy.cuh's load_block_in_page, else the
+// per-row walk, each row at its own entry, V at K's where both read one table.
+template <int BN, int D, int LDS, int NTH, int N, class T>
 __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
-                                              const PagedKV& pg, int b, int row0, int nrows, int tid) {
-  constexpr int kChunks = D / 8;
+                                              const PagedKV& pg, const BlockEntries<N>& en, int row0, int nrows,
+                                              int tid) {
+  using W = RowWalk<BN, D, NTH>;
+  const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
+  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  auto k_at = [&](int i) { return entry_index(en.k[i], t64, pg.k_pages); };
+  auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], t64, pg.v_pages); };
+  if (load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, [&](int) { return k_at(0); }, row0,
+                                          nrows, tid)) {
+    load_block_in_page<BN, D, LDS, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, [&](int) { return v_at(0); }, row0,
+                                        nrows, tid);
+    return;
+  }
+  const int r0 = tid / W::kChunks, c = tid % W::kChunks;
+  const unsigned k0 = smem_u32(sK) + (r0 * LDS + c * 8) * 2, v0 = smem_u32(sV) + (r0 * LDS + c * 8) * 2;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int row = row0 + r0 + W::kStep * i;
+    const bool ok = row < nrows;
+    const long long slot = shift >= 0 ? row & (page - 1) : row % page;
+    cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
+    cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
+  }
+}
+
+// The same block where V has another head dim (multi-head latent attention) or the threads do not split a
+// row's chunks evenly: each operand by its own page's strided copy, or row by row with a lookup per row.
+template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
+__device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
+                                                   const PagedKV& pg, int b, int row0, int nrows, int tid) {
   const bool t64 = pg.table64 != 0;
   const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
   auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
   auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
-  const bool k_done = load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, k_page, row0, nrows, tid);
-  const bool v_done = load_block_in_page<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, v_page, row0, nrows, tid);
-  if (k_done && v_done) return;
-  if constexpr (DV == D && NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
-    constexpr int kStep = NTH / kChunks, kRows = BN / kStep;
-    const bool shared = pages_shared(pg);
-    const int r0 = tid / kChunks, c = tid % kChunks;
-    const unsigned k0 = smem_u32(sK) + (r0 * LDS + c * 8) * 2, v0 = smem_u32(sV) + (r0 * LDS + c * 8) * 2;
-    long long ke = 0, ve = 0;
-    int last = -1;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int row = row0 + r0 + kStep * i;
-      const bool ok = row < nrows;
-      const int pi = shift >= 0 ? row >> shift : row / page;
-      if (ok && pi != last) {
-        ke = k_page(pi);
-        ve = shared ? ke : v_page(pi);
-        last = pi;
-      }
-      const long long slot = shift >= 0 ? row & (page - 1) : row % page;
-      cp_async16(k0 + i * kStep * LDS * 2, ok ? gK + ke * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
-      cp_async16(v0 + i * kStep * LDS * 2, ok ? gV + ve * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
-    }
-  } else {
-    if (!k_done) load_tile_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, k_page, row0, nrows, tid);
-    if (!v_done) load_tile_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, v_page, row0, nrows, tid);
-  }
+  load_block_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, k_page, row0, nrows, tid);
+  load_block_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, v_page, row0, nrows, tid);
 }
 
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
@@ -231,11 +268,21 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   };
 
   int pf = j0;
+  // paged K/V of one head dim, walked row by row: each block's table entries loaded a block ahead
+  constexpr bool kAhead = kPaged && DV == D && RowWalk<BN, D, NTH>::kOk;
+  BlockEntries<RowWalk<BN, D, NTH>::kRows> ent;
+  ent.blk = -1;
   auto prefetch = [&](int stage) {
     while (pf < j1 && tile_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < j1;
-    if constexpr (kPaged) {
-      if (ok) load_kv_paged<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
+    if constexpr (kAhead) {
+      if (ok) {
+        if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, b, pf, kv_end, tid);  // the first, or after a skip
+        load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, ent, pf * BN, kv_end, tid);
+        if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, b, pf + 1, kv_end, tid);
+      }
+    } else if constexpr (kPaged) {
+      if (ok) load_kv_paged_rows<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
     } else if constexpr (kSeg) {
       if (ok) load_tile_pieces<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile_pieces<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);

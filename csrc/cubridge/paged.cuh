@@ -19,12 +19,34 @@ struct PagedKV {
   long long table64;                     // 1: the tables are int64
 };
 
+// A table entry as loaded (an int32 table fills lo only), widened and clamped by entry_index at its use, so
+// a load issued a block ahead of its use (decode_kernel.cuh) holds no instruction up before then.
+struct RawEntry {
+  int lo, hi;
+};
+__device__ __forceinline__ RawEntry load_entry(const void* table, bool t64, long long off) {
+  RawEntry r;
+  if (t64) {
+    const int2 x = __ldg(static_cast<const int2*>(table) + off);
+    r.lo = x.x;
+    r.hi = x.y;
+  } else {
+    r.lo = __ldg(static_cast<const int*>(table) + off);
+    r.hi = 0;
+  }
+  return r;
+}
+
 // A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
 // buffer: an entry the spec itself would reject must not become a wild read.
-__device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
-  long long e = t64 ? __ldg(static_cast<const long long*>(table) + off) : __ldg(static_cast<const int*>(table) + off);
+__device__ __forceinline__ long long entry_index(RawEntry r, bool t64, long long n) {
+  long long e = t64 ? (static_cast<long long>(r.hi) << 32) | static_cast<unsigned>(r.lo) : static_cast<long long>(r.lo);
   if (e < 0) e += n;
   return e < 0 ? 0 : (e >= n ? n - 1 : e);
+}
+
+__device__ __forceinline__ long long page_entry(const void* table, bool t64, long long off, long long n) {
+  return entry_index(load_entry(table, t64, off), t64, n);
 }
 
 // Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
