@@ -15,13 +15,19 @@ from typing import Any
 import torch
 
 from . import hotpath
-from .pack import params_template
+from .pack import NO_PAGES, params_template
 
 SIZES = ("B", "H", "Hkv", "Sq", "Skv", "D")  # the order the Decoder reads a program's required sizes in
 
 
 def _perm(dims: tuple[str, ...]) -> tuple[int, int, int, int]:
     return tuple(dims.index(c) if c in dims else -1 for c in "bhsd")  # type: ignore[return-value]
+
+
+def per_call_extras(p: Any) -> list:
+    """The program's extra tensors that are call arguments, in order: the Decoder reads each call's, patching
+    their words into Params (the others are the runner's constants, fixed in the template)."""
+    return [x for x in p.extras if x.arg is not None]
 
 
 def arguments(runner: Any) -> tuple[str, ...] | None:
@@ -44,7 +50,7 @@ def arguments(runner: Any) -> tuple[str, ...] | None:
         names = (p.q.arg, p.k.arg, p.v.arg)
     if any(x.step is not None for x in p.extras):
         return None
-    names += tuple(x.arg for x in p.extras if x.arg is not None)
+    names += tuple(x.arg for x in per_call_extras(p))
     # named parameters (or keyword-only ones), not paths into a container argument
     if not all(n in runner.plan.positions or "." not in n for n in names) or len(names) > 5 + 6:
         return None
@@ -57,7 +63,7 @@ def _pages_perm(r: Any) -> tuple[int, int, int, int]:
     return (-1, -1 if r.head_dim is None else r.head_dim, r.slot_dim, rank - 1)
 
 
-def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: int, pages: bytes) -> Any | None:
+def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: int) -> Any | None:
     """The C Decoder for `runner` on `device`, or None while the host module is not built (or cannot be)."""
     mod = hotpath.module()
     if mod is None:
@@ -73,7 +79,7 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
         ranks, perms = (ranks[0],) + tuple(pm[3] + 1 for pm in kv), (perms[0],) + kv
         paged = (runner.paged[0].heads, torch.int32, torch.int64)
     dev = torch.device("cuda", device)
-    per_call = [x for x in p.extras if x.arg is not None]
+    per_call = per_call_extras(p)
     consts = {x.name: runner._const(x, dev) for x in p.extras if x.arg is None}
     params = params_template(runner.fmt, runner.low.params, consts, runner._lit, {x.name: x.rank for x in per_call})
     bounds = None
@@ -84,7 +90,7 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
             return runner.reads_in_bounds((B, H, Hkv, Sq, Skv, D), {**fixed, **dict(zip(names, shapes))})
     return mod.Decoder(torch.Tensor, runner.dtype, ranks, perms, out_dims, runner.head_dim, runner.value_dim,
                        tile.block_m, tile.block_n, kern.handle(device), kern.threads, kern.smem_bytes, device,
-                       float(runner._scale_const), params, pages, ctas_per_sm, sm_count,
+                       float(runner._scale_const), params, NO_PAGES, ctas_per_sm, sm_count,
                        torch._C._cuda_getCurrentRawStream, capturing, torch.is_grad_enabled,
                        tuple((SIZES.index(name), val) for name, val in p.requires), paged,
                        tuple((getattr(torch, x.dtype), x.rank) for x in per_call), runner.per_call_words, bounds)

@@ -98,7 +98,7 @@ class KernelRunner:
         self._decoder_ok = self.decodable and hotpath.enabled()
         self._decoder: Any = None
         # Params words of the extra tensors the Decoder reads (and a record patches): their pointers, strides, sizes
-        self.per_call_words = per_call_words(low.params, {x.name: x.rank for x in p.extras if x.arg is not None}) \
+        self.per_call_words = per_call_words(low.params, {x.name: x.rank for x in decoder.per_call_extras(p)}) \
             if self.decodable else ()
         # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
         # returns the output alone): a decode launch the Decoder could make, whose only per-call words are
@@ -133,7 +133,7 @@ class KernelRunner:
 
     def _make_decoder(self, device: int) -> Any:
         try:
-            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm(), NO_PAGES)
+            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm())
         except ValueError:  # a program the Decoder's tables cannot describe (too many extras): Python serves
             self._decoder_ok = False
             return None
