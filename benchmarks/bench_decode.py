@@ -1,5 +1,7 @@
 """Decode throughput: one (or a few) query tokens against a long KV cache, GQA. torch_cubridge vs SDPA
-(flash, cuDNN, efficient) and FlexAttention in one run, in TB/s of K and V read (plus Q and O).
+(flash, cuDNN, efficient) and FlexAttention in one run, in TB/s of K and V read (plus Q and O). The
+implementations of a row are timed in turn, three passes, the best of each (timing.interleaved_ms; since v29:
+before, one after the other, so the first timed after a first call's idle stretch could read low).
 
 Usage: python benchmarks/bench_decode.py [--out DIR] [--lengths 4096,32768] [--sq 1,4]
 Writes decode.json to DIR or $OUT.
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
-from timing import backend_times, best_host_us  # noqa: E402
+from timing import best_host_us, interleaved_ms  # noqa: E402
 
 
 def gqa_decode(q, k, v):
@@ -69,17 +71,20 @@ def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     row.update(first)
     ref = gqa_decode(q.double(), k.double(), v.double())
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
-    row["ours_ms"] = bench(lambda: f(q, k, v))
-    backend_times(row, ("flash", "cudnn", "efficient"), lambda be: bench(lambda: sdpa(be, q, k, v)))
+    fns = {"ours": lambda: f(q, k, v)}
+    fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, q, k, v)) for be in ("flash", "cudnn", "efficient")})
     try:
         from torch.nn.attention.flex_attention import flex_attention
         torch._dynamo.reset()
         flex = torch.compile(flex_attention)
         flex(q, k, v, enable_gqa=True)
-        row["flex_ms"] = bench(lambda: flex(q, k, v, enable_gqa=True))
+        fns["flex"] = lambda: flex(q, k, v, enable_gqa=True)
     except Exception as e:
         row["flex_ms"] = None
         row["flex_error"] = str(e)[:200]
+    times, errors = interleaved_ms(fns)  # every implementation in turn, best of three passes
+    row.update({f"{name}_ms": ms for name, ms in times.items()})
+    row.update({f"{name}_error": e for name, e in errors.items()})
     for key in [x for x in row if x.endswith("_ms")]:
         if row[key]:
             row[key.replace("_ms", "_tbs")] = nbytes / (row[key] * 1e-3) / 1e12
@@ -102,12 +107,13 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     row.update(first)
     ref = paged_gqa_decode(q.double(), kp.double(), vp.double(), table)
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
-    row["ours_ms"] = bench(lambda: f(q, kp, vp, table))
-    row["spec_ms"] = bench(lambda: paged_gqa_decode(q, kp, vp, table))  # PyTorch gathers, then SDPA
     k, v = (p[table].permute(0, 2, 1, 3, 4).flatten(2, 3).contiguous() for p in (kp, vp))
     g = tc.compile(gqa_decode, fallback="raise")
     g(q, k, v)
-    row["contiguous_ms"] = contiguous_ms = bench(lambda: g(q, k, v))
+    times, _ = interleaved_ms({"ours": lambda: f(q, kp, vp, table), "contiguous": lambda: g(q, k, v),
+                               "spec": lambda: paged_gqa_decode(q, kp, vp, table)})  # the spec: gather, then SDPA
+    row.update({f"{name}_ms": ms for name, ms in times.items()})
+    contiguous_ms = row["contiguous_ms"]
     row["ours_tbs"] = nbytes / (row["ours_ms"] * 1e-3) / 1e12
     row["paged_over_contiguous"] = contiguous_ms / row["ours_ms"]
     wider = torch.cat([table, torch.randint(0, n, (B, 1), device=dev)], 1)

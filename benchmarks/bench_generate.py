@@ -1,10 +1,14 @@
 """Tokens per second of an 8-layer llama's `generate` through the transformers drop-in, against SDPA.
 
 One model (llama-8B-like layers: hidden 4096, 32 query heads, 8 KV heads, head dim 128, random weights,
-bf16), switched between attn_implementation "sdpa" and "cubridge" (one set of weights). Per row: the
-prefill's time (generate of one token) and decode tokens/s = B * N / (time of 1 + N tokens - time of
-1 token), the default dynamic cache, best of --rounds rounds with the two implementations interleaved. Every attention call of the timed cubridge runs is counted: the
-kernel must serve them all. The prefill's logits of the two are compared.
+bf16), switched between attn_implementation "sdpa" and "cubridge" (one set of weights). Per row: decode
+tokens/s = B * N / (the time from the first token's logits to the last's), read by a logits processor that
+stamps the clock after the prefill's logits and after the last step's, synchronising at both, so the N decode
+steps are timed apart from the prefill (the rate of v28 and before, B * N / (time of 1 + N tokens - time of
+1 token), took the difference of two generate calls, each with a 0.1-0.5 s prefill, and its rounds moved by
+up to 40%). Best and median of --rounds rounds, the two implementations interleaved; the prefill's time is
+the first stamp's. Every attention call of the timed cubridge runs is counted: the kernel must serve them all.
+The prefill's logits of the two are compared.
 
 Usage: python benchmarks/bench_generate.py [--rows 1x4096,8x4096,1x32768,8x32768] [--new 64] [--out DIR]
 """
@@ -36,20 +40,30 @@ def model_8_layers(vocab: int = 32000):
     return model.eval()
 
 
-def _generate(model, ids: torch.Tensor, n: int):
-    from transformers import GenerationConfig
+class _Stamps:
+    """A logits processor (it returns the scores as they are) that stamps the clock at its first and n-th
+    call, after the GPU has finished the logits of those steps."""
+
+    def __init__(self, n: int):
+        self.n, self.calls, self.t = n, 0, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls in (1, self.n):
+            torch.cuda.synchronize()
+            self.t.append(time.perf_counter())
+        return scores
+
+
+def _generate(model, ids: torch.Tensor, n: int, stamps: _Stamps | None = None):
+    from transformers import GenerationConfig, LogitsProcessorList
     gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, output_logits=True,
-                             return_dict_in_generate=True)
+                             return_dict_in_generate=True,
+                             logits_processor=LogitsProcessorList([stamps] if stamps is not None else []))
     torch.cuda.synchronize()
     return out
-
-
-def _timed(model, ids: torch.Tensor, n: int) -> float:
-    t0 = time.perf_counter()
-    _generate(model, ids, n)
-    return time.perf_counter() - t0
 
 
 def run(model, impl: str, B: int, ctx: int, new: int) -> dict:
@@ -67,14 +81,18 @@ def run(model, impl: str, B: int, ctx: int, new: int) -> dict:
 
 
 def _time_round(model, row: dict, ids: torch.Tensor) -> None:
-    """One timing round of `row`'s implementation: its best prefill and decode rate so far."""
+    """One timing round of `row`'s implementation: its prefill's time and decode rate, best and median so far."""
     model.set_attn_implementation(row["impl"])
-    t1 = min(_timed(model, ids, 1) for _ in range(2))
-    tn = min(_timed(model, ids, row["new"] + 1) for _ in range(2))
-    row["prefill_s"] = min(row.get("prefill_s", t1), t1)
-    rate = row["B"] * row["new"] / (tn - t1)
-    row["decode_tokens_per_s"] = max(row.get("decode_tokens_per_s", rate), rate)
-    row.setdefault("decode_tokens_per_s_rounds", []).append(rate)
+    stamps = _Stamps(row["new"] + 1)
+    t0 = time.perf_counter()
+    _generate(model, ids, row["new"] + 1, stamps)
+    first, last = stamps.t
+    row.setdefault("prefill_s_rounds", []).append(first - t0)
+    row.setdefault("decode_tokens_per_s_rounds", []).append(row["B"] * row["new"] / (last - first))
+    row["prefill_s"] = min(row["prefill_s_rounds"])
+    row["decode_tokens_per_s"] = max(row["decode_tokens_per_s_rounds"])
+    rates = sorted(row["decode_tokens_per_s_rounds"])
+    row["decode_tokens_per_s_median"] = rates[len(rates) // 2]
 
 
 def _served() -> collections.Counter:
@@ -85,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds per row, the implementations interleaved")
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds per row, the implementations interleaved")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -117,13 +135,15 @@ def main() -> None:
         Path(a.out).mkdir(parents=True, exist_ok=True)  # after every row: a call cut short keeps the rest
         (Path(a.out) / "generate.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                "torch": torch.__version__, "rows": rows}, indent=1))
-    print(f"{'B':>2} {'ctx':>6} {'impl':>8} {'prefill s':>9} {'decode tok/s':>12} {'ours/sdpa':>9}")
+    print(f"{'B':>2} {'ctx':>6} {'impl':>8} {'prefill s':>9} {'best tok/s':>10} {'median':>8} {'ours/sdpa best':>14} "
+          f"{'median':>6}")
     by = {(r["B"], r["ctx"], r["impl"]): r for r in rows}
     for r in rows:
         base = by.get((r["B"], r["ctx"], "sdpa"), {})
-        ratio = r.get("decode_tokens_per_s", 0) / base["decode_tokens_per_s"] if "decode_tokens_per_s" in base else 0
+        ratio = [r.get(k, 0) / base[k] if base.get(k) else 0 for k in ("decode_tokens_per_s", "decode_tokens_per_s_median")]
         print(f"{r['B']:2d} {r['ctx']:6d} {r['impl']:>8} {r.get('prefill_s', 0):9.3f} "
-              f"{r.get('decode_tokens_per_s', 0):12.1f} {ratio:9.3f}")
+              f"{r.get('decode_tokens_per_s', 0):10.1f} {r.get('decode_tokens_per_s_median', 0):8.1f} {ratio[0]:14.3f} "
+              f"{ratio[1]:6.3f}")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,25 @@ def backend_times(row: dict, backends: tuple[str, ...], time_one: Callable[[str]
         except Exception as e:  # backend unavailable for this shape
             row[f"sdpa_{be}_ms"] = None
             row[f"sdpa_{be}_error"] = str(e)[:200]
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 3) -> tuple[dict[str, float | None], dict[str, str]]:
+    """GPU milliseconds per call of each of `fns`: `rounds` passes over all of them in turn, each a do_bench
+    median; the best pass of each. ({name: ms, None where it raised}, {name: error}). In turn, so a clock
+    still low after an idle stretch (a first call's CPU verification) does not land on whichever is timed
+    first: timed one after the other, the first row of a process read 0.68-0.74 of contiguous where the same
+    paged kernel read 0.93-0.95 in later rows (H100, NOTES v29)."""
+    from triton.testing import do_bench
+    best: dict[str, float | None] = {}
+    errors: dict[str, str] = {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name in errors:
+                continue
+            try:
+                ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            except Exception as e:  # a backend that does not take the shape
+                errors[name], best[name] = str(e)[:200], None
+                continue
+            best[name] = min(best.get(name) or ms, ms)
+    return best, errors
