@@ -181,7 +181,7 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
                     low := base_lower(*a_, **k_), source=f"#define CUBRIDGE_L2_PREFETCH {l2}\n" + low.source)
             n = int(kv.get("splits", 0))
             if n:
-                runner.decode_split = lambda c, n_blk, sms, per_sm=1, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
+                runner.decode_split = lambda c, n_blk, sms, per_sm=1, min_blocks=1, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
             try:
                 f = tc.compile(gqa_decode, fallback="raise")
                 o = f(q, k, v)

@@ -200,6 +200,19 @@ def test_paged_calls_launch_from_c_as_the_python_runner_does(spec, slots_first, 
         assert rel_err(c.float().cpu(), spec(*to64(tuple(t.cpu() for t in a)))) < 1e-2, keys
 
 
+def test_a_short_paged_call_splits_into_four_blocks_a_split_in_c_and_python():
+    """B 1, 4k keys, 32:8 heads: the rule alone would give 32 splits of two blocks; a paged call takes one CTA
+    per SM where splits are that short (runner.PAGED_SPLIT_MIN_BLOCKS), 16 splits of four, from C as from
+    Python, and the output is right."""
+    a = tuple(t.cuda() for t in ps.pages(1, 32, 8, 4096, 128, 16, torch.bfloat16))
+    f = tc.compile(ps.vllm_heads_first, fallback="raise")
+    r = _runner(f, a)
+    py = r(*a)
+    assert r._last[0] == (16, 8, 1)
+    assert torch.equal(_from_c(r, a), py)
+    assert rel_err(py.float().cpu(), ps.vllm_heads_first(*to64(tuple(t.cpu() for t in a)))) < 1e-2
+
+
 def test_an_extra_tensor_launches_from_c_and_out_of_range_reads_do_not():
     """A padding mask read per call (its pointer and strides patched into Params): C equals Python bit
     for bit over growing lengths; a mask one key short (a read out of range) is refused by the bounds

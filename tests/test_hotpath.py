@@ -54,11 +54,11 @@ def test_malformed_decoders_are_refused(built):
     arguments it loads the driver: RuntimeError on a machine without one)."""
     good = dict(tensor_type=torch.Tensor, dtype=torch.bfloat16, ranks=(4, 4, 4), perms=((0, 1, 2, 3),) * 3,
                 out_dims=((0,), (2,), (1, 3)), head_dim=64, value_dim=64, block_m=16, block_n=64, fn=0, threads=128,
-                smem=0, device=0, scale=0.125, params=b"\0" * 16, pages=b"\0" * 8, ctas_per_sm=2, sm_count=132,
+                smem=0, device=0, scale=0.125, params=b"\0" * 16, pages=b"\0" * 8, ctas_per_sm=2, sm_count=132, min_blocks=1,
                 get_stream=None, capturing=None, grad_enabled=None, requires=((3, 1),), paged=(),
                 extras=((torch.int64, 1),), patches=((0, 0, 0, 0),), bounds=None)
     for field, value in (("perms", ((0, 1, 2, 4),) * 3), ("out_dims", ((0,), (2,), (3,))),
-                         ("out_dims", ((0, 0), (1,), (2,), (3,))), ("ranks", (4, 4, 5)), ("block_n", 0),
+                         ("out_dims", ((0, 0), (1,), (2,), (3,))), ("ranks", (4, 4, 5)), ("block_n", 0), ("min_blocks", 0),
                          ("requires", ((6, 1),)), ("extras", ((torch.int64, 5),)), ("extras", ((torch.int64, 1),) * 7),
                          ("patches", ((16, 0, 0, 0),)), ("patches", ((4, 0, 0, 0),)), ("patches", ((0, 1, 0, 1),)),
                          ("patches", ((0, 0, 1, 0),)), ("patches", ((0, 3, 0, 0),))):

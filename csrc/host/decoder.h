@@ -29,7 +29,7 @@ typedef struct {
         *scratch_keep, *i32, *i64, *extra_dtypes, *bounds;
     int rank[3], perm[3][4];  /* per operand q, k, v: its rank and where b, h, s, d are (-1: no such dim) */
     int nout, out_len[4], out_dims[4][4];  /* the output's dims: each a group of canonical dims (b h s d) */
-    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
+    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count, min_blocks;
     double scale;
     void *fn;
     unsigned threads, smem;
@@ -78,7 +78,7 @@ static int int_items(PyObject *t, int *out, Py_ssize_t n, const char *what) {
 }
 
 /* Decoder(tensor_type, dtype, ranks, perms, out_dims, head_dim, value_dim, block_m, block_n, fn, threads, smem,
-           device, scale, params, pages, ctas_per_sm, sm_count, get_stream, capturing, grad_enabled, requires,
+           device, scale, params, pages, ctas_per_sm, sm_count, min_blocks, get_stream, capturing, grad_enabled, requires,
            paged, extras, patches, bounds)
    perms: three (b, h, s, d) position tuples (pages: no b, s their slot dim); out_dims: per output dim, the
    canonical dims (0 b, 1 h, 2 s, 3 d) it holds, outermost first; requires: (size index, value) pairs
@@ -88,15 +88,15 @@ static int int_items(PyObject *t, int *out, Py_ssize_t n, const char *what) {
 static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
     PyObject *tensor_type, *dtype, *ranks, *perms, *out_dims, *params, *pages, *get_stream, *capturing, *grad_enabled,
         *requires, *paged, *extras, *patches, *bounds;
-    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count;
+    long long head_dim, value_dim, block_m, block_n, ctas_per_sm, sm_count, min_blocks;
     unsigned long long fn;
     unsigned threads, smem;
     long device;
     double scale;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!LLLLKIIldO!O!LLOOOO!O!O!O!O", &tensor_type, &dtype, &PyTuple_Type, &ranks,
+    if (!PyArg_ParseTuple(args, "OOO!O!O!LLLLKIIldO!O!LLLOOOO!O!O!O!O", &tensor_type, &dtype, &PyTuple_Type, &ranks,
                           &PyTuple_Type, &perms, &PyTuple_Type, &out_dims, &head_dim, &value_dim, &block_m, &block_n,
                           &fn, &threads, &smem, &device, &scale, &PyBytes_Type, &params, &PyBytes_Type, &pages,
-                          &ctas_per_sm, &sm_count, &get_stream, &capturing, &grad_enabled, &PyTuple_Type, &requires,
+                          &ctas_per_sm, &sm_count, &min_blocks, &get_stream, &capturing, &grad_enabled, &PyTuple_Type, &requires,
                           &PyTuple_Type, &paged, &PyTuple_Type, &extras, &PyTuple_Type, &patches, &bounds))
         return -1;
     PyObject *i32 = NULL, *i64 = NULL;
@@ -197,7 +197,8 @@ static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "out_dims: h, s and d must be there");
         return -1;
     }
-    if (head_dim <= 0 || value_dim <= 0 || block_m <= 0 || block_n <= 0 || ctas_per_sm <= 0 || sm_count <= 0) {
+    if (head_dim <= 0 || value_dim <= 0 || block_m <= 0 || block_n <= 0 || ctas_per_sm <= 0 || sm_count <= 0 ||
+        min_blocks <= 0) {
         PyErr_SetString(PyExc_ValueError, "sizes must be positive");
         return -1;
     }
@@ -207,6 +208,7 @@ static int Decoder_init(Decoder *d, PyObject *args, PyObject *kw) {
     d->block_n = block_n;
     d->ctas_per_sm = ctas_per_sm;
     d->sm_count = sm_count;
+    d->min_blocks = min_blocks;
     d->fn = (void *)(uintptr_t)fn;
     d->threads = threads;
     d->smem = smem;
@@ -445,7 +447,14 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     long long ns = d->ctas_per_sm * d->sm_count / ctas;
     if (ns > n_blk) ns = n_blk;
     if (ns < 1) ns = 1;
-    const long long per = (n_blk + ns - 1) / ns, n_split = (n_blk + per - 1) / per;
+    long long per = (n_blk + ns - 1) / ns;
+    if (per < d->min_blocks && d->ctas_per_sm > 1) {  /* short splits: one CTA per multiprocessor */
+        ns = d->sm_count / ctas;
+        if (ns > n_blk) ns = n_blk;
+        if (ns < 1) ns = 1;
+        per = (n_blk + ns - 1) / ns;
+    }
+    const long long n_split = (n_blk + per - 1) / per;
     static const unsigned char no_scratch[24] = {0};
     const unsigned char *words = no_scratch;
     if (n_split > 1) {

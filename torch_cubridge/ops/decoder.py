@@ -63,7 +63,7 @@ def _pages_perm(r: Any) -> tuple[int, int, int, int]:
     return (-1, -1 if r.head_dim is None else r.head_dim, r.slot_dim, rank - 1)
 
 
-def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: int) -> Any | None:
+def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: int, min_blocks: int) -> Any | None:
     """The C Decoder for `runner` on `device`, or None while the host module is not built (or cannot be)."""
     mod = hotpath.module()
     if mod is None:
@@ -90,7 +90,7 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
             return runner.reads_in_bounds((B, H, Hkv, Sq, Skv, D), {**fixed, **dict(zip(names, shapes))})
     return mod.Decoder(torch.Tensor, runner.dtype, ranks, perms, out_dims, runner.head_dim, runner.value_dim,
                        tile.block_m, tile.block_n, kern.handle(device), kern.threads, kern.smem_bytes, device,
-                       float(runner._scale_const), params, NO_PAGES, ctas_per_sm, sm_count,
+                       float(runner._scale_const), params, NO_PAGES, ctas_per_sm, sm_count, min_blocks,
                        torch._C._cuda_getCurrentRawStream, capturing, torch.is_grad_enabled,
                        tuple((SIZES.index(name), val) for name, val in p.requires), paged,
                        tuple((getattr(torch, x.dtype), x.rank) for x in per_call), runner.per_call_words, bounds)

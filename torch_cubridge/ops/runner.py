@@ -133,7 +133,7 @@ class KernelRunner:
 
     def _make_decoder(self, device: int) -> Any:
         try:
-            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm())
+            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm(), self._split_min_blocks())
         except ValueError:  # a program the Decoder's tables cannot describe (too many extras): Python serves
             self._decoder_ok = False
             return None
@@ -445,7 +445,8 @@ class KernelRunner:
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
-        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di), self._ctas_per_sm())
+        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di), self._ctas_per_sm(),
+                                    self._split_min_blocks())
         words = _NO_SCRATCH
         if n_split > 1:  # partial O has V's head dim
             words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
@@ -460,6 +461,9 @@ class KernelRunner:
 
     def _ctas_per_sm(self) -> int:
         return DECODE_CTAS_PER_SM or decode_ctas_per_sm(self.low.tile)
+
+    def _split_min_blocks(self) -> int:
+        return PAGED_SPLIT_MIN_BLOCKS if self.low.paged else 1
 
     def _scratch_for(self, rows: int, D: int, tiles: int, di: int, dev: torch.device, stream: int) -> tuple:
         """The words for the splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32 and the split
@@ -580,7 +584,16 @@ def arch_for(device: torch.device) -> str:
 DECODE_CTAS_PER_SM: int | None = None
 
 
-def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2) -> tuple[int, int]:
+# Paged decode splits shorter than this many key blocks take one CTA per multiprocessor instead of two (so
+# half as many splits, each twice as long). At B 1, 4k keys the rule gave each CTA two blocks, whose first page
+# lookups and copies no other work hid: 16 splits of four read 0.875 of contiguous against 0.81-0.84 at pages
+# of 16, and 0.96-0.995 against 0.84-0.87 at pages of 256. A floor of four blocks a split instead left 1k keys
+# on 32 CTAs (0.68-0.74 against 0.93); one CTA per SM where splits are long already (B 8, or 32k) lost 20%
+# (H100, NOTES v29 runs 15-16)
+PAGED_SPLIT_MIN_BLOCKS = 4
+
+
+def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2, min_blocks: int = 1) -> tuple[int, int]:
     """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: at most
     `per_sm` CTAs per multiprocessor, rounded down. One where the ring holds three blocks (lower/tiles.py:
     +1.5% to +14% at batch 1 to 16 against two stages and two CTAs, NOTES v24); with two stages, two (64
@@ -589,7 +602,9 @@ def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2) -> tuple[int,
     v8): filling every resident slot in whole waves instead (up to 12 splits of 6 blocks at 4k) was slower,
     1.41 against 1.85 TB/s, since each split pays its Q load, warp merge and partial write. The C Decoder
     (csrc/host/decoder.h) applies the same rule; tests/test_decoder_gpu.py holds its launches to this one's
-    bit for bit."""
+    bit for bit. `min_blocks`: splits that would read fewer blocks take one CTA per multiprocessor."""
     n = max(1, min(n_blk, per_sm * sms // ctas))
     per = -(-n_blk // n)
+    if per < min_blocks and per_sm > 1:
+        return decode_split(ctas, n_blk, sms, 1)
     return -(-n_blk // per), per
