@@ -202,7 +202,7 @@ def test_paged_calls_launch_from_c_as_the_python_runner_does(spec, slots_first, 
 
 def test_a_short_paged_call_splits_into_four_blocks_a_split_in_c_and_python():
     """B 1, 4k keys, 32:8 heads: the rule alone would give 32 splits of two blocks; a paged call takes one CTA
-    per SM where splits are that short (runner.PAGED_SPLIT_MIN_BLOCKS), 16 splits of four, from C as from
+    per SM where splits are that short (splitkv.PAGED_SPLIT_MIN_BLOCKS), 16 splits of four, from C as from
     Python, and the output is right."""
     a = tuple(t.cuda() for t in ps.pages(1, 32, 8, 4096, 128, 16, torch.bfloat16))
     f = tc.compile(ps.vllm_heads_first, fallback="raise")

@@ -440,7 +440,7 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     Py_DECREF(st);
     if (PyErr_Occurred()) return NULL;
 
-    /* the split rule (runner.decode_split) */
+    /* the split rule (ops/splitkv.py decode_split) */
     const long long row_tiles = ((H / Hkv) * Sq + d->block_m - 1) / d->block_m;
     const long long n_blk = (Skv + d->block_n - 1) / d->block_n;
     const long long ctas = Hkv * row_tiles * B;

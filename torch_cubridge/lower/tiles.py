@@ -149,12 +149,14 @@ def pages_in_place(page: int, tile: Tile) -> bool:
 
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
 # 4 warps, split-KV, head dims in steps of 8. Three K/V blocks in the ring, with the split rule's one CTA
-# per multiprocessor (ops/runner.py): against two stages and two CTAs, +1.5% to +14% at batch 1, 4, 8 and
+# per multiprocessor (ops/splitkv.py): against two stages and two CTAs, +1.5% to +14% at batch 1, 4, 8 and
 # 16, 4k and 32k keys (H100, D 128, benchmarks/NOTES.md v24). Two past a padded head dim of 160, where the
 # third stage's addressing spilled registers (192 and 224, -Xptxas -v), and for K/V read through pages,
 # whose page lookups want two CTAs per multiprocessor to hide them (0.745 of contiguous with three stages
 # and one CTA against 0.949-0.959 with two and two, pages of 16, 4k, H100 runs 15, 16 and 19; one CTA is what
-# costs it, NOTES v24). Chosen for calls with at most this many queries:
+# costs it, NOTES v24; with the lookups loaded a block ahead, still 0.62-0.81, v29), except where the splits are
+# too short for a second CTA to help (ops/splitkv.py PAGED_SPLIT_MIN_BLOCKS). Chosen for calls with at most this
+# many queries:
 DECODE_MAX_QUERIES = 16
 
 
@@ -182,6 +184,6 @@ def decode_tile(head_dim: int, value_dim: int | None = None, paged: bool = False
 
 
 def decode_ctas_per_sm(tile: Tile) -> int:
-    """The decode split rule's CTAs per multiprocessor (ops/runner.py decode_split): one with a ring of
+    """The decode split rule's CTAs per multiprocessor (ops/splitkv.py decode_split): one with a ring of
     three blocks, two with two (the measurements above)."""
     return 1 if tile.stages >= 3 else 2

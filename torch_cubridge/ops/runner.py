@@ -6,7 +6,6 @@ layout, pack arguments, launch on the current stream. No host sync.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import struct
 from typing import Any
@@ -31,6 +30,7 @@ from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
+from .splitkv import NO_SCRATCH, PAGED_SPLIT_MIN_BLOCKS, Scratch, decode_split, sm_count
 from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, params_format, \
     per_call_words
 from .tma import no_broadcast, tensor_map
@@ -69,7 +69,7 @@ class KernelRunner:
         self._layouts: dict[tuple, tuple] = {}
         # decode: per (device, stream), the partial O, partial (max, sum) and split counters, and their
         # pointers packed as kernel words
-        self._scratch: dict[tuple, _Scratch] = {}
+        self._scratch: dict[tuple, Scratch] = {}
         self._tma = low.tile.kernel == "sm90"
         self._decode = low.tile.kernel == "decode"
         self._sites = load_sites(p)
@@ -133,7 +133,7 @@ class KernelRunner:
 
     def _make_decoder(self, device: int) -> Any:
         try:
-            return decoder.make(self, device, _capturing, _sm_count(device), self._ctas_per_sm(), self._split_min_blocks())
+            return decoder.make(self, device, _capturing, sm_count(device), self._ctas_per_sm(), self._split_min_blocks())
         except ValueError:  # a program the Decoder's tables cannot describe (too many extras): Python serves
             self._decoder_ok = False
             return None
@@ -386,7 +386,7 @@ class KernelRunner:
                 if paged is not None and not tma:  # the FA2-class kernel: the PagedKV words after Params
                     blocks += (paged[2],)
                 if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
-                    grid = (min(nq * H * B, _sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
+                    grid = (min(nq * H * B, sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
                 self.kernel.launch(grid, blocks, stream)
                 if self.replayable and not raw and not poison:
                     self._last = (grid, blocks, stream, di, None)
@@ -445,9 +445,9 @@ class KernelRunner:
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
-        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, _sm_count(di), self._ctas_per_sm(),
+        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, sm_count(di), self._ctas_per_sm(),
                                     self._split_min_blocks())
-        words = _NO_SCRATCH
+        words = NO_SCRATCH
         if n_split > 1:  # partial O has V's head dim
             words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
             sc = self._scratch.get((di, stream))
@@ -471,12 +471,12 @@ class KernelRunner:
         launches on one stream run in order (an allocation per call cost two trips through the caching
         allocator on a host-bound decode step); launches on two may overlap."""
         if _capturing():  # a graph's own, from its pool: graphs may replay at once
-            self._graph_scratch = _Scratch(rows * D, rows * 2, tiles, dev)
+            self._graph_scratch = Scratch(rows * D, rows * 2, tiles, dev)
             return self._graph_scratch.words
         key = (di, stream)
         sc = self._scratch.get(key)
         if sc is None or sc.o_rows < rows * D or sc.l_rows < rows * 2 or sc.n_counters < tiles:
-            sc = self._scratch[key] = _Scratch(rows * D, rows * 2, tiles, dev)
+            sc = self._scratch[key] = Scratch(rows * D, rows * 2, tiles, dev)
         return sc.words
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
@@ -536,26 +536,11 @@ class KernelRunner:
         return out
 
 
-_U64, _I64 = struct.Struct("<Q").pack, struct.Struct("<q").pack
-_NO_SCRATCH = (_U64(0), _U64(0), _U64(0))
+_I64 = struct.Struct("<q").pack
 
 
-class _Scratch:
-    """A decode launch's fp32 partials and int32 split counters, with their pointers as kernel words."""
-
-    def __init__(self, o_rows: int, l_rows: int, tiles: int, dev: torch.device) -> None:
-        self.o = torch.empty(o_rows, dtype=torch.float32, device=dev)
-        self.lse = torch.empty(l_rows, dtype=torch.float32, device=dev)
-        self.counters = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=dev)
-        self.o_rows, self.l_rows, self.n_counters = o_rows, l_rows, self.counters.numel()
-        self.words = (_U64(self.o.data_ptr()), _U64(self.lse.data_ptr()), _U64(self.counters.data_ptr()))
 _capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
     else torch.cuda.is_current_stream_capturing  # the C call itself: this runs on every decode call
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _readable_copy(t: torch.Tensor) -> torch.Tensor:
@@ -582,29 +567,3 @@ def arch_for(device: torch.device) -> str:
 # the split rule's CTAs per multiprocessor where set; None: the tile's own (lower/tiles.py decode_ctas_per_sm).
 # benchmarks/bench_decode.py --ab sets it; the C Decoder takes the value when it is made.
 DECODE_CTAS_PER_SM: int | None = None
-
-
-# Paged decode splits shorter than this many key blocks take one CTA per multiprocessor instead of two (so
-# half as many splits, each twice as long). At B 1, 4k keys the rule gave each CTA two blocks, whose first page
-# lookups and copies no other work hid: 16 splits of four read 0.875 of contiguous against 0.81-0.84 at pages
-# of 16, and 0.96-0.995 against 0.84-0.87 at pages of 256. A floor of four blocks a split instead left 1k keys
-# on 32 CTAs (0.68-0.74 against 0.93); one CTA per SM where splits are long already (B 8, or 32k) lost 20%
-# (H100, NOTES v29 runs 15-16)
-PAGED_SPLIT_MIN_BLOCKS = 4
-
-
-def decode_split(ctas: int, n_blk: int, sms: int, per_sm: int = 2, min_blocks: int = 1) -> tuple[int, int]:
-    """(splits, key blocks per split) for `ctas` CTAs before splitting on `sms` multiprocessors: at most
-    `per_sm` CTAs per multiprocessor, rounded down. One where the ring holds three blocks (lower/tiles.py:
-    +1.5% to +14% at batch 1 to 16 against two stages and two CTAs, NOTES v24); with two stages, two (64
-    tiles on 132 SMs: 4 splits, 256 CTAs, against 5 and 320, which put three on some SMs and two on others:
-    1.96 against 1.88 TB/s at 4k, 2.77 against 2.69 at 32k, H100, NOTES v17). Measured on the H100 (NOTES
-    v8): filling every resident slot in whole waves instead (up to 12 splits of 6 blocks at 4k) was slower,
-    1.41 against 1.85 TB/s, since each split pays its Q load, warp merge and partial write. The C Decoder
-    (csrc/host/decoder.h) applies the same rule; tests/test_decoder_gpu.py holds its launches to this one's
-    bit for bit. `min_blocks`: splits that would read fewer blocks take one CTA per multiprocessor."""
-    n = max(1, min(n_blk, per_sm * sms // ctas))
-    per = -(-n_blk // n)
-    if per < min_blocks and per_sm > 1:
-        return decode_split(ctas, n_blk, sms, 1)
-    return -(-n_blk // per), per
