@@ -352,6 +352,15 @@ static int bounds_hold(Decoder *d, const long long *sizes, const Operand *ex) {
 
 /* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
    one launch, or None where the Python runner must serve the call. */
+/* Key blocks per split where `ctas` CTAs share `sms` multiprocessors, `per_sm` at most on each
+   (ops/splitkv.py decode_split, which tests/test_decoder_gpu.py holds this rule to bit for bit). */
+static long long split_blocks(long long ctas, long long n_blk, long long sms, long long per_sm) {
+    long long ns = per_sm * sms / ctas;
+    if (ns > n_blk) ns = n_blk;
+    if (ns < 1) ns = 1;
+    return (n_blk + ns - 1) / ns;
+}
+
 static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     const int nkv = d->paged ? 4 : 2;
     if (n != 1 + nkv + d->nextra) {
@@ -444,16 +453,9 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     const long long row_tiles = ((H / Hkv) * Sq + d->block_m - 1) / d->block_m;
     const long long n_blk = (Skv + d->block_n - 1) / d->block_n;
     const long long ctas = Hkv * row_tiles * B;
-    long long ns = d->ctas_per_sm * d->sm_count / ctas;
-    if (ns > n_blk) ns = n_blk;
-    if (ns < 1) ns = 1;
-    long long per = (n_blk + ns - 1) / ns;
-    if (per < d->min_blocks && d->ctas_per_sm > 1) {  /* short splits: one CTA per multiprocessor */
-        ns = d->sm_count / ctas;
-        if (ns > n_blk) ns = n_blk;
-        if (ns < 1) ns = 1;
-        per = (n_blk + ns - 1) / ns;
-    }
+    long long per = split_blocks(ctas, n_blk, d->sm_count, d->ctas_per_sm);
+    if (per < d->min_blocks && d->ctas_per_sm > 1)  /* short splits: one CTA per multiprocessor */
+        per = split_blocks(ctas, n_blk, d->sm_count, 1);
     const long long n_split = (n_blk + per - 1) / per;
     static const unsigned char no_scratch[24] = {0};
     const unsigned char *words = no_scratch;

@@ -81,7 +81,7 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
     dev = torch.device("cuda", device)
     per_call = per_call_extras(p)
     consts = {x.name: runner._const(x, dev) for x in p.extras if x.arg is None}
-    params = params_template(runner.fmt, runner.low.params, consts, runner._lit, {x.name: x.rank for x in per_call})
+    params = params_template(runner.fmt, runner.low.params, consts, runner._lit, runner.per_call_ranks)
     bounds = None
     if runner._sites:
         names, fixed = [x.name for x in per_call], {n: tuple(t.shape) for n, t in consts.items()}

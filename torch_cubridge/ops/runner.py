@@ -98,8 +98,8 @@ class KernelRunner:
         self._decoder_ok = self.decodable and hotpath.enabled()
         self._decoder: Any = None
         # Params words of the extra tensors the Decoder reads (and a record patches): their pointers, strides, sizes
-        self.per_call_words = per_call_words(low.params, {x.name: x.rank for x in decoder.per_call_extras(p)}) \
-            if self.decodable else ()
+        self.per_call_ranks = {x.name: x.rank for x in decoder.per_call_extras(p)} if self.decodable else {}
+        self.per_call_words = per_call_words(low.params, self.per_call_ranks) if self.decodable else ()
         # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
         # returns the output alone): a decode launch the Decoder could make, whose only per-call words are
         # the arguments' pointers at that layout; _last holds the latest such launch
@@ -486,8 +486,7 @@ class KernelRunner:
         key = (B, H, Hkv, Sq, Skv, D, tuple(sorted(scal.items())), tuple(sorted(shapes.items())))
         if key in self._in_bounds:
             return
-        sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
-        bad = out_of_bounds(self._sites, sizes, scal, shapes)
+        bad = out_of_bounds(self._sites, dict(zip(decoder.SIZES, (B, H, Hkv, Sq, Skv, D))), scal, shapes)
         if bad:
             raise SpecServes(bad)
         self._in_bounds.add(key)
