@@ -1,0 +1,140 @@
+"""cubridge's flash-attention API (integrations/flash_api.py) against float64 attention written out per
+sequence, the block-table append, and transformers' continuous batching through the registered flash name,
+token for token with transformers' own paged eager. On the CPU the verified specs serve."""
+import math
+import warnings
+
+import pytest
+import torch
+
+import torch_cubridge.integrations.flash_api as tfa
+from tiny_models import build
+
+transformers = pytest.importorskip("transformers")
+
+
+def reference(q, k, v, scale, causal=True, left=-1, softcap=0.0, sinks=None):
+    """One sequence in float64: q [Sq, H, D], k and v [Skv, Hkv, D]; query i at key Skv - Sq + i."""
+    q, k, v = q.double(), k.double(), v.double()
+    Sq, H, _ = q.shape
+    Skv, Hkv, _ = k.shape
+    out = torch.empty(Sq, H, v.shape[-1], dtype=torch.float64)
+    for h in range(H):
+        kh, vh = k[:, h // (H // Hkv)], v[:, h // (H // Hkv)]
+        for i in range(Sq):
+            s = kh @ q[i, h] * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            at = Skv - Sq + i
+            ok = [(not causal or j <= at) and (left < 0 or j >= at - left) for j in range(Skv)]
+            s = s[torch.tensor(ok)]
+            w = torch.exp(s - s.max())
+            total = w.sum() + (math.exp(float(sinks[h]) - float(s.max())) if sinks is not None else 0.0)
+            out[i, h] = (w / total) @ vh[torch.tensor(ok)]
+    return out
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on the CPU every call warns that the spec serves
+        yield
+
+
+@pytest.mark.parametrize("causal,left,softcap,sink", [(True, -1, 0.0, False), (True, 3, 0.0, False),
+                                                      (True, -1, 20.0, True), (False, -1, 0.0, False)])
+def test_varlen_matches_float64_per_sequence(causal, left, softcap, sink):
+    g = torch.Generator().manual_seed(1)
+    H, Hkv, D = 4, 2, 16
+    cu_q = torch.tensor([0, 3, 9, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 13, 17], dtype=torch.int32)
+    q = torch.randn(12, H, D, generator=g)  # two padding tokens past the last sequence
+    k, v = torch.randn(19, Hkv, D, generator=g), torch.randn(19, Hkv, D, generator=g)
+    sinks = torch.randn(H, generator=g) if sink else None
+    out = tfa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7, softmax_scale=0.3, causal=causal,
+                                     window_size=(left, left), softcap=softcap, s_aux=sinks)
+    assert out.shape == q.shape and out[10:].isfinite().all()
+    for s in range(3):
+        a, b, c, d = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+        want = reference(q[a:b], k[c:d], v[c:d], 0.3, causal, left, softcap, sinks)
+        assert (out[a:b].double() - want).abs().max() < 1e-5, s
+
+
+def test_dense_matches_float64():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 5, 4, 16, generator=g)
+    k, v = torch.randn(2, 9, 1, 16, generator=g), torch.randn(2, 9, 1, 16, generator=g)
+    out = tfa.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True, softcap=30.0)
+    for b in range(2):
+        assert (out[b].double() - reference(q[b], k[b], v[b], 0.25, True, -1, 30.0)).abs().max() < 1e-5
+
+
+def _pages(g, N=12, P=4, Hkv=2, D=16):
+    return torch.randn(N, P, Hkv, D, generator=g), torch.randn(N, P, Hkv, D, generator=g)
+
+
+def test_kvcache_appends_then_attends_through_the_table():
+    g = torch.Generator().manual_seed(3)
+    kc, vc = _pages(g)
+    P = kc.shape[1]
+    table = torch.tensor([[5, 2, 9, -1], [0, 7, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
+    at = torch.tensor([9, 4, -1], dtype=torch.int32)  # where each new token goes; the last row is padding
+    q = torch.randn(3, 1, 4, 16, generator=g)
+    kn, vn = torch.randn(3, 1, 2, 16, generator=g), torch.randn(3, 1, 2, 16, generator=g)
+    k0 = kc.clone()
+    out = tfa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=at, block_table=table, softmax_scale=0.25,
+                                      causal=True)
+    # exactly the two real sequences' slots were written, with their own keys and values
+    assert (kc != k0).any(-1).any(-1).nonzero().tolist() == [[7, 0], [9, 1]]
+    assert torch.equal(kc[9, 1], kn[0, 0]) and torch.equal(vc[7, 0], vn[1, 0])
+    for b in range(2):
+        n = int(at[b]) + 1
+        keys = torch.cat([kc[int(table[b, j])] for j in range(-(-n // P))])[:n]
+        vals = torch.cat([vc[int(table[b, j])] for j in range(-(-n // P))])[:n]
+        assert (out[b].double() - reference(q[b], keys, vals, 0.25)).abs().max() < 1e-5, b
+    assert out[2].isfinite().all()
+
+
+def test_kvcache_padding_alone_writes_nothing():
+    g = torch.Generator().manual_seed(4)
+    kc, vc = _pages(g)
+    k0 = kc.clone()
+    table = torch.full((2, 3), -1, dtype=torch.int32)
+    q, kn = torch.randn(2, 1, 4, 16, generator=g), torch.randn(2, 1, 2, 16, generator=g)
+    tfa.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=torch.tensor([-1, -1], dtype=torch.int32),
+                                block_table=table, causal=True)
+    assert torch.equal(kc, k0)
+
+
+def test_bad_calls_raise():
+    q = torch.randn(1, 3, 2, 16)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        tfa.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="block table"):
+        tfa.flash_attn_with_kvcache(q, q, q)
+    with pytest.raises(ValueError, match="flash"):
+        tfa.register("cubridge_paged")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine transformers batches a flash model "
+                    "asynchronously, which needs the model on the GPU: test_flash_api_gpu.py")
+def test_generate_batch_through_the_flash_name_matches_paged_eager():
+    from transformers import GenerationConfig
+    name = tfa.register()
+    ref = build("llama", "eager")
+    torch.manual_seed(0)
+    prompts = [torch.randint(1, 128, (n,)).tolist() for n in (7, 12, 5)]
+    gc = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    try:
+        want = {tuple(r.prompt_ids): r.generated_tokens
+                for r in ref.generate_batch(inputs=prompts, generation_config=gc).values()}
+    except ValueError as e:  # transformers 5.17 sizes the paged cache from device memory: none on the CPU
+        pytest.skip(f"this transformers' continuous batching does not run on the CPU ({e})")
+    ours = build("llama", name)
+    ours.load_state_dict(ref.state_dict())
+    before = sum(tfa.compiled()["varlen"].served.values())
+    got = {tuple(r.prompt_ids): r.generated_tokens
+           for r in ours.generate_batch(inputs=prompts, generation_config=gc).values()}
+    assert got == want
+    # every attention call (prefill and 4 steps, 2 layers) went through the packed-query function
+    assert sum(tfa.compiled()["varlen"].served.values()) - before == 10

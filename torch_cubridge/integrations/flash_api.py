@@ -1,0 +1,240 @@
+"""The flash-attention API (`flash_attn_func`, `flash_attn_varlen_func`, `flash_attn_with_kvcache`) served by
+cubridge, and its registration in transformers as a flash implementation.
+
+transformers' flash path (and continuous batching's block-table decode, which it takes only for a flash
+implementation) calls whatever functions its loader holds for the model's implementation name; a Hub
+kernel is loaded through the `kernels` package. These functions are ours instead: each is a spec in plain
+PyTorch compiled with @torch_cubridge.compile, so every call is served by a verified kernel or, where none
+holds, by the spec. The block-table call writes the new keys and values into their pages with PyTorch (it
+does not touch the scores) and then runs the paged decode spec, which the decode kernel reads in place.
+
+    import torch_cubridge.integrations.flash_api as tfa
+    name = tfa.register()   # "cubridge_flash3": a flash name continuous batching takes, block tables included
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation=name)
+    model.generate_batch(...)
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from ..compile import compile
+
+NAME = "cubridge_flash3"  # continuous batching's block-table path needs "flash" then a 2 or a 3 in the name
+
+
+# ---- the specs: plain PyTorch, what each call means ---------------------------------------------------
+
+
+def _scores_to_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, scale: float,
+                      softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax(capped q k^T * scale where keep) v over [B, H, Sq, D] queries and [B, Hkv, Skv, D] keys."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:  # a learned logit per head that takes probability mass and no value
+        col = sinks.to(s.dtype).view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+        p = torch.softmax(torch.cat([s, col], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1, dtype=torch.float32)
+    return p.to(v.dtype) @ v
+
+
+def _window_keep(qpos: torch.Tensor, kpos: torch.Tensor, causal: bool, left: int, right: int) -> torch.Tensor:
+    """Flash's mask from positions aligned bottom-right: key j is kept for query i where
+    i - left <= j <= i + right (either side unbounded where negative), and j <= i where causal."""
+    d = kpos[..., None, :] - qpos[..., :, None]
+    keep = torch.ones_like(d, dtype=torch.bool)
+    if causal:
+        keep = keep & (d <= 0)
+    if left >= 0:
+        keep = keep & (d >= -left)
+    if right >= 0 and not causal:
+        keep = keep & (d <= right)
+    return keep
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, left: int,
+                    right: int, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D] -> [B, Sq, H, D]; query i sits at key Skv - Sq + i."""
+    Sq, Skv = q.shape[1], k.shape[1]
+    qpos = torch.arange(Sq, device=q.device) + (Skv - Sq)
+    kpos = torch.arange(Skv, device=q.device)
+    keep = _window_keep(qpos, kpos, causal, left, right)
+    out = _scores_to_output(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, scale, softcap, sinks)
+    return out.transpose(1, 2)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, scale: float, causal: bool, left: int, right: int,
+                     softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Packed sequences: q [Tq, H, D], k and v [Tk, Hkv, D]; sequence s holds queries cu_seqlens_q[s] up to
+    cu_seqlens_q[s + 1] and keys likewise, its queries aligned to its last keys. Tokens past the last
+    sequence (padding) attend to every key, so their rows stay finite; nobody reads them."""
+    Tq, Tk = q.shape[0], k.shape[0]
+    n = cu_seqlens_q.shape[0] - 1
+    iq = torch.arange(Tq, device=q.device)
+    ik = torch.arange(Tk, device=q.device)
+    sq = torch.searchsorted(cu_seqlens_q[1:], iq, right=True)  # the sequence of each token; n past the last
+    sk = torch.searchsorted(cu_seqlens_k[1:], ik, right=True)
+    end_q = cu_seqlens_q[1:][sq.clamp(max=n - 1)]
+    end_k = cu_seqlens_k[1:][sk.clamp(max=n - 1)]
+    keep = _window_keep(iq - end_q, ik - end_k, causal, left, right)
+    keep = (keep & (sq[:, None] == sk[None, :])) | (sq >= n)[:, None]
+    out = _scores_to_output(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                            keep[None, None], scale, softcap, sinks)
+    return out[0].transpose(0, 1)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, left: int,
+                           softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """One query per sequence: q [B, 1, H, D] against pages [N, P, Hkv, D], sequence b's key s at row s % P of
+    page block_table[b, s // P], seq_lens[b] keys. A sequence of no keys (padding) reads its first key."""
+    B, _, H, D = q.shape
+    Hkv = k_pages.shape[2]
+    k = k_pages[block_table].reshape(B, -1, Hkv, D).transpose(1, 2)
+    v = v_pages[block_table].reshape(B, -1, Hkv, D).transpose(1, 2)
+    pos = torch.arange(k.shape[2], device=q.device)
+    last = seq_lens.clamp(min=1)[:, None] - 1
+    keep = pos[None, :] <= last
+    if left >= 0:
+        keep = keep & (pos[None, :] >= last - left)
+    out = _scores_to_output(q.transpose(1, 2), k, v, keep[:, None, None, :], scale, softcap, sinks)
+    return out.transpose(1, 2)
+
+
+_dense = compile(dense_attention)
+_varlen = compile(varlen_attention)
+_paged_decode = compile(paged_decode_attention)
+
+
+def compiled() -> dict[str, Any]:
+    """The three compiled specs, by name (their tables tell what served each call)."""
+    return {"dense": _dense, "varlen": _varlen, "paged_decode": _paged_decode}
+
+
+# ---- the flash-attention API over them ---------------------------------------------------------------
+
+
+def _common(q: torch.Tensor, dropout_p: float, softmax_scale: float | None, window_size: Any,
+            softcap: float | None) -> tuple[float, int, int, float]:
+    if dropout_p:
+        raise NotImplementedError("cubridge's flash API has no dropout (inference only)")
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    left, right = (int(w) for w in (window_size if window_size is not None else (-1, -1)))
+    return scale, left, right, float(softcap or 0.0)
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                    softcap: float = 0.0, s_aux: torch.Tensor | None = None, deterministic: bool = False,
+                    **unused: Any) -> torch.Tensor:
+    """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; causal aligned bottom-right, as flash-attention 2.1 and up."""
+    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
+    return _dense(q, k, v, scale, bool(causal), left, right, cap, s_aux)
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None,
+                           max_seqlen_k: int | None = None, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                           softcap: float = 0.0, s_aux: torch.Tensor | None = None, deterministic: bool = False,
+                           **unused: Any) -> torch.Tensor:
+    """Packed sequences: q [Tq, H, D], k and v [Tk, Hkv, D], int32 cumulative lengths (max_seqlen_* unused)."""
+    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, cap, s_aux)
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, block_table: torch.Tensor, pos: torch.Tensor) -> None:
+    """Write new [B, 1, Hkv, D] at position pos[b] of each sequence's pages, in place and without a sync (so a
+    CUDA graph can hold it). A sequence with no position (padding: pos < 0) writes nothing: its write goes
+    to the first real sequence's slot with that sequence's own value (or, where none is real, puts a slot's
+    value back), since two different values at one slot would race."""
+    N, P = cache.shape[0], cache.shape[1]
+    rows = cache.view(N * P, *cache.shape[2:])
+    real = pos >= 0
+    at = pos.clamp(min=0)
+    page = block_table.gather(1, (at // P)[:, None].long())[:, 0].long() % N  # negative entries wrap, as torch's
+    slot = page * P + at % P
+    first = torch.argmax(real.int()).view(1)  # indexing by a tensor, not by its value: no sync
+    slot_0 = slot.index_select(0, first)
+    slot = torch.where(real, slot, slot_0)
+    value_0 = torch.where(real.index_select(0, first)[:, None, None], new[:, 0].index_select(0, first),
+                          rows.index_select(0, slot_0))
+    value = torch.where(real[:, None, None], new[:, 0], value_0)
+    rows.index_copy_(0, slot, value.to(cache.dtype))
+
+
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                            cache_seqlens: torch.Tensor | int | None = None, block_table: torch.Tensor | None = None,
+                            softmax_scale: float | None = None, causal: bool = False, window_size: Any = (-1, -1),
+                            softcap: float = 0.0, s_aux: torch.Tensor | None = None, **unused: Any) -> torch.Tensor:
+    """Decode over a paged cache: q [B, 1, H, D], pages [N, P, Hkv, D], block_table [B, W]; k and v [B, 1, Hkv,
+    D] are appended at cache_seqlens[b] first, then each query attends to its sequence's keys up to its own."""
+    if block_table is None or q.shape[1] != 1 or cache_seqlens is None:
+        raise NotImplementedError("cubridge's flash_attn_with_kvcache serves paged decode: a block table, "
+                                  "one query per sequence and cache_seqlens")
+    scale, left, _, cap = _common(q, 0.0, softmax_scale, window_size, softcap)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    lens = cache_seqlens
+    if k is not None:
+        _append(k_cache, k, block_table, cache_seqlens)
+        _append(v_cache, v, block_table, cache_seqlens)
+        lens = cache_seqlens + 1
+    return _paged_decode(q, k_cache, v_cache, block_table, lens, scale, left, cap, s_aux)
+
+
+# ---- transformers ------------------------------------------------------------------------------------
+
+
+def _functions() -> tuple[Callable, Callable, Callable, Callable, Callable]:
+    import transformers.modeling_flash_attention_utils as fau
+    return flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fau._pad_input, fau._unpad_input
+
+
+def register(name: str = NAME) -> str:
+    """Register these functions in transformers as the flash implementation `name`: its flash attention
+    function runs them, and continuous batching (generate_batch, ContinuousBatchingManager) takes its
+    packed-query and block-table paths through them. transformers loads a flash implementation other than the
+    flash-attn packages from the Hub (the `kernels` package); for `name` its loader returns these instead."""
+    import transformers
+    import transformers.modeling_flash_attention_utils as fau
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.utils.generic import is_flash_attention_requested
+    if not is_flash_attention_requested(requested_attention_implementation=name):
+        raise ValueError(f"transformers treats a name as flash only where it holds 'flash'; got {name!r}")
+    forward = getattr(fau, "_flash_attention_forward", None)
+    if not hasattr(fau, "_lazy_imports") or forward is None or \
+            "block_table" not in inspect.signature(forward).parameters:
+        # transformers 5.17 runs continuous batching under "paged|<name>", a contract of its own
+        raise RuntimeError(f"transformers {transformers.__version__}'s flash path takes no block table and has no "
+                           "loader to register with (5.24 has both; 5.17 has neither)")
+    loader = fau._lazy_imports
+    names = getattr(loader, "_cubridge_names", None)
+    if names is None:
+        names = set()
+
+        def _lazy_imports(implementation: str | None, *args: Any, **kwargs: Any):
+            if implementation in names:
+                return _functions()
+            return loader(implementation, *args, **kwargs)
+        _lazy_imports._cubridge_names = names  # type: ignore[attr-defined]
+        fau._lazy_imports = _lazy_imports
+    names.add(name)
+    AttentionInterface.register(name, flash_attention_forward)
+    try:
+        from transformers import AttentionMaskInterface
+        from transformers.masking_utils import flash_attention_mask
+        AttentionMaskInterface.register(name, flash_attention_mask)
+    except ImportError:
+        pass
+    return name
