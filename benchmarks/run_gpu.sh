@@ -2,7 +2,8 @@
 # One device call: GPU tests (every test marked gpu), then the benchmarks. JSON and logs under $OUT,
 # the GPU name first, a short table last. (test_llm_backend needs openai, whose httpx is not on the device.)
 # Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench|--serving] [pytest -k expr]
-# --serving: the GPU tests, then only the decode benchmark, the warm-start/host-time one and generate tokens/s
+# --serving: the GPU tests, then only the decode benchmarks (the kernel, the flash API's block-table decode), the
+# warm-start/host-time one and generate tokens/s
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
@@ -26,6 +27,7 @@ if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
 fi
 if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -6
+  python3 benchmarks/bench_flash_api.py --out "$OUT" 2>&1 | tee "$OUT/flash_api.log" | tail -10
   python3 benchmarks/warm_start.py --out "$OUT" 2>&1 | tee "$OUT/warm_start.log" | tail -6
   python3 benchmarks/bench_generate.py --rows 1x4096,8x4096 --out "$OUT" 2>&1 | tee "$OUT/generate.log" | tail -6
   python3 -m torch_cubridge bench tests/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5

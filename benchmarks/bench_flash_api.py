@@ -1,0 +1,93 @@
+"""The flash API's block-table decode (integrations/flash_api.py: what transformers' continuous batching calls
+per layer and step under "cubridge_flash3") against SDPA (flash, cuDNN) over the same keys contiguous, in one
+run: with the append of the new token, without it (the kernel alone), and replayed from a CUDA graph as
+continuous batching replays it. Pages [N, P, Hkv, D] as transformers lays them out; 32:8 heads, D 128, bf16.
+Usage (device): python3 benchmarks/bench_flash_api.py --out $OUT"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+import torch_cubridge.integrations.flash_api as tfa
+from bench_decode import sdpa
+from timing import interleaved_ms
+
+
+def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128) -> dict:
+    dev, dt = "cuda", torch.bfloat16
+    per = Skv // P
+    N = B * per + 7
+    kc, vc = (torch.randn(N, P, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+    table = torch.randperm(N, device=dev)[: B * per].view(B, per).int()
+    at = torch.full((B,), Skv - 1, dtype=torch.int32, device=dev)  # the new token is the last key
+    q = torch.randn(B, 1, H, D, device=dev, dtype=dt)
+    kn, vn = (torch.randn(B, 1, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+    scale = D ** -0.5
+
+    def ours():
+        return tfa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=at, block_table=table,
+                                           softmax_scale=scale, causal=True)
+
+    def kernel_only():  # the keys already hold the new token
+        return tfa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=at + 1, block_table=table,
+                                           softmax_scale=scale, causal=True)
+    out = ours()
+    ref = tfa.paged_decode_attention(q.double(), kc.double(), vc.double(), table, at + 1, scale, -1, 0.0, None)
+    row = {"B": B, "Skv": Skv, "page": P, "H": H, "Hkv": Hkv, "D": D,
+           "rel_err_vs_fp64": float((out.double() - ref).norm() / ref.norm())}
+    kernel_only()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ours()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ours()
+    qh = q.transpose(1, 2)
+    k, v = (c[table.long()].reshape(B, -1, Hkv, D).transpose(1, 2).contiguous() for c in (kc, vc))
+    fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": graph.replay}
+    fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, qh, k, v)) for be in ("flash", "cudnn")})
+    times, errors = interleaved_ms(fns)
+    row.update({f"{n}_ms": ms for n, ms in times.items()}, errors=errors)
+    row["served"] = {n: dict(c.served) for n, c in tfa.compiled().items() if c.served}
+    nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * D)
+    for n, ms in times.items():
+        if ms:
+            row[f"{n}_tbs"] = nbytes / (ms * 1e-3) / 1e12
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
+    ap.add_argument("--pages", default="16,256")
+    a = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    for P in map(int, a.pages.split(",")):
+        for spec in a.rows.split(","):
+            B, Skv = map(int, spec.split("x"))
+            rows.append(run(B, Skv, P))
+            print(json.dumps(rows[-1]), flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "flash_api.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                            "torch": torch.__version__, "rows": rows}, indent=1))
+    print(f"{'B':>2} {'Skv':>6} {'P':>4} {'ours':>6} {'kernel':>6} {'graph':>6} {'flash':>6} {'cudnn':>6} "
+          f"{'graph/flash':>11}  (TB/s)")
+    for r in rows:
+        g = lambda k: r.get(k) or float("nan")  # noqa: E731
+        print(f"{r['B']:2d} {r['Skv']:6d} {r['page']:4d} {g('ours_tbs'):6.2f} {g('kernel_only_tbs'):6.2f} "
+              f"{g('ours_graph_tbs'):6.2f} {g('sdpa_flash_tbs'):6.2f} {g('sdpa_cudnn_tbs'):6.2f} "
+              f"{g('sdpa_flash_ms') / g('ours_graph_ms'):11.2f}")
+
+
+if __name__ == "__main__":
+    main()
