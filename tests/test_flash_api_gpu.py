@@ -104,3 +104,26 @@ def test_generate_batch_through_the_flash_name_is_served_by_kernels():
         assert got[prompt][:n] == toks[:n], (len(prompt), n, got[prompt], toks)
         compared += n
     assert compared >= 8, f"only {compared} tokens were chosen by a clear margin"
+
+
+@pytest.mark.parametrize("entry", [torch.int32, torch.int64])
+def test_one_launch_append_writes_what_pytorch_writes(entry):
+    from torch_cubridge.ops.append import paged_append
+    torch.manual_seed(1)
+    dev, dt = "cuda", torch.bfloat16
+    N, P, Hkv, D, B = 40, 16, 8, 128, 6
+    kc, vc = torch.randn(N, P, Hkv, D, device=dev, dtype=dt), torch.randn(N, P, Hkv, D, device=dev, dtype=dt)
+    table = torch.randperm(N, device=dev)[: B * 4].view(B, 4).to(entry)
+    table[1, 2] = -3  # wraps, as torch indexing does
+    # positions: real ones, padding (-1), one past the table (writes nothing), one in the wrapped page
+    pos = torch.tensor([0, 35, 17, -1, 64, 63], dtype=torch.int32, device=dev)
+    # new rows as continuous batching passes them: a transposed view, heads B tokens apart
+    k = torch.randn(1, Hkv, B, D, device=dev, dtype=dt).transpose(1, 2).reshape(B, 1, Hkv, D)
+    v = torch.randn(Hkv, B, D, device=dev, dtype=dt).transpose(0, 1)[:, None]
+    want_k, want_v = kc.clone(), vc.clone()
+    keep = pos < 64  # the PyTorch writer has no table bound: leave the past-the-table row out of its call
+    tfa._append(want_k, k[keep], table[keep], pos[keep])
+    tfa._append(want_v, v[keep], table[keep], pos[keep])
+    assert paged_append(kc, vc, k, v, table, pos)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert not paged_append(kc.float(), vc.float(), k.float(), v.float(), table, pos)  # not a layout it takes

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..compile import compile
+from ..ops.append import paged_append
 
 NAME = "cubridge_flash3"  # continuous batching's block-table path needs "flash" then a 2 or a 3 in the name
 
@@ -153,7 +154,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 def _append(cache: torch.Tensor, new: torch.Tensor, block_table: torch.Tensor, pos: torch.Tensor) -> None:
     """Write new [B, 1, Hkv, D] at position pos[b] of each sequence's pages, in place and without a sync (so a
-    CUDA graph can hold it). A sequence with no position (padding: pos < 0) writes nothing: its write goes
+    CUDA graph can hold it), with PyTorch: where ops/append.py's one launch does not take the call. A sequence with no position (padding: pos < 0) writes nothing: its write goes
     to the first real sequence's slot with that sequence's own value (or, where none is real, puts a slot's
     value back), since two different values at one slot would race."""
     N, P = cache.shape[0], cache.shape[1]
@@ -186,8 +187,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     lens = cache_seqlens
     if k is not None:
-        _append(k_cache, k, block_table, cache_seqlens)
-        _append(v_cache, v, block_table, cache_seqlens)
+        if not paged_append(k_cache, v_cache, k, v, block_table, cache_seqlens):
+            _append(k_cache, k, block_table, cache_seqlens)
+            _append(v_cache, v, block_table, cache_seqlens)
         lens = cache_seqlens + 1
     return _paged_decode(q, k_cache, v_cache, block_table, lens, scale, left, cap, s_aux)
 
