@@ -138,3 +138,23 @@ def test_generate_batch_through_the_flash_name_matches_paged_eager():
     assert got == want
     # every attention call (prefill and 4 steps, 2 layers) went through the packed-query function
     assert sum(tfa.compiled()["varlen"].served.values()) - before == 10
+
+
+def test_generate_through_the_flash_name_matches_eager_logits():
+    """model.generate outside continuous batching: a padded batch is unpadded into the packed function, an
+    unpadded one takes the dense function, each step's logits as eager's."""
+    name = tfa.register()
+    ref = build("llama", "eager")
+    ours = build("llama", name)
+    ours.load_state_dict(ref.state_dict())
+    torch.manual_seed(0)
+    ids = torch.randint(1, 128, (2, 9))
+    padded = torch.ones_like(ids)
+    padded[1, :3] = 0
+    for mask, path in ((padded, "varlen"), (None, "dense")):
+        before = sum(tfa.compiled()[path].served.values())
+        kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        want, got = ref.generate(ids, attention_mask=mask, **kw), ours.generate(ids, attention_mask=mask, **kw)
+        assert torch.equal(want.sequences, got.sequences)
+        assert max(float((a - b).abs().max()) for a, b in zip(want.logits, got.logits)) < 1e-4
+        assert sum(tfa.compiled()[path].served.values()) - before == 8  # 4 steps, 2 layers
