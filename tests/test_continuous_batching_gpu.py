@@ -35,19 +35,41 @@ def _clear_steps(model, prompt, tokens) -> int:
     return int(close[0]) if len(close) else len(tokens)
 
 
-def test_generate_batch_on_the_gpu_is_served_by_kernels():
-    from transformers import AttentionInterface, GenerationConfig
-    original = AttentionInterface._global_mapping["paged|eager"]
-    kw = dict(head_dim=64, hidden_size=256, intermediate_size=256)
-    ref = build("llama", "eager", torch.bfloat16, "cuda", **kw)
+KW = dict(head_dim=64, hidden_size=256, intermediate_size=256)  # the tiny llama these tests batch
+
+
+def reference_run():
+    """(a bf16 eager llama on the GPU, 4 prompts of 9 to 120 tokens, greedy 12 new tokens)."""
+    from transformers import GenerationConfig
+    ref = build("llama", "eager", torch.bfloat16, "cuda", **KW)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
-    gc = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return ref, prompts, GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def assert_tokens_match(ref, got: dict, want: dict, n_prompts: int) -> None:
+    """`got` as `want` token for token up to each sequence's first near-tie, judged by a plain eager model
+    with ref's weights (continuous batching switched ref itself to its paged eager)."""
+    assert set(got) == set(want) and len(want) == n_prompts
+    ref_plain = build("llama", "eager", torch.bfloat16, "cuda", **KW)
+    ref_plain.load_state_dict(ref.state_dict())
+    compared = 0
+    for prompt, toks in want.items():
+        n = _clear_steps(ref_plain, list(prompt), toks)
+        assert got[prompt][:n] == toks[:n], (len(prompt), n, got[prompt], toks)
+        compared += n
+    assert compared >= 8, f"only {compared} tokens were chosen by a clear margin"  # 10 of 48 at a18e4fe (H100)
+
+
+def test_generate_batch_on_the_gpu_is_served_by_kernels():
+    from transformers import AttentionInterface
+    original = AttentionInterface._global_mapping["paged|eager"]
+    ref, prompts, gc = reference_run()
     want = _generated(ref, prompts, gc)
     tcx.clear_tables()
     try:
         tcx.register_continuous_batching()
-        ours = build("llama", "eager", torch.bfloat16, "cuda", **kw)
+        ours = build("llama", "eager", torch.bfloat16, "cuda", **KW)
         ours.load_state_dict(ref.state_dict())
         got = _generated(ours, prompts, gc)
     finally:
@@ -56,12 +78,4 @@ def test_generate_batch_on_the_gpu_is_served_by_kernels():
                  start=collections.Counter())
     reasons = [r for c in tcx.tables() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
     assert served["kernel"] > 0 and served["spec"] == 0, (served, "\n".join(reasons))
-    assert set(got) == set(want) and len(want) == len(prompts)
-    ref_plain = build("llama", "eager", torch.bfloat16, "cuda", **kw)
-    ref_plain.load_state_dict(ref.state_dict())
-    compared = 0
-    for prompt, toks in want.items():
-        n = _clear_steps(ref_plain, list(prompt), toks)
-        assert got[prompt][:n] == toks[:n], (len(prompt), n, got[prompt], toks)
-        compared += n
-    assert compared >= 8, f"only {compared} tokens were chosen by a clear margin"  # 10 of 48 at a18e4fe (H100)
+    assert_tokens_match(ref, got, want, len(prompts))

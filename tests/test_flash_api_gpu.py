@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_cubridge.integrations.flash_api as tfa
-from test_continuous_batching_gpu import _clear_steps, _generated
+from test_continuous_batching_gpu import KW, _generated, assert_tokens_match, reference_run
 from tiny_models import build
 
 pytestmark = pytest.mark.gpu
@@ -73,18 +73,13 @@ def test_kvcache_decode_at_a_serving_shape_eager_and_in_a_graph():
 
 
 def test_generate_batch_through_the_flash_name_is_served_by_kernels():
-    from transformers import GenerationConfig
     try:
         name = tfa.register()
     except RuntimeError as e:
         pytest.skip(str(e))
-    kw = dict(head_dim=64, hidden_size=256, intermediate_size=256)
-    ref = build("llama", "eager", torch.bfloat16, "cuda", **kw)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
-    gc = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref, prompts, gc = reference_run()
     want = _generated(ref, prompts, gc)
-    ours = build("llama", name, torch.bfloat16, "cuda", **kw)
+    ours = build("llama", name, torch.bfloat16, "cuda", **KW)
     ours.load_state_dict(ref.state_dict())
     before = {n: _served(n) for n in ("varlen", "paged_decode")}
     with warnings.catch_warnings():
@@ -95,15 +90,7 @@ def test_generate_batch_through_the_flash_name_is_served_by_kernels():
     # the prefill took the packed path and the decode steps the block-table path, every call by a kernel
     assert served["varlen"]["kernel"] > 0 and served["paged_decode"]["kernel"] > 0, (served, reasons)
     assert all(c["spec"] == 0 for c in served.values()), (served, "\n".join(reasons))
-    assert set(got) == set(want) and len(want) == len(prompts)
-    ref_plain = build("llama", "eager", torch.bfloat16, "cuda", **kw)  # continuous batching switched ref's
-    ref_plain.load_state_dict(ref.state_dict())
-    compared = 0
-    for prompt, toks in want.items():
-        n = _clear_steps(ref_plain, list(prompt), toks)
-        assert got[prompt][:n] == toks[:n], (len(prompt), n, got[prompt], toks)
-        compared += n
-    assert compared >= 8, f"only {compared} tokens were chosen by a clear margin"
+    assert_tokens_match(ref, got, want, len(prompts))
 
 
 @pytest.mark.parametrize("entry", [torch.int32, torch.int64])
