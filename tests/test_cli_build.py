@@ -94,3 +94,35 @@ def test_bench_writes_times_and_a_chart(tmp_path):
     assert all(ms > 0 for ms in res["ms"].values())
     svg = (tmp_path / "b" / "bench.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<rect") == len(names)
+
+
+@needs_compiler
+def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkeypatch):
+    """`cubridge build --model --flash-api`: the dense, packed and block-table decode kernels and the append,
+    built from config.json alone under the keys a serving process computes for continuous batching's calls
+    at other shapes (more sequences, another page size and table width)."""
+    from transformers import LlamaConfig
+    LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+                num_hidden_layers=2, vocab_size=1000).save_pretrained(tmp_path / "llama")
+    r = _cli(tmp_path, "build", "--model", str(tmp_path / "llama"), "--flash-api", "--arch", "sm_90a",
+             "--shape", "1,80")
+    assert r.returncode == 0, r.stderr
+    for what in ("dense_attention", "varlen_attention", "paged_decode_attention", "cubridge_paged_append"):
+        assert what in r.stdout, r.stdout
+    keys = {ln.split()[0] for ln in r.stdout.splitlines()}
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    import torch_cubridge as tc
+    from torch_cubridge.capture.trace import bind_example
+    from torch_cubridge.integrations.flash_api import paged_decode_attention
+    from torch_cubridge.lower import lower
+    from torch_cubridge.ops.kernel import kernel_key
+    from torch_cubridge.pipeline import _read_kind, kernel_choice
+    bf = torch.bfloat16
+    for B in (1, 5):  # a decode batch of 5 sequences, pages of 256, tables 3 pages wide
+        args = (torch.randn(B, 1, 4, 64, dtype=bf), torch.randn(20, 256, 2, 64, dtype=bf),
+                torch.randn(20, 256, 2, 64, dtype=bf), torch.randint(0, 20, (B, 3)).int(),
+                torch.randint(1, 768, (B,)).int(), 64 ** -0.5, -1, 0.0, None)
+        p = tc.transfer(paged_decode_attention, *args)
+        dtype, hd, vd, decode, reads = kernel_choice(p, bind_example(paged_decode_attention, args, {}), "sm_90a")
+        low = lower(p, "sm_90a", dtype, hd, fast_tanh=True, decode=decode, value_dim=vd, **_read_kind(reads))
+        assert kernel_key(low, "sm_90a") in keys, B

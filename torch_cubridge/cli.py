@@ -5,6 +5,8 @@
                                               verify and build its kernels ahead of time (no GPU needed)
   cubridge build --model CONFIG_DIR --arch sm_90a --shape B,S [--queries Q]
                                               the same for every attention variant of a transformers model
+  cubridge build --model CONFIG_DIR --flash-api --arch sm_90a --shape B,S
+                                              the flash API's kernels for it (flash path, continuous batching)
   cubridge bench path/to/file.py:function --shape B,H,S,D [--out DIR]
                                               time the spec, its kernel, SDPA and FlexAttention
   cubridge cache list | verify | clear --yes | export DIR | import DIR
@@ -105,10 +107,15 @@ def _build_model(args: argparse.Namespace) -> int:
     except ValueError:
         print("cubridge: with --model, --shape is B,S (batch, prompt length)", file=sys.stderr)
         return EXIT_ERROR
-    res = build_model_ahead(args.model, args.arch, B, S, args.queries, getattr(torch, args.dtype), status)
+    if args.flash_api:
+        from .integrations.flash_api import build_model_ahead as build_flash_ahead
+        res = build_flash_ahead(args.model, args.arch, B, S, getattr(torch, args.dtype), status)
+    else:
+        res = build_model_ahead(args.model, args.arch, B, S, args.queries, getattr(torch, args.dtype), status)
     for b in res["built"]:
         how = f"built in {b['seconds']:.2f} s" if b["built"] else "already in the cache"
-        print(f"{b['key']}  {b['kernel']}  {args.arch}  layer {b['layer']}  queries {b['queries']}  {how}")
+        where = f"{b['function']}" if args.flash_api else f"layer {b['layer']}"
+        print(f"{b['key']}  {b['kernel']}  {args.arch}  {where}  queries {b['queries']}  {how}")
     for r in res["refused"]:
         print(f"cubridge: refused (the spec serves there): {r}", file=sys.stderr)
     return 0 if res["built"] else EXIT_ERROR
@@ -282,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--arch", required=True, help="the serving GPU's arch: sm_90a (H100/H200), sm_80, ...")
     bd.add_argument("--shape", required=True, help="B,H,S,D of the example call (S: the key length); "
                                                    "with --model, B,S")
+    bd.add_argument("--flash-api", action="store_true",
+                    help="with --model: the kernels of the flash API (integrations/flash_api.py) that serve the "
+                         "model under transformers' flash path and continuous batching, and the block-table append")
     bd.add_argument("--kv-heads", type=int, default=0, help="KV heads (GQA/MQA); default H")
     bd.add_argument("--queries", type=int, default=0, help="query length (<= 16: the decode kernel); default S")
     bd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])

@@ -115,6 +115,15 @@ _varlen = compile(varlen_attention)
 _paged_decode = compile(paged_decode_attention)
 
 
+_building: dict[str, Any] | None = None  # set by build_model_ahead: calls build kernels, then run the spec
+
+
+def _serve(c: Any, *args: Any) -> torch.Tensor:
+    if _building is None:
+        return c(*args)
+    return _build_call(c.fn, args)
+
+
 def compiled() -> dict[str, Any]:
     """The three compiled specs, by name (their tables tell what served each call)."""
     return {"dense": _dense, "varlen": _varlen, "paged_decode": _paged_decode}
@@ -138,7 +147,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     **unused: Any) -> torch.Tensor:
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; causal aligned bottom-right, as flash-attention 2.1 and up."""
     scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
-    return _dense(q, k, v, scale, bool(causal), left, right, cap, s_aux)
+    return _serve(_dense, q, k, v, scale, bool(causal), left, right, cap, s_aux)
 
 
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -149,7 +158,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            **unused: Any) -> torch.Tensor:
     """Packed sequences: q [Tq, H, D], k and v [Tk, Hkv, D], int32 cumulative lengths (max_seqlen_* unused)."""
     scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, cap, s_aux)
+    return _serve(_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, cap, s_aux)
 
 
 def _append(cache: torch.Tensor, new: torch.Tensor, block_table: torch.Tensor, pos: torch.Tensor) -> None:
@@ -191,7 +200,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             _append(k_cache, k, block_table, cache_seqlens)
             _append(v_cache, v, block_table, cache_seqlens)
         lens = cache_seqlens + 1
-    return _paged_decode(q, k_cache, v_cache, block_table, lens, scale, left, cap, s_aux)
+    return _serve(_paged_decode, q, k_cache, v_cache, block_table, lens, scale, left, cap, s_aux)
 
 
 # ---- transformers ------------------------------------------------------------------------------------
@@ -240,3 +249,77 @@ def register(name: str = NAME) -> str:
     except ImportError:
         pass
     return name
+
+
+# ---- ahead of time: the flash API's kernels for a model, from its config -------------------------------
+
+
+def _build_call(spec: Callable, args: tuple) -> torch.Tensor:
+    """Build mode: verify this call's spec on the CPU and build its kernels into the cache, then compute it."""
+    from ..capture.trace import bind_example
+    from ..errors import UnsupportedSpec
+    from ..pipeline import build_ahead
+    assert _building is not None
+    a = inspect.signature(spec).bind(*args).arguments
+    q, k = a["q"], args[1]
+    if spec is not paged_decode_attention:  # the paged decode the same layer's steps would take
+        key = (q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, a["scale"], a["softcap"])
+        _building["decode"].setdefault(key, a["sinks"])
+    try:
+        for b in build_ahead(spec, bind_example(spec, args, {}), _building["arch"], _building["progress"]):
+            _building["built"].append(dict(b, function=spec.__name__, queries=q.shape[1] if q.dim() == 4 else
+                                           q.shape[0]))
+    except UnsupportedSpec as e:
+        _building["refused"].append(f"{spec.__name__}: {e}")
+    return spec(*args)
+
+
+def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float, softcap: float,
+                     sinks: torch.Tensor | None) -> None:
+    """Block-table decode calls as continuous batching makes them (a batch of one sequence and of several:
+    a batch of one is its own kernel), in build mode."""
+    for B in (1, 2):
+        N, P, W = 4 * B + 1, 16, 4
+        q = torch.randn(B, 1, heads, head_dim, dtype=dtype)
+        pages = [torch.randn(N, P, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
+        new = [torch.randn(B, 1, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
+        table = torch.arange(B * W, dtype=torch.int32).view(B, W)
+        at = torch.tensor([40, 9][:B], dtype=torch.int32)
+        flash_attn_with_kvcache(q, *pages, *new, cache_seqlens=at, block_table=table, softmax_scale=scale,
+                                causal=True, softcap=softcap, s_aux=sinks)
+
+
+def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.dtype,
+                      progress: Callable[[str], None], name: str = NAME) -> dict[str, list]:
+    """The kernels this API serves a causal LM with through transformers' flash path, verified on the CPU and
+    built for `arch` into the disk cache from the model's config alone (no weights, no GPU): the dense
+    prefill and decode step of `model.generate`, the packed prefill of a padded batch and of continuous
+    batching, continuous batching's block-table decode at the model's heads, scale and softcap, and the
+    append kernel. Returns {"built": [...], "refused": [...]}."""
+    global _building
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from ..ops.append import build as build_append
+    from .transformers import small_config
+    register(name)
+    cfg = small_config(AutoConfig.from_pretrained(path))
+    progress(f"{type(cfg).__name__}: {cfg.num_hidden_layers} layer(s) of distinct attention, flash API")
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name, dtype=dtype).eval()
+    _building = {"arch": arch, "progress": progress, "built": [], "refused": [], "decode": {}}
+    try:
+        with torch.no_grad():
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+            out = model(ids, use_cache=True)                                  # dense prefill
+            model(ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)  # dense decode step
+            padded = torch.ones(2, seq, dtype=torch.long)
+            padded[1, : seq // 2] = 0
+            model(torch.randint(0, cfg.vocab_size, (2, seq)), attention_mask=padded)  # packed prefill
+            for (h, hkv, d, dt, scale, cap), sinks in list(_building["decode"].items()):
+                progress(f"block-table decode at {h}:{hkv} heads, head dim {d}")
+                _decode_examples(h, hkv, d, dt, scale, cap, sinks)
+        progress(f"building the block-table append for {arch}")
+        a = build_append(arch)
+        _building["built"].append({"key": a["key"], "built": a["built"], "seconds": a["seconds"],
+                                   "kernel": a["kernel"], "function": "append", "queries": 1})
+        return {"built": _building["built"], "refused": _building["refused"]}
+    finally:
+        _building = None

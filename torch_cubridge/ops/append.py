@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+import time
 from typing import Any
 
 import torch
@@ -20,24 +21,35 @@ _ENTRY = {torch.int32: "cubridge_paged_append_i32", torch.int64: "cubridge_paged
 _U64, _I64 = struct.Struct("<Q").pack, struct.Struct("<q").pack
 
 
-@functools.lru_cache(maxsize=None)
-def _kernels(arch: str) -> dict[torch.dtype, Any] | None:
+def build(arch: str) -> dict[str, Any]:
+    """The append kernel's cubin for `arch` in the kernel cache (built there if missing, no GPU needed), as
+    `cubridge build` reports a kernel: {"key", "built", "seconds", "kernel"}; raises where it cannot be built."""
     from ..build import compile_cubin, toolchain_id
     from .kernel import headers_digest
-    from .launch import CubinKernel
     h = hashlib.sha256()
     for part in (_SOURCE, arch, __version__, headers_digest()):
         h.update(part.encode() + b"\0")
     key = "append-" + h.hexdigest()[:40]
+    info = {"key": key, "built": False, "kernel": "cubridge_paged_append"}
 
-    def build():
+    def compile_it():
+        info["built"] = True
         cubin = compile_cubin(_SOURCE, arch, include_dirs=[config.csrc_dir()])
         return cubin, {"arch": arch, "toolchain": toolchain_id(), "kernel": "paged_append"}
+    t0 = time.perf_counter()
+    info["cubin"] = cache.get_or_build(key, compile_it).cubin
+    info["seconds"] = time.perf_counter() - t0
+    return info
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(arch: str) -> dict[torch.dtype, Any] | None:
+    from .launch import CubinKernel
     try:
-        art = cache.get_or_build(key, build)
+        cubin = build(arch)["cubin"]
     except Exception:  # read-only without it, no compiler: PyTorch writes instead
         return None
-    return {dt: CubinKernel(art.cubin, name, threads=_THREADS, smem_bytes=0) for dt, name in _ENTRY.items()}
+    return {dt: CubinKernel(cubin, name, threads=_THREADS, smem_bytes=0) for dt, name in _ENTRY.items()}
 
 
 def _takes(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
