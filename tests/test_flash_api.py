@@ -114,6 +114,11 @@ def test_bad_calls_raise():
         tfa.flash_attn_with_kvcache(q, q, q)
     with pytest.raises(ValueError, match="flash"):
         tfa.register("cubridge_paged")
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):  # set options are refused, never ignored
+        tfa.flash_attn_func(q, q, q, alibi_slopes=torch.ones(2), return_attn_probs=False, num_splits=0)
+    with pytest.raises(ValueError, match="both"):
+        tfa.flash_attn_with_kvcache(q[:, :1], q, q, k=q[:, :1], cache_seqlens=1,
+                                    block_table=torch.zeros(1, 1, dtype=torch.int32))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine transformers batches a flash model "

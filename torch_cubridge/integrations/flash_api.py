@@ -51,7 +51,12 @@ def compiled() -> dict[str, Any]:
 
 
 def _common(q: torch.Tensor, dropout_p: float, softmax_scale: float | None, window_size: Any,
-            softcap: float | None) -> tuple[float, int, int, float]:
+            softcap: float | None, unused: dict[str, Any]) -> tuple[float, int, int, float]:
+    # flash-attn's other options (alibi_slopes, rotary_cos, return_attn_probs, ...) change the answer when
+    # set: refused, never ignored (transformers passes only the options these signatures name)
+    set_ = [k for k, v in unused.items() if v is not None and not (isinstance(v, (bool, int, float)) and not v)]
+    if set_:
+        raise NotImplementedError(f"cubridge's flash API does not take {', '.join(sorted(set_))}")
     if dropout_p:
         raise NotImplementedError("cubridge's flash API has no dropout (inference only)")
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -64,7 +69,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     softcap: float = 0.0, s_aux: torch.Tensor | None = None, deterministic: bool = False,
                     **unused: Any) -> torch.Tensor:
     """q [B, Sq, H, D], k and v [B, Skv, Hkv, D]; causal aligned bottom-right, as flash-attention 2.1 and up."""
-    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
+    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap, unused)
     return _serve(_dense, q, k, v, scale, bool(causal), left, right, cap, s_aux)
 
 
@@ -75,15 +80,16 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            softcap: float = 0.0, s_aux: torch.Tensor | None = None, deterministic: bool = False,
                            **unused: Any) -> torch.Tensor:
     """Packed sequences: q [Tq, H, D], k and v [Tk, Hkv, D], int32 cumulative lengths (max_seqlen_* unused)."""
-    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap)
+    scale, left, right, cap = _common(q, dropout_p, softmax_scale, window_size, softcap, unused)
     return _serve(_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, bool(causal), left, right, cap, s_aux)
 
 
 def _append(cache: torch.Tensor, new: torch.Tensor, block_table: torch.Tensor, pos: torch.Tensor) -> None:
-    """Write new [B, 1, Hkv, D] at position pos[b] of each sequence's pages, in place and without a sync (so a
-    CUDA graph can hold it), with PyTorch: where ops/append.py's one launch does not take the call. A sequence with no position (padding: pos < 0) writes nothing: its write goes
-    to the first real sequence's slot with that sequence's own value (or, where none is real, puts a slot's
-    value back), since two different values at one slot would race."""
+    """Write new [B, 1, Hkv, D] at position pos[b] of each sequence's pages with PyTorch, in place and without
+    a sync (so a CUDA graph can hold it), where ops/append.py's one launch does not take the call. A sequence
+    with no position (padding: pos < 0) writes nothing: its write goes to the first real sequence's slot with
+    that sequence's own value (or, where none is real, puts a slot's value back), since two different values
+    at one slot would race."""
     N, P = cache.shape[0], cache.shape[1]
     rows = cache.view(N * P, *cache.shape[2:])
     real = pos >= 0
@@ -109,7 +115,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if block_table is None or q.shape[1] != 1 or cache_seqlens is None:
         raise NotImplementedError("cubridge's flash_attn_with_kvcache serves paged decode: a block table, "
                                   "one query per sequence and cache_seqlens")
-    scale, left, _, cap = _common(q, 0.0, softmax_scale, window_size, softcap)
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn_with_kvcache appends k and v together: give both or neither")
+    scale, left, _, cap = _common(q, 0.0, softmax_scale, window_size, softcap, unused)
     if not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     lens = cache_seqlens
