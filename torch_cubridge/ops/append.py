@@ -55,7 +55,8 @@ def _kernels(arch: str) -> dict[torch.dtype, Any] | None:
 def _takes(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            block_table: torch.Tensor, pos: torch.Tensor) -> bool:
     """The layouts the kernel copies: pages [N, P, Hkv, D] contiguous and alike, new rows [B, 1, Hkv, D] of
-    the pages' dtype with D contiguous and 16-byte aligned pieces, a [B, W] int table, int32 positions."""
+    the pages' dtype with D contiguous and 16-byte aligned pieces, a [B, W] int table whose rows are
+    contiguous, int32 positions."""
     if not (k_cache.is_cuda and k_cache.dim() == 4 and k_cache.shape == v_cache.shape and k_cache.is_contiguous()
             and v_cache.is_contiguous() and k_cache.dtype == v_cache.dtype and k_cache.element_size() == 2):
         return False
@@ -67,6 +68,7 @@ def _takes(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: tor
             return False
     return (D * 2) % 16 == 0 and k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0 \
         and block_table.dtype in _ENTRY and block_table.dim() == 2 and block_table.shape[0] == B \
+        and block_table.stride(1) == 1 \
         and block_table.device == k_cache.device and pos.dtype == torch.int32 and pos.shape == (B,) \
         and pos.is_contiguous() and pos.device == k_cache.device and 0 < B <= 2 ** 31 - 1
 
