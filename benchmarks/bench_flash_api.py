@@ -18,13 +18,16 @@ from bench_decode import sdpa
 from timing import interleaved_ms
 
 
-def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128) -> dict:
+def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill: float = 1.0) -> dict:
+    """`fill`: the share of the table's Skv keys each sequence holds (continuous batching's tables are wider than
+    its sequences); SDPA reads the live keys only, and TB/s counts those."""
     dev, dt = "cuda", torch.bfloat16
+    live = max(1, int(Skv * fill))
     per = Skv // P
     N = B * per + 7
     kc, vc = (torch.randn(N, P, Hkv, D, device=dev, dtype=dt) for _ in range(2))
     table = torch.randperm(N, device=dev)[: B * per].view(B, per).int()
-    at = torch.full((B,), Skv - 1, dtype=torch.int32, device=dev)  # the new token is the last key
+    at = torch.full((B,), live - 1, dtype=torch.int32, device=dev)  # the new token is the last live key
     q = torch.randn(B, 1, H, D, device=dev, dtype=dt)
     kn, vn = (torch.randn(B, 1, Hkv, D, device=dev, dtype=dt) for _ in range(2))
     scale = D ** -0.5
@@ -38,7 +41,7 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128) -> di
                                            softmax_scale=scale, causal=True)
     out = ours()
     ref = tfa.paged_decode_attention(q.double(), kc.double(), vc.double(), table, at + 1, scale, -1, 0.0, None)
-    row = {"B": B, "Skv": Skv, "page": P, "H": H, "Hkv": Hkv, "D": D,
+    row = {"B": B, "Skv": Skv, "live": live, "page": P, "H": H, "Hkv": Hkv, "D": D,
            "rel_err_vs_fp64": float((out.double() - ref).norm() / ref.norm())}
     kernel_only()
     s = torch.cuda.Stream()
@@ -50,13 +53,13 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128) -> di
     with torch.cuda.graph(graph):
         ours()
     qh = q.transpose(1, 2)
-    k, v = (c[table.long()].reshape(B, -1, Hkv, D).transpose(1, 2).contiguous() for c in (kc, vc))
+    k, v = (c[table.long()].reshape(B, -1, Hkv, D)[:, :live].transpose(1, 2).contiguous() for c in (kc, vc))
     fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": graph.replay}
     fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, qh, k, v)) for be in ("flash", "cudnn")})
     times, errors = interleaved_ms(fns)
     row.update({f"{n}_ms": ms for n, ms in times.items()}, errors=errors)
     row["served"] = {n: dict(c.served) for n, c in tfa.compiled().items() if c.served}
-    nbytes = 2 * (2 * B * Hkv * Skv * D + 2 * B * H * D)
+    nbytes = 2 * (2 * B * Hkv * live * D + 2 * B * H * D)
     for n, ms in times.items():
         if ms:
             row[f"{n}_tbs"] = nbytes / (ms * 1e-3) / 1e12
@@ -68,6 +71,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
     ap.add_argument("--pages", default="16,256")
+    ap.add_argument("--fill", type=float, default=1.0, help="share of the table's keys each sequence holds")
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -75,7 +79,7 @@ def main() -> None:
     for P in map(int, a.pages.split(",")):
         for spec in a.rows.split(","):
             B, Skv = map(int, spec.split("x"))
-            rows.append(run(B, Skv, P))
+            rows.append(run(B, Skv, P, fill=a.fill))
             print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "flash_api.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
