@@ -163,3 +163,24 @@ def test_generate_through_the_flash_name_matches_eager_logits():
         assert torch.equal(want.sequences, got.sequences)
         assert max(float((a - b).abs().max()) for a, b in zip(want.logits, got.logits)) < 1e-4
         assert sum(tfa.compiled()[path].served.values()) - before == 8  # 4 steps, 2 layers
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_softcaps_windows_and_sinks_through_transformers_flash_path(family):
+    """Gemma 2 (softcap, sliding windows) and gpt-oss (sinks, sliding windows) generate through the name with
+    eager's logits. gpt-oss lists the Hub kernels it takes, so it is allowed the name first."""
+    name = tfa.register()
+    if family == "gpt_oss":
+        from transformers.models.gpt_oss import modeling_gpt_oss
+        tfa.allow_for(modeling_gpt_oss.GptOssPreTrainedModel)
+    ref = build(family, "eager")
+    ours = build(family, name)
+    ours.load_state_dict(ref.state_dict())
+    torch.manual_seed(0)
+    ids = torch.randint(1, 128, (2, 40))  # longer than the tiny model's window of 8
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    want, got = ref.generate(ids, attention_mask=mask, **kw), ours.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(want.sequences, got.sequences)
+    assert max(float((a - b).abs().max()) for a, b in zip(want.logits, got.logits)) < 1e-4

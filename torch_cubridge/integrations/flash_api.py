@@ -177,6 +177,16 @@ def register(name: str = NAME) -> str:
     return name
 
 
+def allow_for(model_class: type, name: str = NAME) -> None:
+    """Let a model class that lists the flash implementations it takes (`_compatible_flash_implementations`:
+    gpt_oss, granite_swa, flint, ...) take `name` too; transformers otherwise switches it to the first listed, a
+    Hub kernel. Only for a model whose flash calls use what these functions implement (scale, causal, windows,
+    softcap, sinks): a model that lists kernels for attention of another kind would get a wrong answer."""
+    listed = getattr(model_class, "_compatible_flash_implementations", None)
+    if listed is not None and name not in listed:
+        model_class._compatible_flash_implementations = [*listed, name]
+
+
 # ---- ahead of time: the flash API's kernels for a model, from its config -------------------------------
 
 
