@@ -61,6 +61,18 @@ def sdpa(backend: str, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
+def flex_call(q, k, v):
+    """FlexAttention (compiled, GQA) over q, k, v [B, H, S, D] as a call to time, or why it cannot run."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+        torch._dynamo.reset()
+        flex = torch.compile(flex_attention)
+        flex(q, k, v, enable_gqa=True)
+        return lambda: flex(q, k, v, enable_gqa=True)
+    except Exception as e:
+        return str(e)[:200]
+
+
 def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     dev, dt = "cuda", torch.bfloat16
     q = torch.randn(B, H, Sq, D, device=dev, dtype=dt)
@@ -73,15 +85,11 @@ def run(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int) -> dict:
     row["rel_err_vs_fp64"] = float((out.double() - ref).norm() / ref.norm())
     fns = {"ours": lambda: f(q, k, v)}
     fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, q, k, v)) for be in ("flash", "cudnn", "efficient")})
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-        torch._dynamo.reset()
-        flex = torch.compile(flex_attention)
-        flex(q, k, v, enable_gqa=True)
-        fns["flex"] = lambda: flex(q, k, v, enable_gqa=True)
-    except Exception as e:
-        row["flex_ms"] = None
-        row["flex_error"] = str(e)[:200]
+    flex = flex_call(q, k, v)
+    if isinstance(flex, str):
+        row["flex_ms"], row["flex_error"] = None, flex
+    else:
+        fns["flex"] = flex
     times, errors = interleaved_ms(fns)  # every implementation in turn, best of three passes
     row.update({f"{name}_ms": ms for name, ms in times.items()})
     row.update({f"{name}_error": e for name, e in errors.items()})

@@ -1,7 +1,8 @@
 """The flash API's block-table decode (integrations/flash_api.py: what transformers' continuous batching calls
-per layer and step under "cubridge_flash3") against SDPA (flash, cuDNN) over the same keys contiguous, in one
-run: with the append of the new token, without it (the kernel alone), and replayed from a CUDA graph as
-continuous batching replays it. Pages [N, P, Hkv, D] as transformers lays them out; 32:8 heads, D 128, bf16.
+per layer and step under "cubridge_flash3") against SDPA (flash, cuDNN) and FlexAttention over the same keys
+contiguous, in one run: with the append of the new token, without it (the kernel alone), and replayed from a
+CUDA graph as continuous batching replays it. Pages [N, P, Hkv, D] as transformers lays them out; 32:8 heads,
+D 128, bf16.
 Usage (device): python3 benchmarks/bench_flash_api.py --out $OUT"""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 import torch_cubridge.integrations.flash_api as tfa
-from bench_decode import sdpa
+from bench_decode import flex_call, sdpa
 from timing import interleaved_ms
 
 
@@ -56,6 +57,11 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill:
     k, v = (c[table.long()].reshape(B, -1, Hkv, D)[:, :live].transpose(1, 2).contiguous() for c in (kc, vc))
     fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": graph.replay}
     fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, qh, k, v)) for be in ("flash", "cudnn")})
+    flex = flex_call(qh, k, v)
+    if isinstance(flex, str):
+        row["flex_error"] = flex
+    else:
+        fns["flex"] = flex
     times, errors = interleaved_ms(fns)
     row.update({f"{n}_ms": ms for n, ms in times.items()}, errors=errors)
     row["served"] = {n: dict(c.served) for n, c in tfa.compiled().items() if c.served}
@@ -85,12 +91,12 @@ def main() -> None:
     (Path(a.out) / "flash_api.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                             "torch": torch.__version__, "rows": rows}, indent=1))
     print(f"{'B':>2} {'Skv':>6} {'P':>4} {'ours':>6} {'kernel':>6} {'graph':>6} {'flash':>6} {'cudnn':>6} "
-          f"{'graph/flash':>11}  (TB/s)")
+          f"{'flex':>6} {'graph/flash':>11} {'graph/flex':>10}  (TB/s)")
     for r in rows:
         g = lambda k: r.get(k) or float("nan")  # noqa: E731
         print(f"{r['B']:2d} {r['Skv']:6d} {r['page']:4d} {g('ours_tbs'):6.2f} {g('kernel_only_tbs'):6.2f} "
-              f"{g('ours_graph_tbs'):6.2f} {g('sdpa_flash_tbs'):6.2f} {g('sdpa_cudnn_tbs'):6.2f} "
-              f"{g('sdpa_flash_ms') / g('ours_graph_ms'):11.2f}")
+              f"{g('ours_graph_tbs'):6.2f} {g('sdpa_flash_tbs'):6.2f} {g('sdpa_cudnn_tbs'):6.2f} {g('flex_tbs'):6.2f} "
+              f"{g('sdpa_flash_ms') / g('ours_graph_ms'):11.2f} {g('flex_ms') / g('ours_graph_ms'):10.2f}")
 
 
 if __name__ == "__main__":
