@@ -22,6 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
 from bench_decode import bench, sdpa  # noqa: E402
+from timing import graph_replay  # noqa: E402
 
 
 def cached_decode(q, k_new, v_new, k_cache, v_cache):
@@ -29,19 +30,6 @@ def cached_decode(q, k_new, v_new, k_cache, v_cache):
     k = torch.cat([k_cache, k_new], dim=2)
     v = torch.cat([v_cache, v_new], dim=2)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
-
-def _graph(fn):
-    """fn captured in a CUDA graph (after a warm-up call on a side stream); its replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def run(B: int, H: int, Hkv: int, cached: int, D: int, steps: int) -> dict:
@@ -64,8 +52,8 @@ def run(B: int, H: int, Hkv: int, cached: int, D: int, steps: int) -> dict:
     row["flash_preconcat_ms"] = bench(lambda: sdpa("flash", q, k, v))
     # the GPU's own time, without the host path (at 4k a call's host time exceeds the kernel's):
     # both replayed from CUDA graphs
-    row["ours_graph_ms"] = bench(_graph(lambda: f(q, kn, vn, kc, vc)))
-    row["flash_preconcat_graph_ms"] = bench(_graph(lambda: sdpa("flash", q, k, v)))
+    row["ours_graph_ms"] = bench(graph_replay(lambda: f(q, kn, vn, kc, vc)))
+    row["flash_preconcat_graph_ms"] = bench(graph_replay(lambda: sdpa("flash", q, k, v)))
     # a loop over a growing cache: views of one buffer, one key longer each step
     kbuf, vbuf = (torch.randn(B, Hkv, cached + steps, D, device=dev, dtype=dt) for _ in range(2))
     torch.cuda.synchronize()

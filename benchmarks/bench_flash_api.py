@@ -16,7 +16,7 @@ import torch
 
 import torch_cubridge.integrations.flash_api as tfa
 from bench_decode import flex_call, sdpa
-from timing import interleaved_ms
+from timing import graph_replay, interleaved_ms
 
 
 def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill: float = 1.0) -> dict:
@@ -45,17 +45,10 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill:
     row = {"B": B, "Skv": Skv, "live": live, "page": P, "H": H, "Hkv": Hkv, "D": D,
            "rel_err_vs_fp64": float((out.double() - ref).norm() / ref.norm())}
     kernel_only()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ours()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ours()
+    replay = graph_replay(ours)
     qh = q.transpose(1, 2)
     k, v = (c[table.long()].reshape(B, -1, Hkv, D)[:, :live].transpose(1, 2).contiguous() for c in (kc, vc))
-    fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": graph.replay}
+    fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": replay}
     fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, qh, k, v)) for be in ("flash", "cudnn")})
     flex = flex_call(qh, k, v)
     if isinstance(flex, str):

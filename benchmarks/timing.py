@@ -68,3 +68,17 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 3) -> tup
                 continue
             best[name] = min(best.get(name) or ms, ms)
     return best, errors
+
+
+def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """fn captured in a CUDA graph (after a warm-up call on a side stream); its replay."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
