@@ -5,7 +5,6 @@ not one the kernel takes, or no kernel can be had (no CUDA, a read-only cache wi
 from __future__ import annotations
 
 import functools
-import hashlib
 import struct
 import time
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import torch
 
 from .. import cache, config
-from ..version import __version__
 
 _SOURCE = '#include "cubridge/paged_append.cuh"\n'
 _THREADS = 128
@@ -25,11 +23,8 @@ def build(arch: str) -> dict[str, Any]:
     """The append kernel's cubin for `arch` in the kernel cache (built there if missing, no GPU needed), as
     `cubridge build` reports a kernel: {"key", "built", "seconds", "kernel"}; raises where it cannot be built."""
     from ..build import compile_cubin, toolchain_id
-    from .kernel import headers_digest
-    h = hashlib.sha256()
-    for part in (_SOURCE, arch, __version__, headers_digest()):
-        h.update(part.encode() + b"\0")
-    key = "append-" + h.hexdigest()[:40]
+    from .kernel import source_key
+    key = source_key("append", _SOURCE, arch)
     info = {"key": key, "built": False, "kernel": "cubridge_paged_append"}
 
     def compile_it():

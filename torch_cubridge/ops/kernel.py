@@ -31,11 +31,16 @@ def kernel_key(low: Lowered, arch: str) -> str:
     nvcc serves where only NVRTC exists. The compiler that built a cubin is in its metadata, and a GPU
     verdict holds for the cubin's own sha256 (`info["sha256"]`), so a rebuild by another compiler is
     verified again."""
+    return source_key("fwd", low.source, arch)
+
+
+def source_key(kind: str, source: str, arch: str) -> str:
+    """The cache key of a cubin built from `source` for `arch` (kernel_key's rule, for any kernel of csrc/)."""
     h = hashlib.sha256()
-    for part in (low.source, arch, __version__, headers_digest()):
+    for part in (source, arch, __version__, headers_digest()):
         h.update(part.encode())
         h.update(b"\0")
-    return "fwd-" + h.hexdigest()[:40]
+    return f"{kind}-" + h.hexdigest()[:40]
 
 
 def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, CubinKernel]]:
