@@ -294,3 +294,24 @@ def test_int64_tensor_min_compiles():
     src = lower(p, arch="sm_90a", head_dim=64).source
     assert "min((long long)(" in src
     assert tc_cubin(src, "sm_90a")
+
+
+def test_a_per_sequence_length_classes_decode_blocks_by_its_value():
+    """A mask load with no query or key index (len[b]) is one value over a tile: the decode kernel's block rule
+    reads it, so blocks past a sequence's length are empty (skipped) and blocks inside it full. A load along
+    the keys stays unknown (the block is partial)."""
+    def lengths(q, k, v, lens):
+        keep = torch.arange(k.shape[2])[None, :] < lens[:, None]
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None, None, :], float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    def per_key(q, k, v, bias):
+        s = (q @ k.transpose(-1, -2)).masked_fill(bias[:, None, None, :] < 0, float("-inf"))
+        return torch.softmax(s, -1) @ v
+    q, k, v = torch.randn(2, 4, 1, 64), torch.randn(2, 4, 256, 64), torch.randn(2, 4, 256, 64)
+    src = lower(tc.transfer(lengths, q, k, v, torch.tensor([100, 256])), arch="sm_90a", head_dim=64,
+                decode=True).source
+    rule = re.search(r"static int block_class\(.*?\n(.*?)\n", src).group(1)
+    assert "iv((float)(__ldg(&p.lens" in rule and "iv_unknown" not in rule
+    src = lower(tc.transfer(per_key, q, k, v, torch.randn(2, 256)), arch="sm_90a", head_dim=64, decode=True).source
+    assert "iv_unknown" in re.search(r"static int block_class\(.*?\n(.*?)\n", src).group(1)

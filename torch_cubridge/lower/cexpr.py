@@ -202,6 +202,16 @@ class CExpr:
             return False
         return all(self.uniform(x) for x in e.args)
 
+    def _tile_free(self, e: Expr) -> bool:
+        """Depends on neither the tile's queries nor its keys (nor the score): the same value in every element
+        of a tile, whose block_class call knows b and h. ir/interval.py keeps loads unknown: a program whose
+        mask loads data is classed by evaluation there (the pre-pass rule), never by intervals."""
+        if e.op == "var":
+            return e.attr not in ("q", "kv")
+        if e.op == "s":
+            return False
+        return all(self._tile_free(x) for x in e.args)
+
     # -- intervals over a tile -------------------------------------------------------
     def interval(self, e: Expr, loads: dict[Expr, str] | None = None) -> str:
         """Interval code over the tile. `loads` names runtime bounds (an Iv) for some load sites."""
@@ -217,6 +227,8 @@ class CExpr:
                     "b": "cubridge::iv(b)", "h": "cubridge::iv(h)"}.get(e.attr) or f"cubridge::iv((float){self.value(e)})"
         if op == "scalar":
             return f"cubridge::iv((float)p.{e.attr})"
+        if op == "load" and self._tile_free(e):  # one value over the tile (len[b]): read it, a point
+            return f"cubridge::iv((float)({self.value(e)}))"
         if op in ("load", "s"):
             return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"
         if op in ("floordiv", "mod") and a[1].op == "const" and isinstance(a[1].attr, int) and a[1].attr > 0:
