@@ -19,9 +19,11 @@ from bench_decode import flex_call, sdpa
 from timing import graph_replay, interleaved_ms
 
 
-def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill: float = 1.0) -> dict:
+def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill: float = 1.0,
+        window: int = 0) -> dict:
     """`fill`: the share of the table's Skv keys each sequence holds (continuous batching's tables are wider than
-    its sequences); SDPA reads the live keys only, and TB/s counts those."""
+    its sequences); `window`: each query sees its last `window` keys (0: all). SDPA reads the keys seen only,
+    and TB/s counts those."""
     dev, dt = "cuda", torch.bfloat16
     live = max(1, int(Skv * fill))
     per = Skv // P
@@ -32,22 +34,24 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill:
     q = torch.randn(B, 1, H, D, device=dev, dtype=dt)
     kn, vn = (torch.randn(B, 1, Hkv, D, device=dev, dtype=dt) for _ in range(2))
     scale = D ** -0.5
+    win = (window - 1, 0) if window else (-1, -1)
+    seen = min(live, window) if window else live
 
     def ours():
         return tfa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=at, block_table=table,
-                                           softmax_scale=scale, causal=True)
+                                           softmax_scale=scale, causal=True, window_size=win)
 
     def kernel_only():  # the keys already hold the new token
         return tfa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=at + 1, block_table=table,
-                                           softmax_scale=scale, causal=True)
+                                           softmax_scale=scale, causal=True, window_size=win)
     out = ours()
-    ref = tfa.paged_decode_attention(q.double(), kc.double(), vc.double(), table, at + 1, scale, -1, 0.0, None)
-    row = {"B": B, "Skv": Skv, "live": live, "page": P, "H": H, "Hkv": Hkv, "D": D,
+    ref = tfa.paged_decode_attention(q.double(), kc.double(), vc.double(), table, at + 1, scale, win[0], 0.0, None)
+    row = {"B": B, "Skv": Skv, "live": live, "window": window, "page": P, "H": H, "Hkv": Hkv, "D": D,
            "rel_err_vs_fp64": float((out.double() - ref).norm() / ref.norm())}
     kernel_only()
     replay = graph_replay(ours)
     qh = q.transpose(1, 2)
-    k, v = (c[table.long()].reshape(B, -1, Hkv, D)[:, :live].transpose(1, 2).contiguous() for c in (kc, vc))
+    k, v = (c[table.long()].reshape(B, -1, Hkv, D)[:, live - seen:live].transpose(1, 2).contiguous() for c in (kc, vc))
     fns = {"ours": ours, "kernel_only": kernel_only, "ours_graph": replay}
     fns.update({f"sdpa_{be}": (lambda be=be: sdpa(be, qh, k, v)) for be in ("flash", "cudnn")})
     flex = flex_call(qh, k, v)
@@ -58,7 +62,7 @@ def run(B: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 128, fill:
     times, errors = interleaved_ms(fns)
     row.update({f"{n}_ms": ms for n, ms in times.items()}, errors=errors)
     row["served"] = {n: dict(c.served) for n, c in tfa.compiled().items() if c.served}
-    nbytes = 2 * (2 * B * Hkv * live * D + 2 * B * H * D)
+    nbytes = 2 * (2 * B * Hkv * seen * D + 2 * B * H * D)
     for n, ms in times.items():
         if ms:
             row[f"{n}_tbs"] = nbytes / (ms * 1e-3) / 1e12
@@ -71,6 +75,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
     ap.add_argument("--pages", default="16,256")
     ap.add_argument("--fill", type=float, default=1.0, help="share of the table's keys each sequence holds")
+    ap.add_argument("--window", type=int, default=0, help="sliding window: keys each query sees (0: all)")
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -78,7 +83,7 @@ def main() -> None:
     for P in map(int, a.pages.split(",")):
         for spec in a.rows.split(","):
             B, Skv = map(int, spec.split("x"))
-            rows.append(run(B, Skv, P, fill=a.fill))
+            rows.append(run(B, Skv, P, fill=a.fill, window=a.window))
             print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "flash_api.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),

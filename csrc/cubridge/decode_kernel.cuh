@@ -244,10 +244,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   const int g_first = r_lo / sq, g_last = (imin(r_lo + R, rows) - 1) / sq;  // the tile's heads of the group
 
   // @cuir tile axis=q size=kRows
-  const int kv_begin = split * chunk, kv_end = imin(kv_begin + chunk, skv);
   const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
   const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
-  const int j0 = kv_begin / BN, j1 = (kv_end + BN - 1) / BN;
   const T* seg_k[SegKV::kMax];  // each piece at (b, hk), where K and V are pieces (unused otherwise)
   const T* seg_v[SegKV::kMax];
   if constexpr (kSeg) {
@@ -258,17 +256,46 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     }
   }
 
-  // The tile's class for keys [kv_lo, kv_hi): every query head of the tile over all Sq queries
+  // The tile's class for key blocks [j_lo, j_hi): every query head of the tile over all Sq queries
   // (a superset of its rows: empty and full stay sound).
-  auto tile_cls = [&](int j) {
+  auto span_cls = [&](int j_lo, int j_hi) {
     bool any = false, all = true;
     for (int g = g_first; g <= g_last; ++g) {
-      const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j * BN, imin(j * BN + BN, skv));
+      const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
       any |= c != kEmpty;
       all &= c == kFull;
     }
     return any ? (all ? kFull : kPartial) : kEmpty;
   };
+  auto tile_cls = [&](int j) { return span_cls(j, j + 1); };
+
+  // This split's blocks [j0, j1). Where a mask can empty blocks, the splits share the tile's live span, not
+  // the whole key range: a sequence shorter than its block table (continuous batching) or a window of a
+  // long cache is then read by every split, not by the few whose chunks it falls in. The span's ends are
+  // found by binary search over span_cls (the rule answers for a range of blocks), as the prefill does.
+  const int n_blk = (skv + BN - 1) / BN;
+  int j0 = imin(split * (chunk / BN), n_blk), j1 = imin(j0 + chunk / BN, n_blk);
+  if constexpr (Variant::kHasMask) {
+    if (n_split > 1) {
+      int lo = 0, hi = n_blk;  // [0, lo) and [hi, n_blk) proven empty
+      if (span_cls(0, n_blk) == kEmpty) hi = 0;
+      for (int x = 0; hi - x > 1;) {  // the end: blocks [x, hi) hold a live one
+        const int mid = (x + hi) / 2;
+        if (span_cls(mid, hi) == kEmpty) hi = mid;
+        else x = mid;
+      }
+      for (int x = hi; x - lo > 1;) {  // the start: blocks [lo, x) hold a live one
+        const int mid = (lo + x) / 2;
+        if (span_cls(lo, mid) == kEmpty) lo = mid;
+        else x = mid;
+      }
+      lo = imin(lo, hi);
+      const int per = (hi - lo + n_split - 1) / n_split;
+      j0 = imin(lo + split * per, hi);
+      j1 = imin(j0 + per, hi);
+    }
+  }
+  const int kv_begin = j0 * BN, kv_end = imin(j1 * BN, skv);
 
   int pf = j0;
   // paged K/V of one head dim, walked row by row: each block's table entries loaded a block ahead
