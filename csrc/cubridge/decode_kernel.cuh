@@ -278,13 +278,14 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   if constexpr (Variant::kHasMask) {
     if (n_split > 1) {
       int lo = 0, hi = n_blk;  // [0, lo) and [hi, n_blk) proven empty
-      if (span_cls(0, n_blk) == kEmpty) hi = 0;
-      for (int x = 0; hi - x > 1;) {  // the end: blocks [x, hi) hold a live one
+      const int whole = span_cls(0, n_blk);  // full (every key live, the common case): no search
+      if (whole == kEmpty) hi = 0;
+      for (int x = whole == kFull ? hi : 0; hi - x > 1;) {  // the end: blocks [x, hi) hold a live one
         const int mid = (x + hi) / 2;
         if (span_cls(mid, hi) == kEmpty) hi = mid;
         else x = mid;
       }
-      for (int x = hi; x - lo > 1;) {  // the start: blocks [lo, x) hold a live one
+      for (int x = whole == kFull ? lo : hi; x - lo > 1;) {  // the start: blocks [lo, x) hold a live one
         const int mid = (lo + x) / 2;
         if (span_cls(lo, mid) == kEmpty) lo = mid;
         else x = mid;
@@ -308,9 +309,12 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // 16 against the same kernel without it: H100, NOTES v31).
   static_assert(ST >= 2, "a ring of at least two blocks");
   int ahead[ST - 1];
+  // The class of block cls_blk, evaluated a block ahead as the table entries are: a mask that reads memory
+  // (a sequence's length) then has its load in flight during a block's compute, not in front of its copies.
+  int cls_blk = -1, cls_next = kEmpty;
   auto prefetch = [&](int stage) {
     int cls = kEmpty;
-    while (pf < j1 && (cls = tile_cls(pf)) == kEmpty) ++pf;
+    while (pf < j1 && (cls = pf == cls_blk ? cls_next : tile_cls(pf)) == kEmpty) ++pf;
     const bool ok = pf < j1;
 #pragma unroll
     for (int i = 0; i + 1 < ST - 1; ++i) ahead[i] = ahead[i + 1];
@@ -331,6 +335,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
     }
     cp_async_commit();
+    if (ok && pf + 1 < j1) {
+      cls_blk = pf + 1;
+      cls_next = tile_cls(pf + 1);
+    }
     ++pf;
   };
   // the first K/V blocks go out before Q's loads, which wait for their data
