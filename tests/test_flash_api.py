@@ -184,3 +184,22 @@ def test_softcaps_windows_and_sinks_through_transformers_flash_path(family):
     want, got = ref.generate(ids, attention_mask=mask, **kw), ours.generate(ids, attention_mask=mask, **kw)
     assert torch.equal(want.sequences, got.sequences)
     assert max(float((a - b).abs().max()) for a, b in zip(want.logits, got.logits)) < 1e-4
+
+
+def test_the_name_continuous_batching_calls_loads_cubridge_functions():
+    """Continuous batching calls attention under the flash name itself (transformers 5.24, whose flash path takes
+    the block table) or under "paged|" + it (5.17, which switches a flash model to that name and runs its own
+    paged forward over the flash functions): in either, the model takes that name and the loader gives ours.
+    (5.17's continuous batching sizes its cache from GPU memory, so it runs only in test_flash_api_gpu.py.)"""
+    import transformers.modeling_flash_attention_utils as fau
+    from transformers import AttentionInterface
+    name = tfa.register()
+    paged = tfa._paged_forward(fau)
+    cb_name = name if paged is None else "paged|" + name
+    model = build("llama", name)
+    model.set_attn_implementation(cb_name)  # what 5.17's ContinuousBatchingManager does to a flash model
+    assert model.config._attn_implementation == cb_name
+    _, varlen, kvcache, _, _ = fau._lazy_imports(cb_name)
+    assert varlen is tfa.flash_attn_varlen_func and kvcache is tfa.flash_attn_with_kvcache
+    assert AttentionInterface._global_mapping[cb_name] is (paged or
+                                                         AttentionInterface._global_mapping["flash_attention_2"])

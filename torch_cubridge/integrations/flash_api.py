@@ -137,11 +137,26 @@ def _functions() -> tuple[Callable, Callable, Callable, Callable, Callable]:
     return flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fau._pad_input, fau._unpad_input
 
 
+def _paged_forward(fau: Any) -> Callable | None:
+    """transformers' attention function for "paged|<flash name>" where continuous batching calls that name
+    (5.17: `integrations/flash_paged.py`, which takes the flash functions from the same loader); None where the
+    flash path itself takes the block table (5.24), which continuous batching then calls under the name itself."""
+    forward = getattr(fau, "_flash_attention_forward", None)
+    if forward is not None and "block_table" in inspect.signature(forward).parameters:
+        return None
+    try:
+        from transformers.integrations.flash_paged import paged_attention_forward
+    except ImportError:
+        return None
+    return paged_attention_forward
+
+
 def register(name: str = NAME) -> str:
     """Register these functions in transformers as the flash implementation `name`: its flash attention
     function runs them, and continuous batching (generate_batch, ContinuousBatchingManager) takes its
-    packed-query and block-table paths through them. transformers loads a flash implementation other than the
-    flash-attn packages from the Hub (the `kernels` package); for `name` its loader returns these instead."""
+    packed-query and block-table paths through them, under `name` (transformers 5.24) or "paged|" + name
+    (5.17, which switches a flash model to that name). transformers loads a flash implementation other than the
+    flash-attn packages from the Hub (the `kernels` package); for these names its loader returns ours instead."""
     import transformers
     import transformers.modeling_flash_attention_utils as fau
     from transformers import AttentionInterface
@@ -149,12 +164,8 @@ def register(name: str = NAME) -> str:
     from transformers.utils.generic import is_flash_attention_requested
     if not is_flash_attention_requested(requested_attention_implementation=name):
         raise ValueError(f"transformers treats a name as flash only where it holds 'flash'; got {name!r}")
-    forward = getattr(fau, "_flash_attention_forward", None)
-    if not hasattr(fau, "_lazy_imports") or forward is None or \
-            "block_table" not in inspect.signature(forward).parameters:
-        # transformers 5.17 runs continuous batching under "paged|<name>", a contract of its own
-        raise RuntimeError(f"transformers {transformers.__version__}'s flash path takes no block table and has no "
-                           "loader to register with (5.24 has both; 5.17 has neither)")
+    if not hasattr(fau, "_lazy_imports"):
+        raise RuntimeError(f"transformers {transformers.__version__} has no flash loader to register with")
     loader = fau._lazy_imports
     names = getattr(loader, "_cubridge_names", None)
     if names is None:
@@ -168,6 +179,10 @@ def register(name: str = NAME) -> str:
         fau._lazy_imports = _lazy_imports
     names.add(name)
     AttentionInterface.register(name, flash_attention_forward)
+    paged = _paged_forward(fau)
+    if paged is not None:  # no mask is registered for it: transformers then builds none, as flash wants
+        names.add("paged|" + name)
+        AttentionInterface.register("paged|" + name, paged)
     try:
         from transformers import AttentionMaskInterface
         from transformers.masking_utils import flash_attention_mask
