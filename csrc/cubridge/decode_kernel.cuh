@@ -309,12 +309,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // 16 against the same kernel without it: H100, NOTES v31).
   static_assert(ST >= 2, "a ring of at least two blocks");
   int ahead[ST - 1];
-  // The class of block cls_blk, evaluated a block ahead as the table entries are: a mask that reads memory
-  // (a sequence's length) then has its load in flight during a block's compute, not in front of its copies.
-  int cls_blk = -1, cls_next = kEmpty;
   auto prefetch = [&](int stage) {
     int cls = kEmpty;
-    while (pf < j1 && (cls = pf == cls_blk ? cls_next : tile_cls(pf)) == kEmpty) ++pf;
+    while (pf < j1 && (cls = tile_cls(pf)) == kEmpty) ++pf;
     const bool ok = pf < j1;
 #pragma unroll
     for (int i = 0; i + 1 < ST - 1; ++i) ahead[i] = ahead[i + 1];
@@ -335,10 +332,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
     }
     cp_async_commit();
-    if (ok && pf + 1 < j1) {
-      cls_blk = pf + 1;
-      cls_next = tile_cls(pf + 1);
-    }
     ++pf;
   };
   // the first K/V blocks go out before Q's loads, which wait for their data
