@@ -312,6 +312,6 @@ def test_a_per_sequence_length_classes_decode_blocks_by_its_value():
     src = lower(tc.transfer(lengths, q, k, v, torch.tensor([100, 256])), arch="sm_90a", head_dim=64,
                 decode=True).source
     rule = re.search(r"static int block_class\(.*?\n(.*?)\n", src).group(1)
-    assert "iv((float)(__ldg(&p.lens" in rule and "iv_unknown" not in rule
+    assert "iv_exact((double)(__ldg(&p.lens" in rule and "iv_unknown" not in rule
     src = lower(tc.transfer(per_key, q, k, v, torch.randn(2, 256)), arch="sm_90a", head_dim=64, decode=True).source
     assert "iv_unknown" in re.search(r"static int block_class\(.*?\n(.*?)\n", src).group(1)

@@ -17,6 +17,13 @@ struct Iv {
 __device__ __forceinline__ Iv iv(float x) { return {x, x}; }
 __device__ __forceinline__ Iv iv(float lo, float hi) { return {lo, hi}; }
 __device__ __forceinline__ Iv iv_unknown() { return {-3.0e38f, 3.0e38f}; }
+// A value read from memory (one per tile: a sequence's length) as a point, where fp32 holds it exactly and
+// below 2^24, so arithmetic with key indices stays exact; otherwise unknown (an int64 length of 2^24 + 1
+// read as 2^24 would class a block wrongly).
+__device__ __forceinline__ Iv iv_exact(double x) {
+  const float f = static_cast<float>(x);
+  return static_cast<double>(f) == x && f > -16777216.f && f < 16777216.f ? Iv{f, f} : iv_unknown();
+}
 __device__ __forceinline__ Iv iv_bool_unknown() { return {0.0, 1.0}; }
 __device__ __forceinline__ float dmin(float x, float y) { return x < y ? x : y; }
 __device__ __forceinline__ float dmax(float x, float y) { return x > y ? x : y; }

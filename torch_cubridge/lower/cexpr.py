@@ -228,7 +228,7 @@ class CExpr:
         if op == "scalar":
             return f"cubridge::iv((float)p.{e.attr})"
         if op == "load" and self._tile_free(e):  # one value over the tile (len[b]): read it, a point
-            return f"cubridge::iv((float)({self.value(e)}))"
+            return f"cubridge::iv_exact((double)({self.value(e)}))"
         if op in ("load", "s"):
             return "cubridge::iv_bool_unknown()" if self.kind(e) == "bool" else "cubridge::iv_unknown()"
         if op in ("floordiv", "mod") and a[1].op == "const" and isinstance(a[1].attr, int) and a[1].attr > 0:
