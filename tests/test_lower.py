@@ -315,3 +315,30 @@ def test_a_per_sequence_length_classes_decode_blocks_by_its_value():
     assert "iv_exact((double)(__ldg(&p.lens" in rule and "iv_unknown" not in rule
     src = lower(tc.transfer(per_key, q, k, v, torch.randn(2, 256)), arch="sm_90a", head_dim=64, decode=True).source
     assert "iv_unknown" in re.search(r"static int block_class\(.*?\n(.*?)\n", src).group(1)
+
+
+def keys_below_a_threshold(q, k, v, thr):
+    """Keys before a per-sequence float64 threshold, compared in float64 as torch does."""
+    kv = torch.arange(k.shape[2], dtype=torch.float64)
+    keep = kv[None, :] < thr[:, None]
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+
+@needs_nvcc
+def test_a_float64_value_is_compared_in_float64():
+    """A float64 tensor read by the mask is compared in float64 by the kernel and by the interpreter that models
+    it (in fp32 64.0000001 reads as 64, which dropped key 64 where the spec keeps it); the block rule reads it
+    as a point only where fp32 holds it."""
+    from torch_cubridge.ir.interpreter import run_program
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, s, 64, generator=g) for s in (1, 256, 256))
+    k[:, :, 64] = 4 * q[:, :, 0]  # key 64 dominates its row: dropping it moves the output
+    thr = torch.tensor([64.0000001, 200.5], dtype=torch.float64)
+    p = tc.transfer(keys_below_a_threshold, q, k, v, thr)
+    src = lower(p, arch="sm_90a", head_dim=64, decode=True).source
+    assert "< __ldg(&p.thr" in src and "iv_exact((double)(__ldg(&p.thr" in src
+    assert tc_cubin(src, "sm_90a")
+    want = keys_below_a_threshold(*(x.double() for x in (q, k, v)), thr)
+    got = run_program(p, q.bfloat16(), k.bfloat16(), v.bfloat16(), thr)  # the kernel's arithmetic: fp32 work
+    assert (got.double() - want).abs().max() < 5e-2

@@ -47,11 +47,14 @@ def _step(name: str) -> None:
 
 
 def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[Any, Any]:
+    """Both operands in the float dtype they meet in: float64 where either is a float64 tensor (a loaded one:
+    the kernel computes with it in float64, as torch), else fdt."""
     def is_f(z: Any) -> bool:
         return isinstance(z, float) or (isinstance(z, torch.Tensor) and z.is_floating_point())
     if is_f(x) or is_f(y):
-        x = x.to(fdt) if isinstance(x, torch.Tensor) else float(x)
-        y = y.to(fdt) if isinstance(y, torch.Tensor) else float(y)
+        dt = torch.float64 if any(isinstance(z, torch.Tensor) and z.dtype == torch.float64 for z in (x, y)) else fdt
+        x = x.to(dt) if isinstance(x, torch.Tensor) else float(x)
+        y = y.to(dt) if isinstance(y, torch.Tensor) else float(y)
     return x, y
 
 
@@ -69,7 +72,7 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
         idx = [torch.as_tensor(evaluate(i, env, fdt)).long() for i in a]
         idx = torch.broadcast_tensors(*idx)
         out = t[tuple(idx)]
-        return out.to(fdt) if out.is_floating_point() else out
+        return out.to(fdt) if out.is_floating_point() and out.dtype != torch.float64 else out
     if op == "where":
         c = torch.as_tensor(evaluate(a[0], env, fdt)).bool()
         x, y = _promote(evaluate(a[1], env, fdt), evaluate(a[2], env, fdt), fdt)

@@ -1,8 +1,11 @@
 """CuIR expressions to CUDA C expressions (values) and interval code (tiles).
 
 Types follow the interpreter: indices and int scalars are 64-bit integers,
-float work is fp32, comparisons are bool. Integer // and % keep Python's
-floor semantics, as the spec did.
+float work is fp32, except where a float64 tensor is read: arithmetic and
+comparisons with it are float64 (kind "double"), as torch computes them (a
+threshold of 64.0000001 is not 64); float functions of it take fp32.
+Comparisons are bool. Integer // and % keep Python's floor semantics, as the
+spec did.
 """
 from __future__ import annotations
 
@@ -28,6 +31,23 @@ def ctype(dtype: str) -> str:
     raise UnsupportedSpec(f"extra tensors of dtype {dtype} are not supported by the kernel", op="lower")
 
 
+def _widest(kinds: set[str]) -> str:
+    """The kind two operands meet in: float64 over fp32 over integers."""
+    return "double" if "double" in kinds else "float" if "float" in kinds else "int"
+
+
+def _f32_around(v: float) -> tuple[float, float]:
+    """The nearest fp32 values at or below and at or above v (equal where fp32 holds v)."""
+    import struct
+    f = struct.unpack("f", struct.pack("f", v))[0]
+    if f == v:
+        return f, f
+    bits = struct.unpack("i", struct.pack("f", f))[0]
+    step = 1 if (f < v) == (f >= 0) else -1  # toward v in magnitude order of the bit pattern
+    g = struct.unpack("f", struct.pack("i", bits + step))[0]
+    return (f, g) if f < v else (g, f)
+
+
 class CExpr:
     """Code generation for one program (knows its tensors, scalars, head dim)."""
 
@@ -50,18 +70,19 @@ class CExpr:
             return self.scalars[e.attr].kind
         if op == "load":
             dt = self.extras[e.attr].dtype
-            return "float" if dt in _FLOAT_DTYPES else ("bool" if dt == "bool" else "int")
+            return "double" if dt == "float64" else "float" if dt in _FLOAT_DTYPES else ("bool" if dt == "bool" else "int")
         if op in _CMP or op in ("and", "or", "not", "to_bool"):
             return "bool"
-        if op in FLOAT_UNARY or op in ("div", "to_float", "pow"):
+        if op in ("div", "pow"):
+            return "double" if "double" in {self.kind(x) for x in e.args} else "float"
+        if op in FLOAT_UNARY or op == "to_float":
             return "float"
         if op == "to_int":
             return "int"
         if op == "where":
             ks = {self.kind(e.args[1]), self.kind(e.args[2])}
-            return "float" if "float" in ks else ("int" if "int" in ks else "bool")
-        ks = {self.kind(a) for a in e.args}
-        return "float" if "float" in ks else "int"
+            return _widest(ks) if ks - {"bool"} else "bool"
+        return _widest({self.kind(a) for a in e.args})
 
     # -- values ------------------------------------------------------------------
     def value(self, e: Expr) -> str:
@@ -93,7 +114,7 @@ class CExpr:
             x, y = self.as_kind(a[1], k), self.as_kind(a[2], k)
             return f"({self.as_kind(a[0], 'bool')} ? {x} : {y})"
         if op in _CMP:
-            k = "float" if "float" in (self.kind(a[0]), self.kind(a[1])) else "int"
+            k = _widest({self.kind(a[0]), self.kind(a[1])})
             return f"({self.as_kind(a[0], k)} {_CMP[op]} {self.as_kind(a[1], k)})"
         if op in ("and", "or"):
             j = "&&" if op == "and" else "||"
@@ -106,6 +127,8 @@ class CExpr:
             k = self.kind(e)
             return f"({self.as_kind(a[0], k)} {_ARITH[op]} {self.as_kind(a[1], k)})"
         if op == "div":
+            if self.kind(e) == "double":
+                return f"({self.as_kind(a[0], 'double')} / {self.as_kind(a[1], 'double')})"
             if self.uniform(a[1]):  # a loop-invariant reciprocal: one multiply per element, not a divide
                 return f"({self.as_kind(a[0], 'float')} * (1.0f / {self.as_kind(a[1], 'float')}))"
             return f"({self.as_kind(a[0], 'float')} / {self.as_kind(a[1], 'float')})"
@@ -116,18 +139,22 @@ class CExpr:
                 # int64 tensor is read, since 64-bit division is emulated on the GPU
                 t = "long long" if any(self._wide(x) for x in a) else "int"
                 return f"{fn}<{t}>(({t})({self.value(a[0])}), ({t})({self.value(a[1])}))"
-            x, y = self.as_kind(a[0], "float"), self.as_kind(a[1], "float")
-            return f"floorf({x} / {y})" if op == "floordiv" else f"({x} - floorf({x} / {y}) * {y})"
+            k = self.kind(e)
+            fl = "floor" if k == "double" else "floorf"
+            x, y = self.as_kind(a[0], k), self.as_kind(a[1], k)
+            return f"{fl}({x} / {y})" if op == "floordiv" else f"({x} - {fl}({x} / {y}) * {y})"
         if op in ("max", "min"):
             k = self.kind(e)
-            if k == "float":
-                return f"{'fmaxf' if op == 'max' else 'fminf'}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
+            if k in ("float", "double"):
+                fn = ("fmax" if op == "max" else "fmin") + ("f" if k == "float" else "")
+                return f"{fn}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
             if k == "int":  # one integer type for both (min(long long, int) has no overload): 64-bit where an
                 t = "long long" if any(self._wide(x) for x in a) else "int"  # int64 tensor is read
                 return f"{op}(({t})({self.value(a[0])}), ({t})({self.value(a[1])}))"
             return f"{op}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
         if op == "pow":
-            return f"powf({self.as_kind(a[0], 'float')}, {self.as_kind(a[1], 'float')})"
+            k = self.kind(e)
+            return f"{'pow' if k == 'double' else 'powf'}({self.as_kind(a[0], k)}, {self.as_kind(a[1], k)})"
         if op == "tanh":
             fn = "cubridge::tanh_fast" if self.fast_tanh else "tanhf"
             return f"{fn}({self.as_kind(a[0], 'float')})"
@@ -137,13 +164,14 @@ class CExpr:
         if op in unary:
             if op == "abs":
                 k = self.kind(a[0])
-                return f"{'fabsf' if k == 'float' else 'llabs'}({self.value(a[0])})"
+                return f"{ {'float': 'fabsf', 'double': 'fabs'}.get(k, 'llabs') }({self.value(a[0])})"
             return f"{unary[op]}({self.as_kind(a[0], 'float')})"
         if op == "reciprocal":
             return f"(1.0f / {self.as_kind(a[0], 'float')})"
         if op == "sign":
             x = self.value(a[0])
-            return f"(({x} > 0) - ({x} < 0))" if self.kind(a[0]) != "float" else f"(float)(({x} > 0.0f) - ({x} < 0.0f))"
+            return f"(({x} > 0) - ({x} < 0))" if self.kind(a[0]) not in ("float", "double") else \
+                f"(float)(({x} > 0.0f) - ({x} < 0.0f))"
         if op == "sigmoid":
             return f"(1.0f / (1.0f + expf(-{self.as_kind(a[0], 'float')})))"
         if op == "to_float":
@@ -156,6 +184,12 @@ class CExpr:
 
     def as_kind(self, e: Expr, k: str) -> str:
         src = self.kind(e)
+        if k == "double" and src != "double":  # a Python number meets a float64 tensor: its own value, as torch's
+            if e.op == "const" and not isinstance(e.attr, bool):
+                return repr(float(e.attr)) if not math.isinf(float(e.attr)) else self.value(e)
+            if e.op == "scalar" and self.scalars[e.attr].kind == "float":
+                return f"p.{e.attr}"
+            return f"(double)({self.value(e)})"
         v = self.value(e)
         if src == k:
             return v
@@ -176,8 +210,6 @@ class CExpr:
             return f"__bfloat162float({raw})"
         if x.dtype == "float16":
             return f"__half2float({raw})"
-        if x.dtype == "float64":
-            return f"(float){raw}"
         if x.dtype == "bool":
             return f"({raw} != 0)"
         return raw
@@ -221,12 +253,16 @@ class CExpr:
         iv = lambda x: self.interval(x, loads)  # noqa: E731
         if op == "const":
             v = float(e.attr)
-            return "cubridge::iv_unknown()" if math.isinf(v) else f"cubridge::iv({v!r}f)"
+            if math.isinf(v):
+                return "cubridge::iv_unknown()"
+            lo, hi = _f32_around(v)  # an fp32 pair holding v: the kernel may compare it in float64
+            return f"cubridge::iv({lo!r}f)" if lo == hi else f"cubridge::iv({lo!r}f, {hi!r}f)"
         if op == "var":
             return {"q": "cubridge::iv(q_lo, q_hi - 1)", "kv": "cubridge::iv(kv_lo, kv_hi - 1)",
                     "b": "cubridge::iv(b)", "h": "cubridge::iv(h)"}.get(e.attr) or f"cubridge::iv((float){self.value(e)})"
-        if op == "scalar":
-            return f"cubridge::iv((float)p.{e.attr})"
+        if op == "scalar":  # a float one may meet a float64 value: a point only where fp32 holds it exactly
+            return f"cubridge::iv_exact(p.{e.attr})" if self.scalars[e.attr].kind == "float" else \
+                f"cubridge::iv((float)p.{e.attr})"
         if op == "load" and self._tile_free(e):  # one value over the tile (len[b]): read it, a point
             return f"cubridge::iv_exact((double)({self.value(e)}))"
         if op in ("load", "s"):
