@@ -10,9 +10,10 @@ spec did.
 from __future__ import annotations
 
 import math
+import struct
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import FLOAT_UNARY, Expr
+from ..ir.expr import FLOAT_UNARY, ROW_LSE, Expr
 from ..ir.program import Program
 
 _SIZE = {"B": "a.B", "H": "a.Hq", "Hkv": "a.Hkv", "Sq": "a.Sq", "Skv": "a.Skv"}
@@ -36,9 +37,17 @@ def _widest(kinds: set[str]) -> str:
     return "double" if "double" in kinds else "float" if "float" in kinds else "int"
 
 
+def _free_of(e: Expr, variables: tuple[str, ...], loads: bool) -> bool:
+    """Reads none of `variables` (and, unless `loads`, no tensor) anywhere in e."""
+    if e.op == "var":
+        return e.attr not in variables
+    if e.op == "load" and not loads:
+        return False
+    return all(_free_of(x, variables, loads) for x in e.args)
+
+
 def _f32_around(v: float) -> tuple[float, float]:
     """The nearest fp32 values at or below and at or above v (equal where fp32 holds v)."""
-    import struct
     f = struct.unpack("f", struct.pack("f", v))[0]
     if f == v:
         return f, f
@@ -228,21 +237,13 @@ class CExpr:
 
     def uniform(self, e: Expr) -> bool:
         """No per-element dependence: only scalars, constants and sizes."""
-        if e.op == "var":
-            return e.attr not in ("s", "b", "h", "q", "kv")
-        if e.op == "load":
-            return False
-        return all(self.uniform(x) for x in e.args)
+        return _free_of(e, ("s", "b", "h", "q", "kv"), loads=False)
 
     def _tile_free(self, e: Expr) -> bool:
-        """Depends on neither the tile's queries nor its keys (nor the score): the same value in every element
-        of a tile, whose block_class call knows b and h. ir/interval.py keeps loads unknown: a program whose
-        mask loads data is classed by evaluation there (the pre-pass rule), never by intervals."""
-        if e.op == "var":
-            return e.attr not in ("q", "kv")
-        if e.op == "s":
-            return False
-        return all(self._tile_free(x) for x in e.args)
+        """Depends on neither the tile's queries nor its keys (nor the score or a row's LSE): the same value in
+        every element of a tile, whose block_class call knows b and h. ir/interval.py keeps loads unknown: a
+        program whose mask loads data is classed by evaluation there (the pre-pass rule), never by intervals."""
+        return _free_of(e, ("s", "q", "kv", ROW_LSE), loads=True)
 
     # -- intervals over a tile -------------------------------------------------------
     def interval(self, e: Expr, loads: dict[Expr, str] | None = None) -> str:
