@@ -350,8 +350,6 @@ static int bounds_hold(Decoder *d, const long long *sizes, const Operand *ex) {
     return ok;
 }
 
-/* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
-   one launch, or None where the Python runner must serve the call. */
 /* Key blocks per split where `ctas` CTAs share `sms` multiprocessors, `per_sm` at most on each
    (ops/splitkv.py decode_split, which tests/test_decoder_gpu.py holds this rule to bit for bit). */
 static long long split_blocks(long long ctas, long long n_blk, long long sms, long long per_sm) {
@@ -361,6 +359,8 @@ static long long split_blocks(long long ctas, long long n_blk, long long sms, lo
     return (n_blk + ns - 1) / ns;
 }
 
+/* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
+   one launch, or None where the Python runner must serve the call. */
 static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     const int nkv = d->paged ? 4 : 2;
     if (n != 1 + nkv + d->nextra) {
