@@ -13,7 +13,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -458,6 +458,28 @@ def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callab
         if not low.fast_tanh:
             break
     return out
+
+
+@dataclass
+class BuildRecord:
+    """A build-ahead pass over a model's calls (`cubridge build --model`): the kernels built and the refusals."""
+    arch: str
+    progress: Callable[[str], None]
+    built: list[dict] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def call(self, fn: Callable, args: tuple, kwargs: dict[str, Any], where: str, **fields: Any) -> None:
+        """fn(*args, **kwargs)'s spec verified on the CPU and its kernels built (each recorded with `fields`),
+        or its refusal recorded under `where`."""
+        from .capture.trace import bind_example
+        try:
+            for b in build_ahead(fn, bind_example(fn, args, kwargs), self.arch, self.progress):
+                self.built.append(dict(b, **fields))
+        except UnsupportedSpec as e:
+            self.refused.append(f"{where}: {e}")
+
+    def result(self) -> dict[str, list]:
+        return {"built": self.built, "refused": self.refused}
 
 
 def _device_id(device: torch.device) -> str:

@@ -33,7 +33,8 @@ _varlen = compile(varlen_attention)
 _paged_decode = compile(paged_decode_attention)
 
 
-_building: dict[str, Any] | None = None  # set by build_model_ahead: calls build kernels, then run the spec
+_building: Any = None  # a pipeline.BuildRecord while build_model_ahead runs: calls build kernels, then run the spec
+_decode_calls: dict[tuple, Any] = {}  # while building: the block-table decodes the model's layers will make
 
 
 def _serve(c: Any, *args: Any) -> torch.Tensor:
@@ -207,21 +208,14 @@ def allow_for(model_class: type, name: str = NAME) -> None:
 
 def _build_call(spec: Callable, args: tuple) -> torch.Tensor:
     """Build mode: verify this call's spec on the CPU and build its kernels into the cache, then compute it."""
-    from ..capture.trace import bind_example
-    from ..errors import UnsupportedSpec
-    from ..pipeline import build_ahead
     assert _building is not None
     a = inspect.signature(spec).bind(*args).arguments
     q, k = a["q"], args[1]
     if spec is not paged_decode_attention:  # the paged decode the same layer's steps would take
         key = (q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, a["scale"], a["softcap"])
-        _building["decode"].setdefault(key, a["sinks"])
-    try:
-        for b in build_ahead(spec, bind_example(spec, args, {}), _building["arch"], _building["progress"]):
-            _building["built"].append(dict(b, function=spec.__name__, queries=q.shape[1] if q.dim() == 4 else
-                                           q.shape[0]))
-    except UnsupportedSpec as e:
-        _building["refused"].append(f"{spec.__name__}: {e}")
+        _decode_calls.setdefault(key, a["sinks"])
+    _building.call(spec, args, {}, spec.__name__, function=spec.__name__,
+                   queries=q.shape[1] if q.dim() == 4 else q.shape[0])
     return spec(*args)
 
 
@@ -248,14 +242,13 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
     batching, continuous batching's block-table decode at the model's heads, scale and softcap, and the
     append kernel. Returns {"built": [...], "refused": [...]}."""
     global _building
-    from transformers import AutoConfig, AutoModelForCausalLM
     from ..ops.append import build as build_append
-    from .transformers import small_config
+    from ..pipeline import BuildRecord
+    from .transformers import small_model
     register(name)
-    cfg = small_config(AutoConfig.from_pretrained(path))
-    progress(f"{type(cfg).__name__}: {cfg.num_hidden_layers} layer(s) of distinct attention, flash API")
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name, dtype=dtype).eval()
-    _building = {"arch": arch, "progress": progress, "built": [], "refused": [], "decode": {}}
+    cfg, model = small_model(path, name, dtype, progress, ", flash API")
+    _building = BuildRecord(arch, progress)
+    _decode_calls.clear()
     try:
         with torch.no_grad():
             ids = torch.randint(0, cfg.vocab_size, (batch, seq))
@@ -264,13 +257,14 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
             padded = torch.ones(2, seq, dtype=torch.long)
             padded[1, : seq // 2] = 0
             model(torch.randint(0, cfg.vocab_size, (2, seq)), attention_mask=padded)  # packed prefill
-            for (h, hkv, d, dt, scale, cap), sinks in list(_building["decode"].items()):
+            for (h, hkv, d, dt, scale, cap), sinks in list(_decode_calls.items()):
                 progress(f"block-table decode at {h}:{hkv} heads, head dim {d}")
                 _decode_examples(h, hkv, d, dt, scale, cap, sinks)
         progress(f"building the block-table append for {arch}")
         a = build_append(arch)
-        _building["built"].append({"key": a["key"], "built": a["built"], "seconds": a["seconds"],
-                                   "kernel": a["kernel"], "function": "append", "queries": 1})
-        return {"built": _building["built"], "refused": _building["refused"]}
+        _building.built.append({"key": a["key"], "built": a["built"], "seconds": a["seconds"],
+                                "kernel": a["kernel"], "function": "append", "queries": 1})
+        return _building.result()
     finally:
         _building = None
+        _decode_calls.clear()

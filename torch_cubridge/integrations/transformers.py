@@ -51,7 +51,7 @@ def eager_function(cls: type) -> Callable:
     return fn
 
 
-_building: dict[str, Any] | None = None  # set by build_model_ahead: calls build kernels, then run eager
+_building: Any = None  # a pipeline.BuildRecord while build_model_ahead runs: calls build kernels, then run eager
 
 
 # continuous batching's bookkeeping, which the paged cache reads and the attention maths does not
@@ -259,17 +259,11 @@ def register_continuous_batching(name: str = PAGED_NAME) -> str:
 def _build_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, causal: bool, **kwargs: Any):
     """Build mode: verify this call's spec and build its kernels into the cache, then compute it eager."""
-    from ..capture.trace import bind_example
-    from ..errors import UnsupportedSpec
-    from ..pipeline import build_ahead
     assert _building is not None
     fn = causal_spec(_eager_for(module)) if causal else _eager_for(module)
     args = (module, query, key, value, attention_mask)
-    try:
-        for b in build_ahead(fn, bind_example(fn, args, kwargs), _building["arch"], _building["progress"]):
-            _building["built"].append(dict(b, layer=getattr(module, "layer_idx", None), queries=query.shape[-2]))
-    except UnsupportedSpec as e:
-        _building["refused"].append(f"layer {getattr(module, 'layer_idx', '?')}: {e}")
+    _building.call(fn, args, kwargs, f"layer {getattr(module, 'layer_idx', '?')}",
+                   layer=getattr(module, "layer_idx", None), queries=query.shape[-2])
     return fn(*args, **kwargs)
 
 
@@ -314,18 +308,25 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, queries: int, 
     kernels built for `arch` into the disk cache, from the model's config alone (a directory with
     config.json, or the file): no weights, no GPU. Returns {"built": [...], "refused": [...]}."""
     global _building
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = small_config(AutoConfig.from_pretrained(path))
+    from ..pipeline import BuildRecord
     register()
-    progress(f"{type(cfg).__name__}: {cfg.num_hidden_layers} layer(s) of distinct attention")
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=NAME, dtype=dtype).eval()
-    _building = {"arch": arch, "progress": progress, "built": [], "refused": []}
+    cfg, model = small_model(path, NAME, dtype, progress)
+    _building = BuildRecord(arch, progress)
     try:
         with torch.no_grad():
             ids = torch.randint(0, cfg.vocab_size, (batch, seq))
             out = model(ids, use_cache=bool(queries))
             if queries:
                 model(ids[:, :queries], past_key_values=out.past_key_values, use_cache=True)
-        return {"built": _building["built"], "refused": _building["refused"]}
+        return _building.result()
     finally:
         _building = None
+
+
+def small_model(path: str, attn_implementation: str, dtype: torch.dtype, progress: Callable[[str], None],
+                what: str = "") -> tuple[Any, torch.nn.Module]:
+    """(config, model) of a causal LM's small_config from `path` (config.json alone: random weights), eval."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = small_config(AutoConfig.from_pretrained(path))
+    progress(f"{type(cfg).__name__}: {cfg.num_hidden_layers} layer(s) of distinct attention{what}")
+    return cfg, AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype).eval()
