@@ -342,3 +342,22 @@ def test_a_float64_value_is_compared_in_float64():
     want = keys_below_a_threshold(*(x.double() for x in (q, k, v)), thr)
     got = run_program(p, q.bfloat16(), k.bfloat16(), v.bfloat16(), thr)  # the kernel's arithmetic: fp32 work
     assert (got.double() - want).abs().max() < 5e-2
+
+
+def test_a_mask_that_never_reads_the_head_is_classed_once_per_tile():
+    """kClassByHead: false where the mask never reads h (a per-sequence length), so the decode kernel classes a
+    tile of several query heads once; true where it does (a bias per head), and for the pre-pass rule."""
+    def lengths(q, k, v, lens):
+        keep = torch.arange(k.shape[2])[None, :] < lens[:, None]
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None, None, :], float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    def per_head(q, k, v, bias):
+        s = (q @ k.transpose(-1, -2)).masked_fill(bias[None, :, None, :] < 0, float("-inf"))
+        return torch.softmax(s, -1) @ v
+    q, k, v = torch.randn(2, 4, 1, 64), torch.randn(2, 4, 256, 64), torch.randn(2, 4, 256, 64)
+    src = lower(tc.transfer(lengths, q, k, v, torch.tensor([100, 256])), arch="sm_90a", head_dim=64,
+                decode=True).source
+    assert "kClassByHead = false" in src
+    src = lower(tc.transfer(per_head, q, k, v, torch.randn(4, 256)), arch="sm_90a", head_dim=64, decode=True).source
+    assert "kClassByHead = true" in src

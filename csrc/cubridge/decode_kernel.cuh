@@ -258,7 +258,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // The tile's class for key blocks [j_lo, j_hi): every query head of the tile over all Sq queries
   // (a superset of its rows: empty and full stay sound).
-  auto span_cls = [&](int j_lo, int j_hi) {
+  auto span_cls = [&](int j_lo, int j_hi) -> int {
+    if constexpr (!Variant::kClassByHead)  // one class for every head of the tile
+      return H::block_class(a, p, b, Variant::q_head(a, hk, g_first), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
     bool any = false, all = true;
     for (int g = g_first; g <= g_last; ++g) {
       const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j_lo * BN, imin(j_hi * BN, skv));

@@ -35,6 +35,9 @@ struct DefaultVariant {
   };
   // Whether the mask hook must be called on partial tiles.
   static constexpr bool kHasMask = false;
+  // Whether block_class can differ between query heads (false: the mask never reads h, so a tile of
+  // several heads is classed once).
+  static constexpr bool kClassByHead = true;
   // Whether the normaliser includes a per-(b, h) sink logit.
   static constexpr bool kHasSink = false;
   // Empty rows (every key masked) output zero unless this is set, in which

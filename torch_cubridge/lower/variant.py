@@ -92,7 +92,9 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
         lines += [f"  __device__ __forceinline__ static float score({sig}, float s, int b, int h, int q, int kv) {{",
                   f"    return {cg.as_kind(p.score, 'float')};", "  }"]
     if p.mask is not None:
+        by_head = p.block_rule == "prepass" or any(e.op == "var" and e.attr == "h" for e in _walk(p.mask))
         lines += ["  static constexpr bool kHasMask = true;",
+                  f"  static constexpr bool kClassByHead = {str(by_head).lower()};",
                   f"  __device__ __forceinline__ static bool mask({sig}, int b, int h, int q, int kv) {{",
                   f"    return {cg.as_kind(p.mask, 'bool')};", "  }",
                   f"  __device__ __forceinline__ static int block_class({sig}, {_TILE}) {{"]
