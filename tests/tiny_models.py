@@ -29,15 +29,21 @@ MORE_FAMILIES = {"cohere": {}, "gpt_neox": {}, "starcoder2": {}, "gpt2": {}, "op
                                      eos_token_id=None)}
 
 
-def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
-          seed: int = 0, **overrides) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+def config(family: str, layers: int = 2, **overrides):
+    """A new config of a tiny model of this family (never shared with another model)."""
+    from transformers import AutoConfig
     kw = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
     kw.update({**FAMILIES, **MORE_FAMILIES}[family])
     kw.update(overrides)
+    return AutoConfig.for_model(family, **kw)
+
+
+def build(family: str, impl: str, dtype: torch.dtype = torch.float32, device: str = "cpu", layers: int = 2,
+          seed: int = 0, **overrides) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(family, **kw)  # a config of its own: never shared with the other model
+    cfg = config(family, layers, **overrides)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=dtype).to(device).eval()
     assert model.config._attn_implementation == impl
     return model
