@@ -121,7 +121,7 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
     for B in (1, 5):  # a decode batch of 5 sequences, pages of 256, tables 3 pages wide
         args = (torch.randn(B, 1, 4, 64, dtype=bf), torch.randn(20, 256, 2, 64, dtype=bf),
                 torch.randn(20, 256, 2, 64, dtype=bf), torch.randint(0, 20, (B, 3)).int(),
-                torch.randint(1, 768, (B,)).int(), 64 ** -0.5, -1, 0.0, None)
+                torch.randint(1, 768, (B,)).int(), 64 ** -0.5, -1, 0.0, None, 1)
         p = tc.transfer(paged_decode_attention, *args)
         dtype, hd, vd, decode, reads = kernel_choice(p, bind_example(paged_decode_attention, args, {}), "sm_90a")
         low = lower(p, "sm_90a", dtype, hd, fast_tanh=True, decode=decode, value_dim=vd, **_read_kind(reads))

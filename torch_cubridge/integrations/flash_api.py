@@ -121,13 +121,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     scale, left, _, cap = _common(q, 0.0, softmax_scale, window_size, softcap, unused)
     if not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
-    lens = cache_seqlens
     if k is not None:
         if not paged_append(k_cache, v_cache, k, v, block_table, cache_seqlens):
             _append(k_cache, k, block_table, cache_seqlens)
             _append(v_cache, v, block_table, cache_seqlens)
-        lens = cache_seqlens + 1
-    return _serve(_paged_decode, q, k_cache, v_cache, block_table, lens, scale, left, cap, s_aux)
+    # the appended row is counted by the kernel's mask: no launch adds one to cache_seqlens
+    return _serve(_paged_decode, q, k_cache, v_cache, block_table, cache_seqlens, scale, left, cap, s_aux,
+                  int(k is not None))
 
 
 # ---- transformers ------------------------------------------------------------------------------------

@@ -70,15 +70,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, left: int,
-                           softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+                           softcap: float, sinks: torch.Tensor | None, appended: int = 0) -> torch.Tensor:
     """One query per sequence: q [B, 1, H, D] against pages [N, P, Hkv, D], sequence b's key s at row s % P of
-    page block_table[b, s // P], seq_lens[b] keys. A sequence of no keys (padding) reads its first key."""
+    page block_table[b, s // P], seq_lens[b] + appended keys (appended: rows written after seq_lens was
+    counted, so the caller launches no addition). A sequence of no keys (padding) reads its first key."""
     B, _, H, D = q.shape
     Hkv = k_pages.shape[2]
     k = k_pages[block_table].reshape(B, -1, Hkv, D).transpose(1, 2)
     v = v_pages[block_table].reshape(B, -1, Hkv, D).transpose(1, 2)
     pos = torch.arange(k.shape[2], device=q.device)
-    last = seq_lens.clamp(min=1)[:, None] - 1
+    last = (seq_lens + appended).clamp(min=1)[:, None] - 1
     keep = pos[None, :] <= last
     if left >= 0:
         keep = keep & (pos[None, :] >= last - left)
