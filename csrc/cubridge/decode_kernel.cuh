@@ -26,6 +26,7 @@
 #include "epilogue.cuh"
 #include "fwd_config.cuh"
 #include "gemm.cuh"
+#include "block_span.cuh"
 #include "hooks.cuh"
 #include "mma.cuh"
 #include "paged.cuh"
@@ -274,25 +275,19 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // This split's blocks [j0, j1). Where a mask can empty blocks, the splits share the tile's live span, not
   // the whole key range: a sequence shorter than its block table (continuous batching) or a window of a
   // long cache is then read by every split, not by the few whose chunks it falls in. The span's ends are
-  // found by binary search over span_cls (the rule answers for a range of blocks), as the prefill does.
+  // found by binary search over span_cls (block_span.cuh), as the Hopper prefill finds them.
   const int n_blk = (skv + BN - 1) / BN;
   int j0 = imin(split * (chunk / BN), n_blk), j1 = imin(j0 + chunk / BN, n_blk);
   if constexpr (Variant::kHasMask) {
     if (n_split > 1) {
       int lo = 0, hi = n_blk;  // [0, lo) and [hi, n_blk) proven empty
       const int whole = span_cls(0, n_blk);  // full (every key live, the common case): no search
-      if (whole == kEmpty) hi = 0;
-      for (int x = whole == kFull ? hi : 0; hi - x > 1;) {  // the end: blocks [x, hi) hold a live one
-        const int mid = (x + hi) / 2;
-        if (span_cls(mid, hi) == kEmpty) hi = mid;
-        else x = mid;
+      if (whole == kEmpty) {
+        hi = 0;
+      } else if (whole == kPartial) {
+        hi = live_end(span_cls, 0, n_blk);
+        lo = live_start(span_cls, 0, hi);
       }
-      for (int x = whole == kFull ? lo : hi; x - lo > 1;) {  // the start: blocks [lo, x) hold a live one
-        const int mid = (lo + x) / 2;
-        if (span_cls(lo, mid) == kEmpty) lo = mid;
-        else x = mid;
-      }
-      lo = imin(lo, hi);
       const int per = (hi - lo + n_split - 1) / n_split;
       j0 = imin(lo + split * per, hi);
       j1 = imin(j0 + per, hi);

@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "block_span.cuh"
 #include "epilogue.cuh"
 #include "fwd_config.cuh"
 #include "hooks.cuh"
@@ -111,23 +112,14 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     return H::block_class(a, p, b, h, q_lo, q_hi, j0 * BN, imin(j1 * BN, skv));
   };
   // A tile's live blocks: the end j_end and the first one are found once per tile by binary search
-  // over spans (block_class answers for a range of key blocks), so a tile's cost follows its live
+  // over spans (block_span.cuh; block_class answers for a range of key blocks), so a tile's cost follows its live
   // blocks, not the key length, and a block-map rule costs a few reads, not one per block.
   constexpr bool kSpans = Variant::kHasMask;
   int j_end = n_blk;
   auto find_end = [&]() {
     j_end = n_blk;
     if constexpr (kSpans) {
-      if (span(0, n_blk) == kEmpty) {
-        j_end = 0;
-        return;
-      }
-      int lo = 0;  // invariant: [j_end, n_blk) is proven empty
-      while (j_end - lo > 1) {
-        const int mid = (lo + j_end) / 2;
-        if (span(mid, j_end) == kEmpty) j_end = mid;
-        else lo = mid;
-      }
+      j_end = span(0, n_blk) == kEmpty ? 0 : live_end(span, 0, n_blk);
     }
   };
   // The first block at or after j not proven empty (n_blk: none); its class goes to live_cls.
@@ -140,14 +132,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
         ++j;
         continue;
       }
-      int lo = j + 1, hi = j_end;  // blocks before lo are proven empty
-      if (lo >= hi || span(lo, hi) == kEmpty) return n_blk;
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (span(lo, mid) == kEmpty) lo = mid;
-        else hi = mid;
-      }
-      j = lo;  // (a conservative span rule may still call it empty: the loop checks)
+      if (j + 1 >= j_end || span(j + 1, j_end) == kEmpty) return n_blk;
+      j = live_start(span, j + 1, j_end);  // (a conservative span rule may still call it empty: the loop checks)
     }
     return n_blk;
   };
