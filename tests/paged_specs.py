@@ -89,3 +89,30 @@ def second_call(f, cuda, fn, rewrite):
     cuda[rewrite].normal_()
     out = f(*cuda)
     assert rel_err(out.float().cpu(), fn(*to64(tuple(t.cpu() for t in cuda)))) < 1e-2
+
+
+def pool_wrapped(q, k_pages, v_pages, block_table, seq_lens):
+    """Negative table entries counted from the pool's end by the spec itself: it reads the page count N
+    (an op's argument, with no decision made on it)."""
+    table = torch.where(block_table < 0, block_table + k_pages.shape[0], block_table)
+    return paged_decode(q, k_pages, v_pages, table, seq_lens)
+
+
+def pool_flattened(q, k_pages, v_pages, block_table, seq_lens):
+    """The pool reshaped to one list of rows ([N * P, Hkv, D]) and each sequence's rows gathered by index:
+    the reshape reads the pool's page count N."""
+    B, H, Sq, D = q.shape
+    N, Hkv, P, _ = k_pages.shape
+    rows = (block_table[:, :, None] * P + torch.arange(P)).flatten(1)  # [B, per * P]
+    k, v = (x.transpose(1, 2).reshape(N * P, Hkv, D)[rows].transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+            for x in (k_pages, v_pages))
+    keep = torch.arange(k.shape[2])[None, :] < seq_lens[:, None]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    return s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1) @ v
+
+
+def pool_weighted(q, k_pages, v_pages, block_table, seq_lens):
+    """Each page's keys scaled by a weight from a vector over the pool that the spec makes (N rows): the
+    page count reaches only a shape, with no decision made on it."""
+    w = 1 + torch.ones(k_pages.shape[0]).cumsum(0) / 100
+    return paged_decode(q, k_pages * w[:, None, None, None], v_pages, block_table, seq_lens)

@@ -93,7 +93,8 @@ def _widened(args: tuple, width: int) -> tuple:
 
 def test_pages_through_a_block_table_are_generic_in_the_table_width():
     """Key length = table width x page size: the width moves (the table is the small argument), the
-    page size and the pool stay pinned, and every width is one program."""
+    page size stays pinned, the pool's page count is free (the spec never reads it), and every width and
+    pool is one program."""
     args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32)
     prog = tc.transfer(ps.vllm_heads_first, *args)
     assert prog.k.length == ("block_table", 1, 0, (("block_table", 1),), 16), prog.k.length
@@ -101,8 +102,11 @@ def test_pages_through_a_block_table_are_generic_in_the_table_width():
     for width in (2, 9, 31):
         a = _widened(args, width)
         assert rel_err(first(prog.run(*a)), ps.vllm_heads_first(*to64(a))) < 1e-5
-    with pytest.raises(ValueError, match="k_pages.shape"):  # another pool: outside the guards
-        prog.run(args[0], args[1][:-1], args[2][:-1], *args[3:])
+    pool = [torch.cat([x, torch.randn(5, *x.shape[1:])]) for x in args[1:3]]  # a bigger pool: same program
+    bigger = (args[0], *pool, *args[3:])
+    assert rel_err(first(prog.run(*bigger)), ps.vllm_heads_first(*to64(bigger))) < 1e-5
+    with pytest.raises(ValueError, match="k_pages.shape"):  # another page size: outside the guards
+        prog.run(args[0], args[1][:, :, :8], args[2][:, :, :8], *args[3:])
 
 
 def test_a_decode_loop_over_a_widening_block_table_captures_once(monkeypatch):

@@ -72,6 +72,26 @@ def test_a_paged_program_serves_every_table_width():
     assert f.kernels()[-1].low.paged
 
 
+def test_a_paged_program_serves_pools_of_every_size():
+    """The spec never reads the pool's page count (capture/guards.unread_sizes), so the program holds at
+    any: a pool grown, shrunk and grown again (a server restarted with another share of free memory), each
+    call by the kernel with no new capture, against float64. Slots-first pages, as the flash API lays them,
+    and entries of -1 past each sequence, which count from the end of the pool the call passes."""
+    args = ps.pages(4, 32, 8, 3000, 128, 16, torch.bfloat16, slots_first=True, table_dtype=torch.int32,
+                    negative_tail=True)
+    f, cuda, _ = ps.serve(ps.flash_slots_first, args[:4], "decode")
+    q, kp, vp, table = cuda
+    entries, kernels = len(f.entries()), len(f.kernels())
+    for n in (kp.shape[0] + 37, int(table.max()) + 1, 3 * kp.shape[0]):
+        pool_k = torch.randn(n, *kp.shape[1:], device="cuda", dtype=kp.dtype)
+        pool_v = torch.randn(n, *vp.shape[1:], device="cuda", dtype=vp.dtype)
+        out = f(q, pool_k, pool_v, table)
+        ref = ps.flash_slots_first(*to64(tuple(x.cpu() for x in (q, pool_k, pool_v, table))))
+        assert rel_err(out.float().cpu(), ref) < 1e-2, n
+    assert (len(f.entries()), len(f.kernels())) == (entries, kernels) and f.served["spec"] == 0
+    assert f.kernels()[-1].low.paged
+
+
 @pytest.mark.parametrize("D,DV", [(192, 128), (64, 128)])
 def test_value_pages_of_their_own_head_dim(D, DV):
     """Multi-head latent attention's paged cache (V 128 under Q and K 192), and V wider than K: read in

@@ -133,3 +133,24 @@ def test_the_paged_box_rule_is_one_rule_in_python_and_cuda():
         for n in (80, 128):
             g = math.gcd(p, n)
             assert paged_tma_rows(p, n) == (g if g >= PAGED_TMA_ROWS else None)
+
+
+def test_a_program_holds_at_any_page_pool_size_the_spec_never_reads():
+    """A spec that reaches its pages only through the table's entries never reads the pool's page count, so
+    it is no guard: one program serves pools of any size (a server sizes its pool from free memory, so a
+    restart, or a bundle built elsewhere, meets another). A spec that reads the count keeps it as a guard."""
+    import torch_cubridge as tc
+    args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32)
+    q, kp, vp, table, lens = args
+    p = tc.transfer(ps.vllm_heads_first, *args)
+    assert not any("k_pages.shape[0]" in str(g) or "v_pages.shape[0]" in str(g) for g in p.guards), p.guards
+    assert any("q.shape[0]" in str(g) for g in p.guards)  # the batch is still held (the prologue's views)
+    more = [torch.cat([x, torch.randn(9, *x.shape[1:])]) for x in (kp, vp)]
+    want = ps.vllm_heads_first(q.double(), more[0].double(), more[1].double(), table, lens)
+    assert (p.run(q, *more, table, lens).double() - want).abs().max() < 1e-4
+    # N added to entries (a value); a reshape to N * P rows (decisions); a vector of N weights (a shape only)
+    for spec in (ps.pool_wrapped, ps.pool_flattened, ps.pool_weighted):
+        reads = tc.transfer(spec, *args)
+        assert any("k_pages.shape[0]" in str(g) for g in reads.guards), (spec.__name__, reads.guards)
+        with pytest.raises(ValueError, match="holds only where"):
+            reads.run(q, *more, table, lens)

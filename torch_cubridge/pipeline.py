@@ -219,13 +219,16 @@ def guards_for(fn: Callable, bound: dict[str, Any], prog: Program, generic: bool
         pd for op in (prog.q, prog.k, prog.v) if op.step and op.length for pd in length_rule(op)[3])
     unmoved = _unmoved(prog, bound) if generic and (prog.prologue or prog.epilogue) else ()
     pinned = frozenset((path, d) for path, d, _ in unmoved)
-    sizes = size_guards(fn, bound, moving, pinned) if generic and None not in seq else None
-    if sizes is None:  # not generic, or code only a static trace survives: exactly the example's sizes
+    traced = size_guards(fn, bound, moving, pinned) if generic and None not in seq else None
+    unread: frozenset = frozenset()
+    if traced is None:  # not generic, or code only a static trace survives: exactly the example's sizes
         sizes = pin_all(bound)
-    elif operand_length(prog.q, bound) == operand_length(prog.k, bound):
-        # generalisation fitted scalars in Sq alone when the example was square
-        sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
-    sizes += tuple(call("eq", dim(path, d), const(n)) for path, d, n in unmoved)
+    else:
+        sizes, unread = traced  # sizes the spec never reads (a page pool's page count) stay free
+        if operand_length(prog.q, bound) == operand_length(prog.k, bound):
+            # generalisation fitted scalars in Sq alone when the example was square
+            sizes += (call("eq", _length_expr(seq[0]), _length_expr(seq[1])),)
+    sizes += tuple(call("eq", dim(path, d), const(n)) for path, d, n in unmoved if (path, d) not in unread)
     if generic:
         sizes += _divisor_pins(prog, bound)
     return sizes + value_guards(fn, bound)

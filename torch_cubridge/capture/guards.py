@@ -143,25 +143,68 @@ def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
 
 
 def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
-                pinned: frozenset[tuple[str, int]] = frozenset()) -> tuple[Expr, ...] | None:
-    """Guards over the call's sizes, or None when the symbolic trace fails (then pin every size).
+                pinned: frozenset[tuple[str, int]] = frozenset()
+                ) -> tuple[tuple[Expr, ...], frozenset[tuple[str, int]]] | None:
+    """(guards over the call's sizes, the pinned sizes the spec never reads), or None when the symbolic
+    trace fails (then pin every size).
 
     seq_dims: (path, dim) of the query and key sequence axes, which generalisation owns. pinned:
     (path, dim) the caller pins to the call's size: their values are put into every other decision,
     and a decision that then always holds is dropped (a paged spec's reshapes, once the page pool's
-    sizes are fixed, say nothing more).
+    sizes are fixed, say nothing more). A pinned size the spec never reads (`unread_sizes`: a page pool's
+    page count, where pages are reached only through a table's entries) is returned instead of pinned:
+    the program is the same at every value of it.
     The trace runs once per code, shapes and module attributes read (`tracememo`).
     """
     return memoised(fn, bound, (seq_dims, tuple(sorted(pinned))), lambda b: _size_guards(fn, b, seq_dims, pinned))
 
 
+def _read_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
+    """Symbols of every size an op of the trace takes as an argument (a view's shape, an arange's end, a
+    scalar), or an expression of one; a size op itself (`sym_size`) only names it."""
+    skip = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+            torch.ops.aten.sym_storage_offset.default}
+    out: set[sympy.Symbol] = set()
+
+    def visit(a: Any) -> None:
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x)
+        elif isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), _SYM):
+            out.update(a.meta["val"].node.expr.free_symbols)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target not in skip:
+            visit(n.args)
+            visit(n.kwargs)
+    return out
+
+
+def unread_sizes(gm: torch.fx.GraphModule, env: ShapeEnv, owner: dict[sympy.Symbol, tuple[str, int]]
+                 ) -> frozenset[tuple[str, int]]:
+    """(path, dim) of the argument sizes the traced spec never reads: no op takes the size or an expression
+    of it as an argument, no decision of the spec's Python names it, and no other size was found equal to
+    it. A program holds at every value of such a size: nothing it computes was given it."""
+    read = _read_symbols(gm)
+    for g in env.guards:
+        read |= g.expr.free_symbols
+    tied = {env.replace(x) for x in owner if env.replace(x) != x}
+    read |= {x for x in owner if env.replace(x) != x} | {s for t in tied for s in t.free_symbols}
+    return frozenset(pd for s, pd in owner.items() if s not in read)
+
+
 def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
-                 pinned: frozenset[tuple[str, int]] = frozenset()) -> tuple[Expr, ...] | None:
+                 pinned: frozenset[tuple[str, int]] = frozenset()
+                 ) -> tuple[tuple[Expr, ...], frozenset[tuple[str, int]]] | None:
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
     traced = symbolic_trace(fn, bound, paths)
     if traced is None:  # code only a static trace survives: the caller pins every size
         return None
     gm, env, owner = traced
+    unread = unread_sizes(gm, env, owner) & pinned
+    pinned = pinned - unread
     where = {s: dim(p, d) for s, (p, d) in owner.items()}
     value = {env.replace(s) for s in _value_symbols(gm)}
     seq = {env.replace(s) for s, pd in owner.items() if pd in seq_dims}
@@ -201,7 +244,7 @@ def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str,
                 if orig in where:
                     p, d = owner[orig]
                     out.append(call("eq", where[orig], const(int(bound[p].shape[d]))))
-    return _unique(out)
+    return _unique(out), unread
 
 
 def _source_name(src: Any) -> str:
