@@ -43,6 +43,13 @@ def test_build_puts_the_serving_kernels_in_the_cache(tmp_path, monkeypatch, quer
     assert cache_mod.default_cache().get(key) is not None
     listed = _cli(tmp_path, "cache", "list")
     assert key in listed.stdout
+    # a server's call at another length finds the verified program with no capture (the call's warm key)
+    import warnings
+    f = tc.compile(causal_bottom_right)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no CUDA here: the spec serves, after the program is found
+        f(*(torch.randn(1, 4, n, 64, dtype=torch.bfloat16) for n in (queries or 160, 160, 160)))
+    assert "no capture" in f.entries()[-1].result.report.reason, f.entries()[-1].result.report.reason
 
 
 def test_build_refuses_a_spec_it_cannot_compile(tmp_path):
@@ -126,3 +133,15 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
         dtype, hd, vd, decode, reads = kernel_choice(p, bind_example(paged_decode_attention, args, {}), "sm_90a")
         low = lower(p, "sm_90a", dtype, hd, fast_tanh=True, decode=decode, value_dim=vd, **_read_kind(reads))
         assert kernel_key(low, "sm_90a") in keys, B
+    # the one-sequence decode program itself is found with no capture at continuous batching's default page
+    # size, for a pool and a table of other sizes (neither is a guard)
+    import warnings
+    from torch_cubridge.integrations.flash_api import _page_size
+    f = tc.compile(paged_decode_attention)
+    P = _page_size()
+    args = (torch.randn(1, 1, 4, 64, dtype=bf), torch.randn(37, P, 2, 64, dtype=bf), torch.randn(37, P, 2, 64, dtype=bf),
+            torch.randint(0, 37, (1, 7)).int(), torch.tensor([5 * P + 3]).int(), 64 ** -0.5, -1, 0.0, None, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no CUDA here: the spec serves, after the program is found
+        f(*args)
+    assert "no capture" in f.entries()[-1].result.report.reason, f.entries()[-1].result.report.reason

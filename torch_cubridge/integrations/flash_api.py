@@ -219,12 +219,25 @@ def _build_call(spec: Callable, args: tuple) -> torch.Tensor:
     return spec(*args)
 
 
+def _page_size() -> int:
+    """The page size of transformers' continuous batching by default (`page_size`, `block_size` in 5.17): a
+    block-table decode program is held at its page size (the pool's page count and the table's width are
+    free), so the programs built ahead are made at it."""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+        c = ContinuousBatchingConfig()
+        return int(getattr(c, "page_size", None) or getattr(c, "block_size", None) or 256)
+    except Exception:  # a transformers without continuous batching: its default in 5.17 and 5.24
+        return 256
+
+
 def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float, softcap: float,
                      sinks: torch.Tensor | None) -> None:
     """Block-table decode calls as continuous batching makes them (a batch of one sequence and of several:
-    a batch of one is its own kernel), in build mode."""
+    a batch of one is its own kernel), at its page size, in build mode."""
+    P = _page_size()
     for B in (1, 2):
-        N, P, W = 4 * B + 1, 16, 4
+        N, W = 4 * B + 1, 4
         q = torch.randn(B, 1, heads, head_dim, dtype=dtype)
         pages = [torch.randn(N, P, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
         new = [torch.randn(B, 1, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
