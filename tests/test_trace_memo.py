@@ -182,3 +182,84 @@ def test_the_layers_of_a_transformers_model_transfer_once_per_kind_of_call(trans
     assert len(transfers) == 2
     served = {id(c) for c in tcx.tables()}
     assert len(served) == 16  # the 8 layers' tables, causal and masked: each has its entry, sharing 2 programs
+
+
+# -- the size-guard trace reused at other sizes (tracereuse) ---------------------------------------------
+
+def branchy(q, k, v):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    S = q.shape[-2]
+    if S > 64:  # a decision on a size: the trace holds only on its side of it
+        i = torch.arange(S)
+        s = s.masked_fill((i[:, None] - i[None, :]).abs() > 64, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.fixture
+def symbolic(monkeypatch):
+    from torch_cubridge.capture import tracereuse
+    tracereuse.clear()
+    yield _counted(monkeypatch, guards, "make_fx")
+    tracereuse.clear()
+
+
+def _fresh(fn, b, seq=SEQ):
+    from torch_cubridge.capture import tracereuse
+    tracereuse.clear()
+    return guards._size_guards(fn, b, seq)
+
+
+def _plain(fn, *tensors):
+    return bind_example(fn, tensors, {})
+
+
+def test_a_trace_answers_at_other_sizes_where_its_decisions_hold(symbolic):
+    def at(S, B=2):
+        return _plain(branchy, *(torch.randn(B, 2, S, 8) for _ in range(3)))
+    first = guards._size_guards(branchy, at(100), SEQ)
+    reused = guards._size_guards(branchy, at(120, B=3), SEQ)
+    assert len(symbolic) == 1  # the second call traced nothing
+    other_side = guards._size_guards(branchy, at(32), SEQ)
+    assert len(symbolic) == 2  # S > 64 fails at 32: traced again
+    assert other_side != first
+    assert reused == _fresh(branchy, at(120, B=3)) and other_side == _fresh(branchy, at(32))
+
+
+def test_another_layout_or_a_size_of_one_traces_again(symbolic):
+    q, k, v = (torch.randn(2, 2, 100, 8) for _ in range(3))
+    guards._size_guards(branchy, _plain(branchy, q, k, v), SEQ)
+    kt = torch.randn(2, 100, 2, 8).transpose(1, 2)  # same sizes, another stride order
+    b = _plain(branchy, q, kt, v)
+    got = guards._size_guards(branchy, b, SEQ)
+    assert len(symbolic) == 2 and got == _fresh(branchy, b)
+    one = _plain(branchy, *(torch.randn(1, 2, 100, 8) for _ in range(3)))  # a batch of one is a constant
+    guards._size_guards(branchy, one, SEQ)
+    assert len(symbolic) == 4  # (the fresh trace above counted one)
+
+
+def test_a_paged_decode_at_a_new_batch_size_reuses_the_trace(symbolic):
+    from torch_cubridge.integrations.flash_specs import paged_decode_attention as spec
+    def at(B):
+        return _plain(spec, torch.randn(B, 1, 8, 16), torch.randn(20, 16, 2, 16), torch.randn(20, 16, 2, 16),
+                      torch.randint(0, 20, (B, 4)).int(), torch.randint(1, 64, (B,)).int(), 0.25, -1, 0.0, None, 1)
+    seq = (("block_table", 1),)
+    pinned = frozenset({("q", 0), ("block_table", 0), ("seq_lens", 0), ("k_pages", 0), ("v_pages", 0)})
+    guards._size_guards(spec, at(2), seq, pinned)
+    got = guards._size_guards(spec, at(5), seq, pinned)
+    assert len(symbolic) == 1
+    from torch_cubridge.capture import tracereuse
+    tracereuse.clear()
+    assert got == guards._size_guards(spec, at(5), seq, pinned)
+
+
+def tied(q, k, v):
+    """q's and k's lengths made equal by a broadcast: the trace records them as one size."""
+    s = q @ q.transpose(-1, -2) + k @ k.transpose(-1, -2)
+    return torch.softmax(s, -1) @ v
+
+
+def test_sizes_the_trace_found_equal_must_stay_equal(symbolic):
+    assert guards._size_guards(tied, _plain(tied, *(torch.randn(2, 2, 100, 8) for _ in range(3))), SEQ)
+    apart = _plain(tied, torch.randn(2, 2, 100, 8), torch.randn(2, 2, 120, 8), torch.randn(2, 2, 120, 8))
+    assert guards._size_guards(tied, apart, SEQ) is None  # traced again, and the spec fails there
+    assert len(symbolic) == 2

@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from ..ir.expr import Expr, arg, call, const, dim
 from .trace import spec_over
 from .tracememo import memoised
+from .tracereuse import layout_exprs, reused
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _CMP = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt", sympy.LessThan: "le",
@@ -131,15 +132,18 @@ def _value_symbols(gm: torch.fx.GraphModule) -> set[sympy.Symbol]:
 
 def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
     """fn traced over fakes whose every size is a symbol: (graph, shape env, symbol -> (path, dim)),
-    or None when the trace fails."""
-    env, mode = _symbolic_mode()
-    fakes, owner = _fakes(bound, paths, env, mode)
-    try:
-        with mode:
-            gm = make_fx(spec_over(fn, bound, paths), tracing_mode="symbolic")(*fakes)
-    except Exception:
-        return None
-    return gm, env, owner
+    or None when the trace fails. A trace of the same function at other sizes is reused where every
+    decision it recorded holds at these (`tracereuse`)."""
+    def trace():
+        env, mode = _symbolic_mode()
+        fakes, owner = _fakes(bound, paths, env, mode)
+        try:
+            with mode:
+                gm = make_fx(spec_over(fn, bound, paths), tracing_mode="symbolic")(*fakes)
+        except Exception:
+            return None
+        return (gm, env, owner), layout_exprs(dict(zip(paths, fakes)))
+    return reused(fn, bound, paths, trace)
 
 
 def size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
