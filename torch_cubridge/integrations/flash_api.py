@@ -232,23 +232,24 @@ def _page_size() -> int:
 
 
 def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float, softcap: float,
-                     sinks: torch.Tensor | None) -> None:
-    """Block-table decode calls as continuous batching makes them (a batch of one sequence and of several:
-    a batch of one is its own kernel), at its page size, in build mode."""
+                     sinks: torch.Tensor | None, batches: int = 2) -> None:
+    """Block-table decode calls as continuous batching makes them, at its page size, in build mode: batches
+    of 1 to `batches` sequences (a batch of one is its own kernel; each batch size its own program, since
+    the spec's views hold the batch, while the pool's size and the table's width are free)."""
     P = _page_size()
-    for B in (1, 2):
+    for B in range(1, max(1, batches) + 1):
         N, W = 4 * B + 1, 4
         q = torch.randn(B, 1, heads, head_dim, dtype=dtype)
         pages = [torch.randn(N, P, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
         new = [torch.randn(B, 1, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
         table = torch.arange(B * W, dtype=torch.int32).view(B, W)
-        at = torch.tensor([40, 9][:B], dtype=torch.int32)
+        at = (torch.arange(B, dtype=torch.int32) * 31 + 9) % (W * P - 1)  # lengths that differ
         flash_attn_with_kvcache(q, *pages, *new, cache_seqlens=at, block_table=table, softmax_scale=scale,
                                 causal=True, softcap=softcap, s_aux=sinks)
 
 
 def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.dtype,
-                      progress: Callable[[str], None], name: str = NAME) -> dict[str, list]:
+                      progress: Callable[[str], None], name: str = NAME, decode_batches: int = 2) -> dict[str, list]:
     """The kernels this API serves a causal LM with through transformers' flash path, verified on the CPU and
     built for `arch` into the disk cache from the model's config alone (no weights, no GPU): the dense
     prefill and decode step of `model.generate`, the packed prefill of a padded batch and of continuous
@@ -272,7 +273,7 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
             model(torch.randint(0, cfg.vocab_size, (2, seq)), attention_mask=padded)  # packed prefill
             for (h, hkv, d, dt, scale, cap), sinks in list(_decode_calls.items()):
                 progress(f"block-table decode at {h}:{hkv} heads, head dim {d}")
-                _decode_examples(h, hkv, d, dt, scale, cap, sinks)
+                _decode_examples(h, hkv, d, dt, scale, cap, sinks, decode_batches)
         progress(f"building the block-table append for {arch}")
         a = build_append(arch)
         _building.built.append({"key": a["key"], "built": a["built"], "seconds": a["seconds"],
