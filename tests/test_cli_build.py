@@ -147,3 +147,12 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
             warnings.simplefilter("ignore")  # no CUDA here: the spec serves, after the program is found
             f(*args)
         assert "no capture" in f.entries()[-1].result.report.reason, (B, f.entries()[-1].result.report.reason)
+
+
+def test_a_refusal_while_building_names_where_it_was_made():
+    """BuildRecord lists a call no kernel takes under the place the caller names (a layer, a function)."""
+    from test_errors import erf_scores
+    from torch_cubridge.pipeline import BuildRecord
+    rec = BuildRecord("sm_90a", lambda s: None)
+    rec.call(erf_scores, tuple(torch.randn(1, 2, 64, 64) for _ in range(3)), {}, "layer 3", layer=3)
+    assert rec.built == [] and len(rec.refused) == 1 and rec.refused[0].startswith("layer 3: "), rec.refused

@@ -74,10 +74,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     import torch
-    from .capture.trace import bind_example
     from .errors import UnsupportedSpec
-    from .capture.signature import call_signature
-    from .pipeline import build_ahead, warm_key
+    from .pipeline import build_ahead
     _refuse_if_readonly("build")
     if args.model:
         return _build_model(args)
@@ -89,9 +87,8 @@ def _build(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     q = torch.randn(B, H, args.queries or S, D, dtype=dtype)
     k, v = (torch.randn(B, args.kv_heads or H, S, D, dtype=dtype) for _ in range(2))
-    try:  # recorded under the call's warm key too: a server's calls of this signature at other lengths
-        where = warm_key(fn, call_signature((q, k, v), {}))
-        built = build_ahead(fn, bind_example(fn, (q, k, v), {}), args.arch, status, where)
+    try:
+        built = build_ahead(fn, (q, k, v), {}, args.arch, status)
     except UnsupportedSpec as e:
         print(f"cubridge: refused: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -439,17 +439,20 @@ def _readers(reads: Any) -> dict[str, Any]:
             "segments": reads if isinstance(reads, KVSegments) else None}
 
 
-def build_ahead(fn: Callable, bound: dict[str, Any], arch: str, progress: Callable[[str], None],
-                where: tuple[str, str] | None = None) -> list[dict]:
-    """capture -> transfer -> verify (CPU, fp64) -> lower -> build, with no GPU. The verified program (under
-    its spec hash, and under `where`, the call's warm_key, for a serving process's calls of that signature
-    inside its guards, at other sizes too) and the kernels (under the keys a serving process computes for
-    `arch` and the inputs' dtype) land in the disk cache, so a server's first call builds nothing; it still
-    verifies on its GPU."""
+def build_ahead(fn: Callable, args: tuple, kwargs: dict[str, Any], arch: str,
+                progress: Callable[[str], None]) -> list[dict]:
+    """capture -> transfer -> verify (CPU, fp64) -> lower -> build fn(*args, **kwargs)'s spec, with no GPU.
+    The verified program (under its spec hash, and under the call's warm_key, for a serving process's calls
+    of that signature inside its guards, at other sizes too) and the kernels (under the keys a serving
+    process computes for `arch` and the inputs' dtype) land in the disk cache, so a server's first call
+    builds nothing; it still verifies on its GPU."""
+    from .capture.signature import call_signature
+    from .capture.trace import bind_example
     from .lower import lower
     from .ops.kernel import load_kernel
     progress("capture, transfer and CPU verification")
-    res = transfer_stage(fn, bound, where=where)
+    bound = bind_example(fn, args, kwargs)
+    res = transfer_stage(fn, bound, where=warm_key(fn, call_signature(args, kwargs)))
     p = res.program
     dtype, head_dim, value_dim, decode, reads = kernel_choice(p, bound, arch)  # as a serving process chooses
     out = []
@@ -477,11 +480,8 @@ class BuildRecord:
     def call(self, fn: Callable, args: tuple, kwargs: dict[str, Any], where: str, **fields: Any) -> None:
         """fn(*args, **kwargs)'s spec verified on the CPU and its kernels built (each recorded with `fields`),
         or its refusal recorded under `where`."""
-        from .capture.signature import call_signature
-        from .capture.trace import bind_example
         try:
-            where = warm_key(fn, call_signature(args, kwargs))
-            for b in build_ahead(fn, bind_example(fn, args, kwargs), self.arch, self.progress, where):
+            for b in build_ahead(fn, args, kwargs, self.arch, self.progress):
                 self.built.append(dict(b, **fields))
         except UnsupportedSpec as e:
             self.refused.append(f"{where}: {e}")
