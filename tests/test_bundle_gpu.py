@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_continuous_batching_gpu import KW, _clear_steps, generation_config, prompts
 from tiny_models import build, config
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-KW = dict(head_dim=64, hidden_size=256, intermediate_size=256)  # test_continuous_batching_gpu's tiny llama
 
 
 def _run(args: list, cache: Path, **env: str) -> subprocess.CompletedProcess:
@@ -31,29 +31,23 @@ def _run(args: list, cache: Path, **env: str) -> subprocess.CompletedProcess:
     return r
 
 
-def _prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
-
-
 def _serve_child(weights: str) -> None:
     """The serving process: our flash name, the weights given, continuous batching then a dense generate."""
     import collections
-    from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     import torch_cubridge.integrations.flash_api as tfa
     name = tfa.register()
     model = build("llama", name, torch.bfloat16, "cuda", **KW)
     model.load_state_dict(torch.load(weights))
-    gc = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    gc = generation_config()
     before = {n: collections.Counter(c.served) for n, c in tfa.compiled().items()}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model.generate_batch(inputs=_prompts(), generation_config=gc,
+        out = model.generate_batch(inputs=prompts(), generation_config=gc,
                                    continuous_batching_config=ContinuousBatchingConfig(num_blocks=64,
                                                                                        max_batch_tokens=512))
         batched = {json.dumps(v.prompt_ids): list(v.generated_tokens) for v in out.values()}
-        ids = torch.tensor([_prompts()[3]], device="cuda")
+        ids = torch.tensor([prompts()[3]], device="cuda")
         dense = model.generate(ids, generation_config=gc)[0, ids.shape[1]:].tolist()
     served = {n: dict(collections.Counter(c.served) - before[n]) for n, c in tfa.compiled().items()}
     reasons = [r for c in tfa.compiled().values() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
@@ -77,20 +71,19 @@ def _serve(bundle: Path, tmp: Path, ref) -> dict:
 
 
 def _assert_served_and_matching(got: dict, ref) -> None:
-    from test_continuous_batching_gpu import _clear_steps
     served, reasons = got["served"], "\n".join(got["reasons"])
     assert all(c.get("spec", 0) == 0 for c in served.values()), (served, reasons)
     for name in ("dense", "varlen", "paged_decode"):
         assert served[name].get("kernel", 0) > 0, (name, served, reasons)
     compared = 0
-    for prompt in _prompts():
+    for prompt in prompts():
         toks = got["batched"][json.dumps(prompt)]
         want = ref.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=12, do_sample=False,
                             pad_token_id=0)[0, len(prompt):].tolist()
         n = _clear_steps(ref, prompt, want)
         assert toks[:n] == want[:n], (len(prompt), n, toks, want)
         compared += n
-        if prompt == _prompts()[3]:
+        if prompt == prompts()[3]:
             assert got["dense"][:n] == want[:n], (n, got["dense"], want)
     assert compared >= 8, f"only {compared} tokens were chosen by a clear margin"
 

@@ -38,13 +38,21 @@ def _clear_steps(model, prompt, tokens) -> int:
 KW = dict(head_dim=64, hidden_size=256, intermediate_size=256)  # the tiny llama these tests batch
 
 
-def reference_run():
-    """(a bf16 eager llama on the GPU, 4 prompts of 9 to 120 tokens, greedy 12 new tokens)."""
-    from transformers import GenerationConfig
-    ref = build("llama", "eager", torch.bfloat16, "cuda", **KW)
+def prompts() -> list[list[int]]:
+    """4 prompts of 9 to 120 tokens."""
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
-    return ref, prompts, GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return [torch.randint(1, 128, (n,), generator=g).tolist() for n in (37, 120, 9, 64)]
+
+
+def generation_config():
+    """Greedy, 12 new tokens."""
+    from transformers import GenerationConfig
+    return GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def reference_run():
+    """(a bf16 eager llama on the GPU, prompts(), generation_config())."""
+    return build("llama", "eager", torch.bfloat16, "cuda", **KW), prompts(), generation_config()
 
 
 def assert_tokens_match(ref, got: dict, want: dict, n_prompts: int) -> None:
