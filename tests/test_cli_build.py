@@ -112,7 +112,7 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
     LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
                 num_hidden_layers=2, vocab_size=1000).save_pretrained(tmp_path / "llama")
     r = _cli(tmp_path, "build", "--model", str(tmp_path / "llama"), "--flash-api", "--arch", "sm_90a",
-             "--shape", "1,80", "--decode-batches", "3")
+             "--shape", "1,80")
     assert r.returncode == 0, r.stderr
     for what in ("dense_attention", "varlen_attention", "paged_decode_attention", "cubridge_paged_append"):
         assert what in r.stdout, r.stdout
@@ -133,13 +133,14 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
         dtype, hd, vd, decode, reads = kernel_choice(p, bind_example(paged_decode_attention, args, {}), "sm_90a")
         low = lower(p, "sm_90a", dtype, hd, fast_tanh=True, decode=decode, value_dim=vd, **_read_kind(reads))
         assert kernel_key(low, "sm_90a") in keys, B
-    # the decode programs themselves (batches of 1 to 3 sequences) are found with no capture at continuous
-    # batching's default page size, for a pool and a table of other sizes (neither is a guard)
+    # the decode programs themselves are found with no capture at continuous batching's default page size,
+    # for a pool and a table of other sizes (neither is a guard), and at batch sizes the build never made
+    # (the default builds 1 and 2 sequences; the program of 2 moves with the batch: Program.batch)
     import warnings
     from torch_cubridge.integrations.flash_api import _page_size
     f = tc.compile(paged_decode_attention)
     P = _page_size()
-    for B in (1, 3):
+    for B in (1, 3, 9):
         args = (torch.randn(B, 1, 4, 64, dtype=bf), torch.randn(37, P, 2, 64, dtype=bf),
                 torch.randn(37, P, 2, 64, dtype=bf), torch.randint(0, 37, (B, 7)).int(),
                 torch.randint(1, 6 * P, (B,)).int(), 64 ** -0.5, -1, 0.0, None, 1)

@@ -206,8 +206,9 @@ def with_requirements(prog: Program, bound: dict[str, Any], generic: bool) -> Pr
     from .verify.inputs import example_sizes
     sizes = example_sizes(prog, bound)
     keep = ("B", "H", "Hkv", "Sq", "Skv")
-    # a generic prologue is fitted in the lengths only: batch and heads stay the call's
-    held = ("B", "H", "Hkv") if prog.prologue or prog.epilogue else ()
+    # a generic prologue is fitted in the lengths (and the batch, where probes showed it: Program.batch)
+    # only: the heads stay the call's
+    held = (("H", "Hkv") if prog.batch else ("B", "H", "Hkv")) if prog.prologue or prog.epilogue else ()
     req = tuple((k, sizes[k]) for k in keep if sizes[k] == 1 or not generic or k in held)
     return replace(prog, requires=req)
 
@@ -247,11 +248,14 @@ def _divisor_pins(prog: Program, bound: dict[str, Any]) -> tuple[Expr, ...]:
 
 
 def _unmoved(prog: Program, bound: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
-    """(path, dim, size) of every argument size that does not follow the lengths, to be pinned: a generic
-    prologue has only its length-fitted literals moving (a view's B * H or a table's size stays a literal)."""
+    """(path, dim, size) of every argument size that does not follow the lengths (or the batch, where the
+    program is fitted to it), to be pinned: a generic prologue has only its fitted literals moving (a view's
+    H or a table's size stays a literal)."""
     from .verify.inputs import example_sizes, length_steps, make_inputs
     ex, step = example_sizes(prog, bound), length_steps(prog)
     probe = dict(ex, Sq=ex["Sq"] + 3 * step["Sq"], Skv=ex["Skv"] + (3 if ex["Sq"] == ex["Skv"] else 5) * step["Skv"])
+    if prog.batch:
+        probe["B"] = ex["B"] + 1
     moved = make_inputs(prog, bound, probe, seed=0, values=False)
     return tuple((path, d, int(n)) for path, t in bound.items() if isinstance(t, torch.Tensor)
                  for d, n in enumerate(t.shape) if moved[path].shape[d] == n)

@@ -199,6 +199,23 @@ def unread_sizes(gm: torch.fx.GraphModule, env: ShapeEnv, owner: dict[sympy.Symb
     return frozenset(pd for s, pd in owner.items() if s not in read)
 
 
+def sizes_equal_to(fn: Callable, bound: dict[str, Any], path: str, d: int) -> tuple[tuple[str, int], ...] | None:
+    """(argument, dim) of every tensor argument size the symbolic trace found equal to `path`'s dim `d` (itself
+    included, in argument order): the sizes that must move together with it, found by the spec's own ops (a
+    batch matmul broadcasting q's batch against a gathered K's). None where the trace fails, or found the size
+    equal to a number or an expression of other sizes (it cannot move alone)."""
+    paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
+    traced = symbolic_trace(fn, bound, paths)
+    if traced is None:
+        return None
+    _, env, owner = traced
+    mine = [s for s, pd in owner.items() if pd == (path, d)]
+    if not mine or not env.replace(mine[0]).is_Symbol:
+        return None
+    cls = env.replace(mine[0])
+    return tuple(sorted((pd for s, pd in owner.items() if env.replace(s) == cls), key=lambda pd: (paths.index(pd[0]), pd[1])))
+
+
 def _size_guards(fn: Callable, bound: dict[str, Any], seq_dims: tuple[tuple[str, int], ...],
                  pinned: frozenset[tuple[str, int]] = frozenset()
                  ) -> tuple[tuple[Expr, ...], frozenset[tuple[str, int]]] | None:

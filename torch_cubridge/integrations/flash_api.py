@@ -234,8 +234,8 @@ def _page_size() -> int:
 def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float, softcap: float,
                      sinks: torch.Tensor | None, batches: int = 2) -> None:
     """Block-table decode calls as continuous batching makes them, at its page size, in build mode: batches
-    of 1 to `batches` sequences (a batch of one is its own kernel; each batch size its own program, since
-    the spec's views hold the batch, while the pool's size and the table's width are free)."""
+    of 1 to `batches` sequences (a batch of one is its own kernel; the program of two serves every larger
+    batch, its views fitted to B, and the pool's size and the table's width are free)."""
     P = _page_size()
     for B in range(1, max(1, batches) + 1):
         N, W = 4 * B + 1, 4

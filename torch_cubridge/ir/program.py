@@ -116,6 +116,9 @@ class Program:
                                         # after the softmax; the same factor on the output, applied by PyTorch after the kernel
     epilogue: tuple[Step, ...] = ()     # ops PyTorch runs on the attention output (in `out`'s layout) after the
                                         # kernel: the spec's own, up to its result (an output projection, a gate)
+    batch: tuple[tuple[str, int], ...] = ()  # (argument, dim) of every size that is the batch, where the pro- or
+                                        # epilogue's literals are fitted to it ("@size" of "B"): B then moves; ()
+                                        # holds B at the call's where a prologue or epilogue names it
 
     # -- JSON ------------------------------------------------------------
     def to_json(self) -> str:
@@ -186,7 +189,7 @@ def _from_obj(cls: type, o: dict) -> Any:
             val = tuple(Expr.from_obj(g) for g in val)
         elif "Expr" in t:
             val = None if val is None else Expr.from_obj(val)
-        elif f.name == "requires":
+        elif f.name in ("requires", "batch"):
             val = tuple((str(a), int(b)) for a, b in val)
         elif f.name == "value":
             val = val

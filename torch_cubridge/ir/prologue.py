@@ -168,13 +168,17 @@ def run_epilogue(p: Program, out: torch.Tensor, bound: dict[str, Any]) -> torch.
 
 def call_lengths(p: Program, bound: dict[str, Any]) -> dict[str, int]:
     """Sq and Skv of a call, read from its arguments: an operand's own, or for a computed one the
-    argument dim its length follows (`Operand.length`); {} where one has neither (held at one shape)."""
+    argument dim its length follows (`Operand.length`); {} where one has neither (held at one shape).
+    B too where the program's literals are fitted to it (`Program.batch`)."""
     out = {}
     for name, op in (("Sq", p.q), ("Skv", p.k)):
         n = operand_length(op, bound)
         if n is None:
             return {}
         out[name] = n
+    if p.batch:
+        path, d = p.batch[0]
+        out["B"] = int(lookup(bound, path).shape[d])
     return out
 
 

@@ -4,13 +4,17 @@ The spec is captured again (with fake tensors, so this is cheap) at probe
 shapes. If the structure is unchanged, every scalar whose value moves with
 the shape is fitted exactly as c0 + c1*Sq + c2*Skv and becomes a derived
 scalar. Any structural change, or a value no affine form explains, keeps the
-program specialised to its shape: never a wrong generalisation.
+program specialised to its shape: never a wrong generalisation. Where a
+prologue or epilogue names the batch size, probes at other batch sizes fit
+its literals in B as well (`Program.batch`), or B stays held.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Callable
+
+import torch
 
 from ..capture.trace import capture
 from ..errors import UnsupportedSpec
@@ -84,9 +88,18 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
     progs = _probes(fn, example, prog, transfer_fn, ex)
     if progs is None:
         return prog, False
+    fitted = _fit(prog, progs, names)
+    if fitted is None:
+        return prog, False
+    return _batch_free(fn, example, prog, progs, names, transfer_fn, ex) or fitted, True
+
+
+def _fit(prog: Program, progs: list[tuple[dict[str, int], Program]], names: list[str]) -> Program | None:
+    """prog with every scalar and pro-/epilogue literal that moves across the probes an exact affine form of
+    the sizes `names`; None where one has none."""
     steps, after = _fit_steps(progs, names, "prologue"), _fit_steps(progs, names, "epilogue")
     if steps is None or after is None:
-        return prog, False
+        return None
     scalars = []
     for i, s in enumerate(prog.scalars):
         vals = [Fraction(p.scalars[i].value).limit_denominator(1 << 20) for _, p in progs]
@@ -97,9 +110,42 @@ def generalize(fn: Callable, example: dict[str, Any], prog: Program,
         coef = _solve(pts)
         expr = None if coef is None else _affine(coef, names, s.kind == "int")
         if expr is None or any(_eval(coef, [sz[n] for n in names]) != v for (sz, _), v in zip(progs, vals)):
-            return prog, False
+            return None
         scalars.append(replace(s, value=None, expr=expr))
-    return replace(prog, scalars=tuple(scalars), prologue=steps, epilogue=after), True
+    return replace(prog, scalars=tuple(scalars), prologue=steps, epilogue=after)
+
+
+def _batch_free(fn: Callable, example: dict[str, Any], prog: Program, progs: list[tuple[dict[str, int], Program]],
+                names: list[str], transfer_fn: Callable[[Any], Program], ex: dict[str, int]) -> Program | None:
+    """The program fitted in the batch size too, where a prologue or epilogue names it (a paged decode's
+    views: [B, Hkv, S, D]) and probes at other batch sizes keep the structure; None: B stays held.
+    The batch is the query's b dim and every argument size the spec's symbolic trace found equal to it
+    (a block table's rows, a lengths vector), which verification's inputs then move with B. Not for a
+    call with module arguments (whose symbolic trace is not kept), nor from a batch of one (a signature
+    of its own)."""
+    from ..capture.guards import sizes_equal_to
+    if not (prog.prologue or prog.epilogue) or ex["B"] < 2 or any(
+            isinstance(v, torch.nn.Module) for v in example.values()):
+        return None
+    op = next((o for o in (prog.q, prog.k, prog.v) if o.step is None and "b" in o.dims), None)
+    if op is None:
+        return None
+    dims = sizes_equal_to(fn, example, op.arg, op.dims.index("b"))
+    if not dims:
+        return None
+    batched = replace(prog, batch=dims)
+    more = []
+    try:
+        for b in (ex["B"] + 1, ex["B"] + 2):
+            bound = make_inputs(batched, example, dict(ex, B=b), seed=7, values=False)
+            probe = transfer_fn(capture(fn, bound))
+            if example_sizes(probe, bound) != dict(ex, B=b) or _size_free(probe) != _size_free(prog):
+                return None
+            more.append((dict(ex, B=b), probe))
+    except (UnsupportedSpec, ValueError, TypeError, RuntimeError, IndexError):
+        return None
+    fitted = _fit(prog, progs + more, names + ["B"])
+    return None if fitted is None else replace(fitted, batch=dims)
 
 
 def _probes(fn: Callable, example: dict[str, Any], prog: Program, transfer_fn: Callable[[Any], Program],

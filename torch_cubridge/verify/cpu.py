@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from ..ir.program import Program
-from .inputs import STRUCTURED, example_sizes, has_structured, make_inputs, snap, within_guards
+from .inputs import STRUCTURED, batch_moved, example_sizes, has_structured, make_inputs, snap, within_guards
 from .reference import attention_output, lse_error, module_copies, reference_device, returned_lse, run_reference, to64
 
 REL_TOL = 1e-4
@@ -71,7 +71,7 @@ def verify_shapes(p: Program, example: dict[str, Any], generic: bool) -> list[di
                 out.append(s)
     if len(out) < 2:
         out.append(dict(ex))
-    return out
+    return batch_moved(p, example, out)
 
 
 SMALL_LENGTHS = (16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)

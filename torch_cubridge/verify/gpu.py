@@ -17,7 +17,7 @@ import torch
 from ..ir.program import Program
 from ..lower.tiles import DECODE_MAX_QUERIES, decode_call
 from .cpu import Trial, VerifyReport, compare, judge, no_worse_than_own_dtype, rows_rule, trials
-from .inputs import example_sizes, make_inputs, snap, within_guards
+from .inputs import batch_moved, example_sizes, make_inputs, snap, within_guards
 from .reference import (CPU, attention_output, lse_error, module_copies, reference_device, reference_output,
                         returned_lse)
 
@@ -46,7 +46,7 @@ def gpu_shapes(p: Program, example: dict[str, Any]) -> list[dict[str, int]]:
         s.update(fixed)
         if s not in out and within_guards(p, example, s):
             out.append(s)
-    return out or [dict(ex)]
+    return batch_moved(p, example, out or [dict(ex)])
 
 
 def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:

@@ -184,8 +184,9 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         # that baked example values into itself must disagree with the spec here
         follow = _arg_follow(p, loaded, ex_sizes, path, ex)
         shape = tuple(sizes[follow[i]] if follow.get(i) and ex.shape[i] != 1 else ex.shape[i] for i in range(ex.dim()))
-        if path in fed:  # an input of a computed operand: only the dims its length rule moves
-            shape = tuple(lengths.get(path, {}).get(i, n) for i, n in enumerate(ex.shape))
+        if path in fed:  # an input of a computed operand: only the dims its length rule moves, and the batch
+            shape = tuple(lengths.get(path, {}).get(i, sizes["B"] if (path, i) in p.batch else n)
+                          for i, n in enumerate(ex.shape))
         if not values:
             out[path] = torch.empty(shape, dtype=ex.dtype)
             continue
@@ -209,8 +210,11 @@ def _loaded(p: Program) -> dict[str, str]:
 def _arg_follow(p: Program, loaded: dict[str, str], ex_sizes: dict[str, int], path: str,
                 ex: torch.Tensor) -> dict[int, str]:
     """dim -> the size (B, H, Sq, Skv) a tensor argument's dim follows when the sizes change."""
-    follow = _follow_dims(p, loaded[path]) if path in loaded else {
-        i: n for i, n in enumerate(_guess_follow(ex, ex_sizes))}
+    if path in loaded:
+        follow = _follow_dims(p, loaded[path])
+    else:  # guessed by size, except where the trace told the batch's dims (a head count may equal B)
+        follow = {i: n for i, n in enumerate(_guess_follow(ex, ex_sizes)) if not (p.batch and n == "B")}
+    follow |= {i: "B" for pp, i in p.batch if pp == path}
     # a dim follows its size only where the example's has that size: a buffer longer than the
     # sequence (a causal mask of the model's context, sliced by the spec) keeps its length
     return {i: n for i, n in follow.items() if n and ex.shape[i] == ex_sizes.get(n, ex.shape[i])}
@@ -279,6 +283,16 @@ def has_structured(p: Program, example: dict[str, Any]) -> bool:
     loaded = _loaded(p)
     return any(_mask_axes(ex, _arg_follow(p, loaded, ex_sizes, path, ex)) is not None for path, ex in example.items()
                if isinstance(ex, torch.Tensor) and path not in (p.q.arg, p.k.arg, p.v.arg))
+
+
+def batch_moved(p: Program, example: dict[str, Any], shapes: list[dict[str, int]]) -> list[dict[str, int]]:
+    """`shapes`, and where the program moves with the batch (`Program.batch`) but every shape is at the
+    call's batch size, the first again at one sequence more: a literal fitted to B is then run at another."""
+    ex_b = example_sizes(p, example)["B"]
+    if not p.batch or not shapes or any(s["B"] != ex_b for s in shapes):
+        return shapes
+    more = dict(shapes[0], B=ex_b + 1)
+    return shapes + [more] if within_guards(p, example, more) else shapes
 
 
 def within_guards(p: Program, example: dict[str, Any], sizes: dict[str, int]) -> bool:
