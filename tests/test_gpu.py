@@ -188,6 +188,41 @@ print(json.dumps({{"built": r.info["built"], "seconds": r.info["seconds"], "firs
     assert b["first_call_s"] < 0.5
 
 
+def test_a_new_variant_is_built_once_on_the_helper_thread(tmp_path):
+    """A new process's first call of a new variant: the compiler loads on the helper thread while the spec is
+    captured, the transferred program's kernel builds there from before the size probes on, and the call
+    takes that build: NVRTC runs once, never on the calling thread."""
+    code = f"""
+import sys, threading, json, torch
+sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
+import torch_cubridge as tc
+from torch_cubridge import build
+from torch_cubridge.build import nvrtc
+from zoo import softcap_causal
+seen = []
+def spy(real, what):
+    def f(*a, **k):
+        seen.append((what, threading.current_thread().name))
+        return real(*a, **k)
+    return f
+nvrtc.compile_cubin = spy(nvrtc.compile_cubin, "nvrtc")
+build.warm_up = spy(build.warm_up, "warm_up")
+f = tc.compile(softcap_causal, fallback="raise")
+q, k, v = (torch.randn(1, 4, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+f(q, k, v)
+torch.cuda.synchronize()
+print(json.dumps({{"seen": seen, "kernel": f.served["kernel"], "built": f.kernels()[0].info["built"]}}))
+"""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path), CUBRIDGE_COMPILER="nvrtc")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["kernel"] == 1 and got["built"] is True, got
+    assert [w for w, _ in got["seen"]] == ["warm_up", "nvrtc"], got
+    assert all(t.startswith("cubridge-build") for _, t in got["seen"]), got
+
+
 def test_custom_op_opcheck_and_torch_compile_fullgraph():
     from torch_cubridge.ops import custom_op, registry  # noqa: F401  (custom_op: the op for opcheck)
     case = next(c for c in CASES if c.name == "softcap_causal")

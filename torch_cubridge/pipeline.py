@@ -95,6 +95,7 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     """capture -> transfer -> generalise -> guard -> verify. Raises UnsupportedSpec on refusal.
     With `where` (warm_key of the call), the verified program is also recorded for warm_transfer."""
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
+    _warm_compiler(bound)
     with _staged():
         return _transfer_stage(fn, bound, backend, llm_options, where)
 
@@ -172,6 +173,7 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         from .transfer.llm import llm_transfer
         prog = llm_transfer(cap, reason=str(e), **(llm_options or {}))
         used = "llm"
+    build_early(prog, bound)  # before the probes: the generic program lowers to the same source, as a rule
     out = []
     tied = with_lengths(prog, bound)  # a computed q/k/v whose length no argument dim gives: held at its shape
     if tied is not None:
@@ -294,10 +296,12 @@ def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple
 
 
 # -- the build, started before verification --------------------------------------------
-# NVRTC takes ~2 s for a Hopper kernel, the guards' symbolic trace and CPU verification ~1 s: the kernel of the
-# program about to be verified is built meanwhile on a helper thread (NVRTC drops the GIL). Lowering reads
-# neither guards nor required sizes, so the program before _held lowers to the same source. A program that
-# then fails verification leaves a cubin in the cache that nothing serves.
+# NVRTC takes 1.3-1.5 s for a new Hopper kernel, the size probes, the guards' symbolic trace and CPU verification
+# ~0.8 s: the kernel of the transferred program is built meanwhile on a helper thread (NVRTC drops the GIL).
+# Lowering reads neither guards, nor required sizes, nor scalar values, so the program before generalisation
+# and _held lowers to the same source as a rule; where it does not, the second source builds on the other
+# worker and the first is wasted. A program that then fails verification leaves a cubin in the cache that
+# nothing serves. The compiler itself is loaded there too while the first capture runs (_warm_compiler).
 _early: dict[str, Future] = {}
 _early_lock = threading.Lock()
 _builder: ThreadPoolExecutor | None = None
@@ -305,7 +309,6 @@ _builder: ThreadPoolExecutor | None = None
 
 def build_early(prog: Program, bound: dict[str, Any]) -> None:
     """Start building the kernel _build_and_verify will ask for first; never raises."""
-    global _builder
     try:
         from . import config
         if config.is_readonly() or not on_cuda(bound):
@@ -323,11 +326,31 @@ def build_early(prog: Program, bound: dict[str, Any]) -> None:
                 return
             for done in [k for k, f in _early.items() if f.done()]:  # never asked for: verification failed
                 del _early[done]  # (its cubin stays in the disk cache)
-            if _builder is None:
-                _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cubridge-build")
-            _early[key] = _builder.submit(load_kernel, low, arch)
+            _early[key] = _helper().submit(load_kernel, low, arch)
     except Exception:  # the build is tried again, in order, by _build_and_verify
         return
+
+
+def _helper() -> ThreadPoolExecutor:
+    global _builder
+    if _builder is None:
+        _builder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cubridge-build")
+    return _builder
+
+
+_compiler_warm = threading.Event()
+
+
+def _warm_compiler(bound: dict[str, Any]) -> None:
+    """Once per process, where this call may build: load the compiler on the helper while capture runs."""
+    if _compiler_warm.is_set() or not on_cuda(bound):
+        return
+    _compiler_warm.set()
+    from . import config
+    if not config.is_readonly():
+        from .build import warm_up
+        with _early_lock:
+            _helper().submit(warm_up)
 
 
 def _building(low: Any, arch: str) -> bool:

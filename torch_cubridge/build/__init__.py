@@ -12,7 +12,7 @@ from .. import config
 from . import nvcc, nvrtc
 from .errors import BuildError, CompilerUnavailable
 
-__all__ = ["BuildError", "CompilerUnavailable", "backend", "compile_cubin", "toolchain_id"]
+__all__ = ["BuildError", "CompilerUnavailable", "backend", "compile_cubin", "toolchain_id", "warm_up"]
 
 
 def backend() -> str:
@@ -28,6 +28,15 @@ def backend() -> str:
         "neither NVRTC (libnvrtc + cuda_bf16.h) nor nvcc was found; install a CUDA "
         "build of torch (it brings nvidia-cuda-nvrtc) or a CUDA toolkit"
     )
+
+
+def warm_up() -> None:
+    """Find and load the compiler ahead of the first build (libnvrtc, the CUDA headers): 0.1-0.4 s of a new
+    process's first build, taken while the spec is captured instead (pipeline.transfer_stage). Never raises."""
+    try:
+        backend()
+    except Exception:
+        pass
 
 
 def toolchain_id() -> str:
