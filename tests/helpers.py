@@ -29,3 +29,12 @@ def graph_replay(f, *args):
 
 def first(x):
     return x[0] if isinstance(x, tuple) else x
+
+
+def count_captures(monkeypatch) -> list:
+    """A list that gains an item at every capture the pipeline makes from now on (the real capture still runs)."""
+    import torch_cubridge.pipeline as pipeline
+    calls: list = []
+    real = pipeline.capture
+    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls

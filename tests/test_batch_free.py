@@ -6,8 +6,7 @@ import torch
 
 import paged_specs as ps
 import torch_cubridge as tc
-import torch_cubridge.pipeline as pipeline
-from helpers import first, rel_err, to64
+from helpers import count_captures, first, rel_err, to64
 from torch_cubridge.verify.cpu import verify_shapes
 from torch_cubridge.verify.gpu import gpu_shapes
 
@@ -47,9 +46,7 @@ def test_a_decode_loop_over_changing_batch_sizes_captures_once(monkeypatch):
     args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32, slots_first=True)[:4]
     f = tc.compile(ps.flash_slots_first, fallback="silent")
     f(*args)
-    calls = []
-    real = pipeline.capture
-    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_captures(monkeypatch)
     for B in (3, 7, 2, 4):
         a = _batch(args, B, seed=B)
         assert rel_err(f(*a), ps.flash_slots_first(*to64(a))) < 1e-5, B

@@ -6,6 +6,7 @@ import torch
 
 import torch_cubridge as tc
 import torch_cubridge.pipeline as pipeline
+from helpers import count_captures
 from zoo import causal_sdpa, softcap_causal
 
 
@@ -40,9 +41,7 @@ def test_warns_once_and_returns_spec_result():
 def test_new_batch_and_length_do_not_recapture(monkeypatch):
     f = tc.compile(causal_sdpa, fallback="silent")
     f(*qkv(B=2, S=24))
-    calls = []
-    real = pipeline.capture
-    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_captures(monkeypatch)
     for B, S in ((3, 40), (2, 17), (5, 64)):
         out = f(*qkv(B=B, S=S))
         assert out.shape == (B, 2, S, 16)
@@ -52,9 +51,7 @@ def test_new_batch_and_length_do_not_recapture(monkeypatch):
 def test_new_dtype_or_rank_pattern_gets_its_own_program(monkeypatch):
     f = tc.compile(causal_sdpa, fallback="silent")
     f(*qkv(B=2))
-    calls = []
-    real = pipeline.capture
-    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_captures(monkeypatch)
     f(*qkv(B=2, dtype=torch.float64))
     assert calls  # float64 is a new signature
 

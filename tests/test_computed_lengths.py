@@ -6,8 +6,7 @@ import torch
 
 import paged_specs as ps
 import torch_cubridge as tc
-import torch_cubridge.pipeline as pipeline
-from helpers import first, rel_err, to64
+from helpers import count_captures, first, rel_err, to64
 from zoo import PROLOGUE, kv_cache_concat, memory_kv, qkv
 
 ROPE = next(c for c in PROLOGUE if c.name == "rope_in_spec")
@@ -39,9 +38,7 @@ def test_cache_concatenated_in_the_spec_is_generic_in_its_length():
 def test_a_decode_loop_over_a_growing_cache_captures_once(monkeypatch):
     f = tc.compile(kv_cache_concat, fallback="silent")
     f(*_cache(1, 4, 60, 1, 32))
-    calls = []
-    real = pipeline.capture
-    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_captures(monkeypatch)
     for n in range(61, 66):
         args = _cache(1, 4, n, 1, 32)
         assert rel_err(f(*args), kv_cache_concat(*to64(args))) < 1e-5
@@ -113,9 +110,7 @@ def test_a_decode_loop_over_a_widening_block_table_captures_once(monkeypatch):
     args = ps.pages(2, 8, 2, 70, 16, 16, torch.float32, slots_first=True)[:4]
     f = tc.compile(ps.flash_slots_first, fallback="silent")
     f(*args)
-    calls = []
-    real = pipeline.capture
-    monkeypatch.setattr(pipeline, "capture", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_captures(monkeypatch)
     for width in (6, 7, 20):
         q, kp, vp, table = args
         t = torch.randint(0, kp.shape[0], (2, width))
