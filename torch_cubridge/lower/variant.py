@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import Expr, var
+from ..ir.expr import Expr, free_vars, loads, var, walk
 from ..ir.program import Program
 from ..lift.reference import KERNELS, lift_reference
 from .cexpr import CExpr, ctype
@@ -30,16 +30,9 @@ def default_scale(p: Program) -> Expr | None:
         return Expr("const", (), 1.0)
     if e.op in ("mul", "div") and e.args[0] == var("s"):
         c = e.args[1]
-        if not ({n.attr for n in _walk(c) if n.op == "var"} - {"B", "H", "Hkv", "Sq", "Skv", "D"}) \
-                and not any(n.op == "load" for n in _walk(c)):
+        if not (free_vars(c) - {"B", "H", "Hkv", "Sq", "Skv", "D"}) and not loads(c):
             return c if e.op == "mul" else Expr("div", (Expr("const", (), 1.0), c))
     return None
-
-
-def _walk(e: Expr):
-    yield e
-    for a in e.args:
-        yield from _walk(a)
 
 
 def param_fields(p: Program) -> list[ParamField]:
@@ -92,7 +85,7 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
         lines += [f"  __device__ __forceinline__ static float score({sig}, float s, int b, int h, int q, int kv) {{",
                   f"    return {cg.as_kind(p.score, 'float')};", "  }"]
     if p.mask is not None:
-        by_head = p.block_rule == "prepass" or any(e.op == "var" and e.attr == "h" for e in _walk(p.mask))
+        by_head = p.block_rule == "prepass" or "h" in free_vars(p.mask)
         lines += ["  static constexpr bool kHasMask = true;",
                   f"  static constexpr bool kClassByHead = {str(by_head).lower()};",
                   f"  __device__ __forceinline__ static bool mask({sig}, int b, int h, int q, int kv) {{",
@@ -126,11 +119,11 @@ def bound_sites(mask: Expr) -> list[tuple[Expr, str]]:
     """Loads whose indices vary along one tile axis only (doc[b, q], doc[b, kv]): the pre-pass bounds
     each by the values it reads over the tile's rows or columns. Loads indexed by both stay unknown."""
     out: list[tuple[Expr, str]] = []
-    for e in _walk(mask):
+    for e in walk(mask):
         if e.op != "load" or any(e == x for x, _ in out):
             continue
-        axes = {n.attr for i in e.args for n in _walk(i) if n.op == "var"} & {"q", "kv"}
-        if len(axes) == 1 and not any(n.op == "load" for i in e.args for n in _walk(i)):
+        axes = set().union(*(free_vars(i) for i in e.args)) & {"q", "kv"}
+        if len(axes) == 1 and not any(loads(i) for i in e.args):
             out.append((e, axes.pop()))
     return out
 
