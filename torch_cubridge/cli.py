@@ -108,8 +108,7 @@ def _build_model(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if args.flash_api:
         from .integrations.flash_api import build_model_ahead as build_flash_ahead
-        res = build_flash_ahead(args.model, args.arch, B, S, getattr(torch, args.dtype), status,
-                                decode_batches=args.decode_batches)
+        res = build_flash_ahead(args.model, args.arch, B, S, getattr(torch, args.dtype), status)
     else:
         res = build_model_ahead(args.model, args.arch, B, S, args.queries, getattr(torch, args.dtype), status)
     for b in res["built"]:
@@ -292,10 +291,6 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--flash-api", action="store_true",
                     help="with --model: the kernels of the flash API (integrations/flash_api.py) that serve the "
                          "model under transformers' flash path and continuous batching, and the block-table append")
-    bd.add_argument("--decode-batches", type=int, default=2,
-                    help="with --flash-api: block-table decode programs for batches of 1 to N sequences (the "
-                         "default 2 covers every batch size: one sequence is a kernel of its own, and the program "
-                         "of two moves with the batch where the spec allows it, as the flash API's does)")
     bd.add_argument("--kv-heads", type=int, default=0, help="KV heads (GQA/MQA); default H")
     bd.add_argument("--queries", type=int, default=0, help="query length (<= 16: the decode kernel); default S")
     bd.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])

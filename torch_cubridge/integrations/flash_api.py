@@ -232,12 +232,12 @@ def _page_size() -> int:
 
 
 def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float, softcap: float,
-                     sinks: torch.Tensor | None, batches: int = 2) -> None:
-    """Block-table decode calls as continuous batching makes them, at its page size, in build mode: batches
-    of 1 to `batches` sequences (a batch of one is its own kernel; the program of two serves every larger
-    batch, its views fitted to B, and the pool's size and the table's width are free)."""
+                     sinks: torch.Tensor | None) -> None:
+    """Block-table decode calls as continuous batching makes them, at its page size, in build mode: one
+    sequence (its own kernel) and two (a program that serves every larger batch too, its views fitted to B;
+    the pool's size and the table's width are free)."""
     P = _page_size()
-    for B in range(1, max(1, batches) + 1):
+    for B in (1, 2):
         N, W = 4 * B + 1, 4
         q = torch.randn(B, 1, heads, head_dim, dtype=dtype)
         pages = [torch.randn(N, P, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
@@ -249,7 +249,7 @@ def _decode_examples(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtyp
 
 
 def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.dtype,
-                      progress: Callable[[str], None], name: str = NAME, decode_batches: int = 2) -> dict[str, list]:
+                      progress: Callable[[str], None], name: str = NAME) -> dict[str, list]:
     """The kernels this API serves a causal LM with through transformers' flash path, verified on the CPU and
     built for `arch` into the disk cache from the model's config alone (no weights, no GPU): the dense
     prefill and decode step of `model.generate`, the packed prefill of a padded batch and of continuous
@@ -273,7 +273,7 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
             model(torch.randint(0, cfg.vocab_size, (2, seq)), attention_mask=padded)  # packed prefill
             for (h, hkv, d, dt, scale, cap), sinks in list(_decode_calls.items()):
                 progress(f"block-table decode at {h}:{hkv} heads, head dim {d}")
-                _decode_examples(h, hkv, d, dt, scale, cap, sinks, decode_batches)
+                _decode_examples(h, hkv, d, dt, scale, cap, sinks)
         progress(f"building the block-table append for {arch}")
         a = build_append(arch)
         _building.built.append({"key": a["key"], "built": a["built"], "seconds": a["seconds"],
