@@ -206,6 +206,22 @@ struct DecodeTile {
   static_assert(BLOCK_N % 64 == 0, "whole k16 steps of keys per warp");
 };
 
+#ifdef CUBRIDGE_TRACE
+// Diagnostics only (benchmarks/diag_decode_timeline.py defines it): per CTA, the global timer at entry, when its
+// first block's data is in, after its last block, and at its end (after the merge for the merging CTA).
+extern "C" __device__ unsigned long long cubridge_trace[4 * 65536];
+__device__ __forceinline__ void trace_at(int slot) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  if (cta < 65536) cubridge_trace[4 * cta + slot] = t;
+}
+#define CUBRIDGE_TRACE_AT(slot) trace_at(slot)
+#else
+#define CUBRIDGE_TRACE_AT(slot)
+#endif
+
 template <class Variant, class T, int D>
 __device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
                                             const float* part_o, const float* part_lse, int n_split,
@@ -226,6 +242,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
+  CUBRIDGE_TRACE_AT(0);
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -331,21 +348,22 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     cp_async_commit();
     ++pf;
   };
-  // the first K/V blocks go out before Q's loads, which wait for their data
-#pragma unroll
-  for (int st = 0; st < ST - 1; ++st) prefetch(st);
   zero_pad_columns<R, D, PD, LDS, NTH>(sQ, tid);
   zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
   zero_pad_columns<ST * BN, DV, PDV, LDSV, NTH>(sV, tid);
-  // @cuir load tensor=q
-  for (int idx = tid; idx < R * (D / 8); idx += NTH) {
-    const int r = idx / (D / 8), c = idx % (D / 8);
-    const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
-    *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
-  }
-  __syncthreads();
+  // Q's rows into registers, once the first K/V blocks are out (its loads wait for their data): the loop's
+  // first ST - 1 turns only prefetch, so the copy code is compiled once, not once more per ring slot.
   unsigned qa[1][KC][4];
-  load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
+  auto load_q = [&] {
+    // @cuir load tensor=q
+    for (int idx = tid; idx < R * (D / 8); idx += NTH) {
+      const int r = idx / (D / 8), c = idx % (D / 8);
+      const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
+      *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
+    }
+    __syncthreads();
+    load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
+  };
 
   float o[1][DT][4];
 #pragma unroll
@@ -358,18 +376,26 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
   const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
 
-  int stage = 0;
+  int stage = 0, slot = 0, fill = ST - 1;  // slot: the ring slot prefetch fills next; fill: first turns left
   // @cuir loop axis=kv size=kBlockN
   for (;;) {
     // @cuir hook name=block_class
-    const int next = ahead[0];  // (evaluated by prefetch)
+    const int next = fill > 0 ? 0 : ahead[0];  // (evaluated by prefetch)
     // @cuir skip when=empty
     if (next < 0) break;  // prefetch passed over the empty blocks; none left
     const int j = next >> 2, cls = next & 3;
     // @cuir load tensor=k
-    prefetch(stage == 0 ? ST - 1 : stage - 1);  // the slot the last block used (freed by its barrier)
+    prefetch(slot);  // after the first turns, the slot the last block used (freed by its barrier)
+    slot = slot == ST - 1 ? 0 : slot + 1;
+    if (fill > 0) {
+      if (--fill == 0) load_q();
+      continue;
+    }
     cp_async_wait<ST - 1>();
     __syncthreads();
+#ifdef CUBRIDGE_TRACE
+    if (j == j0) CUBRIDGE_TRACE_AT(1);
+#endif
     // @cuir mma name=qk
     float s[1][NT][4];
     gemm_qk<T, 1, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
@@ -399,6 +425,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir endloop axis=kv
   cp_async_wait<0>();
   __syncthreads();
+  CUBRIDGE_TRACE_AT(2);
 
   // Merge the four warps: O and m, l per row through shared memory (the ring is free now).
   float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][PDV]
@@ -475,12 +502,17 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       if (last) *cnt = 0;  // ready for the next launch on this stream
     }
     __syncthreads();
+    CUBRIDGE_TRACE_AT(3);
     if (!last) return;
     __threadfence();
     for (int rr = warp; rr < R; rr += Cfg::kWarps)
       if (r_lo + rr < rows)
         combine_row<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor,
                                    (static_cast<long long>(b) * a.Hq + head_of(rr)) * a.Sq + query_of(rr), lane);
+#ifdef CUBRIDGE_TRACE
+    __syncthreads();
+    CUBRIDGE_TRACE_AT(3);
+#endif
     return;
   }
   if (!valid) return;
