@@ -120,18 +120,17 @@ struct BlockEntries {
 };
 
 template <int BN, int D, int NTH, int N>
-__device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const PagedKV& pg, int b, int blk, int nrows,
-                                                   int tid) {
+__device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const PagedKV& pg, const PageDiv& pd, int b,
+                                                   int blk, int nrows, int tid) {
   using W = RowWalk<BN, D, NTH>;
   const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
-  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
-  const bool in_page = page % BN == 0;
+  const bool in_page = pd.page % BN == 0;
   const int r0 = tid / W::kChunks;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     if (in_page && i > 0) continue;
     const int row = imin(blk * BN + r0 + W::kStep * i, nrows - 1);  // a row past the end: the last one's page
-    const int pi = shift >= 0 ? row >> shift : row / page;
+    const int pi = pd.div(row);
     en.k[i] = load_entry(pg.k_table, t64, b * pg.kt_sb + pi * pg.kt_sp);
     if (!shared) en.v[i] = load_entry(pg.v_table, t64, b * pg.vt_sb + pi * pg.vt_sp);
   }
@@ -146,8 +145,8 @@ __device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const Pa
 // with no division per row (v29: pages of 24 +9%, pages of 16 at 32k -1.7%).
 template <int BN, int D, int LDS, int NTH, int N, class T>
 __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
-                                              const PagedKV& pg, const BlockEntries<N>& en, int row0, int nrows,
-                                              int tid) {
+                                              const PagedKV& pg, const PageDiv& pd, const BlockEntries<N>& en,
+                                              int row0, int nrows, int tid) {
   using W = RowWalk<BN, D, NTH>;
   const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
   const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
@@ -165,7 +164,7 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
-    const long long slot = shift >= 0 ? row & (page - 1) : row % page;
+    const long long slot = row - pd.div(row) * page;
     cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
     cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
@@ -317,6 +316,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr bool kAhead = kPaged && DV == D && RowWalk<BN, D, NTH>::kOk;
   BlockEntries<RowWalk<BN, D, NTH>::kRows> ent;
   ent.blk = -1;
+  int page_rows = 1;
+  if constexpr (kAhead) page_rows = static_cast<int>(pg.page);
+  const PageDiv pd(page_rows);
   // Each block's class is evaluated once, where prefetch reaches it; the blocks loaded and not yet used wait
   // in `ahead` (block << 2 | class, oldest first; -1: none), so the loop takes its next block and class with
   // no load of its own (a mask reading a sequence length, evaluated again in the loop, cost 16% at pages of
@@ -332,9 +334,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     ahead[ST - 2] = ok ? (pf << 2 | cls) : -1;
     if constexpr (kAhead) {
       if (ok) {
-        if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, b, pf, kv_end, tid);  // the first, or after a skip
-        load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, ent, pf * BN, kv_end, tid);
-        if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, b, pf + 1, kv_end, tid);
+        if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf, kv_end, tid);  // the first, or after a skip
+        load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, pd, ent, pf * BN, kv_end, tid);
+        if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf + 1, kv_end, tid);
       }
     } else if constexpr (kPaged) {
       if (ok) load_kv_paged_rows<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);

@@ -49,6 +49,22 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
   return entry_index(load_entry(table, t64, off), t64, n);
 }
 
+// Division by the page size with no divide instruction (Granlund-Montgomery): for 0 <= n < 2^31,
+// n / page = (umulhi(n, m) + n) >> l, with l = ceil(log2(page)) and m = 2^32 (2^l - page) / page + 1, made once per
+// CTA. One short form for every page size, power of two or not: the per-row walk's shift and divide branches were
+// most of the paged decode kernel's extra code (NOTES v34), and cold code is fetched from DRAM on a call's first pass.
+struct PageDiv {
+  unsigned m;
+  int l, page;
+  __device__ explicit PageDiv(int page_) : page(page_) {
+    l = 32 - __clz(page_ - 1);
+    m = static_cast<unsigned>(((1ull << 32) * ((1ull << l) - static_cast<unsigned long long>(page_))) / page_ + 1);
+  }
+  __device__ __forceinline__ int div(int n) const {
+    return static_cast<int>((__umulhi(static_cast<unsigned>(n), m) + static_cast<unsigned>(n)) >> l);
+  }
+};
+
 // Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
 // so a box never crosses a page. The host builds the tensor maps with the same rule, and gathers pages
 // whose boxes would be smaller than lower/tiles.py's PAGED_TMA_ROWS (ops/runner.py, pipeline.kernel_choice).
