@@ -132,6 +132,11 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
             if writes_through_view(gm):  # traced again with the write made a value (slice_scatter, ...)
                 gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
                              tracing_mode="real")(*fakes)
+            if fused_sdpa(gm):  # traced again with SDPA's math backend, which decomposes into plain ops
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel([SDPBackend.MATH]):
+                    gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
+                                 tracing_mode="real")(*fakes)
     except UnsupportedSpec:
         raise
     except Exception as e:  # data-dependent control flow and friends surface here
@@ -152,6 +157,14 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     cpaths = {k: owners[t.data_ptr()] for k, t in consts.items()
               if isinstance(t, torch.Tensor) and t.data_ptr() in owners}
     return Captured(gm, signature_of(fn), paths, bound, consts, cpaths)
+
+
+def fused_sdpa(gm: torch.fx.GraphModule) -> bool:
+    """Whether an SDPA call reached a backend kernel op the graph analysis cannot read. SdpaAsMath sees the
+    spec's own SDPA calls, but a TorchFunctionMode is off while it handles a call, so SDPA called from inside
+    another handled function (nn.MultiheadAttention's F.multi_head_attention_forward) goes straight to the
+    backend's op (`_scaled_dot_product_flash_attention_for_cpu`, `_scaled_dot_product_cudnn_attention`, ...)."""
+    return any(n.op == "call_function" and "scaled_dot_product" in str(n.target) for n in gm.graph.nodes)
 
 
 def writes_through_view(gm: torch.fx.GraphModule) -> bool:

@@ -20,7 +20,7 @@ from .sym import Sym, input_sym, packet_name
 
 
 class OffScorePath:
-    """What graph.Walker provides: ctx, env, prologue, on_score, from_call, not_score and call()."""
+    """What graph.Walker provides: ctx, env, prologue, on_score, from_call, not_score, split_inputs and call()."""
 
     def recover(self, node: Node) -> Sym | None:
         """After a rule refused `node`: retry it with its computed inputs that are off the score
@@ -149,7 +149,11 @@ class OffScorePath:
             # repeat_kv): made here it would be read at the query's heads while the key reads its group
             repeated = any(len(ax) > 1 and not all(a in used for a in ax) for ax in sym.axes)
             merged = merged or (any(len(ax) == 0 for ax in sym.axes) and not repeated)
-            if merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
+            # a prologue tensor the operand reads with dims packed (nn.MultiheadAttention's in-projection,
+            # [S, B, 3 * E], read as [B * H, S, D] through views): a refused walk named it (symbolic_transfer's
+            # split retry), and the operand is made at its last shape instead, with the spec's own dims
+            split = loads(sym.expr) & made_here & self.split_inputs
+            if split or merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
 
     def materialize(self, node: Node) -> Sym:

@@ -1,0 +1,83 @@
+"""PyTorch's own nn.MultiheadAttention as the spec. Its forward hands the attention to SDPA from inside
+F.multi_head_attention_forward, where capture's SDPA substitute (a TorchFunctionMode, off while it handles a
+call) does not see it: the trace is taken again with SDPA's math backend, which decomposes into plain ops
+(capture/trace.py `fused_sdpa`). Its in-projection is one [S, B, 3E] tensor read as [B*H, S, D] through
+views: the walk makes q, k and v at their last shapes instead (offscore.make_gathered_operands)."""
+import copy
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from helpers import rel_err
+from torch_cubridge.capture.trace import capture, fused_sdpa
+from torch_cubridge.errors import UnsupportedSpec
+
+E, HEADS, B, S = 64, 4, 2, 40
+
+
+def _mha(**kw) -> torch.nn.MultiheadAttention:
+    torch.manual_seed(0)
+    return torch.nn.MultiheadAttention(E, HEADS, batch_first=True, **kw).eval()
+
+
+def self_attention(x, mha):
+    return mha(x, x, x, need_weights=False)[0]
+
+
+def causal_self_attention(x, mha):
+    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    return mha(x, x, x, attn_mask=m, need_weights=False, is_causal=True)[0]
+
+
+def padded_self_attention(x, mha, pad):
+    return mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+
+def cross_attention(x, mem, mha):
+    return mha(x, mem, mem, need_weights=False)[0]
+
+
+def _args(name: str) -> tuple:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, S, E, generator=g)
+    if name == "padded":
+        pad = torch.zeros(B, S, dtype=torch.bool)
+        pad[1, 25:] = True  # the second sequence's last keys are padding
+        return x, _mha(), pad
+    if name == "cross":
+        return x, torch.randn(B, S + 9, E, generator=g), _mha()
+    return x, _mha()
+
+
+CASES = {"plain": self_attention, "causal": causal_self_attention, "padded": padded_self_attention,
+         "cross": cross_attention}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_multihead_attention_module_transfers_and_matches_fp64(name):
+    fn, args = CASES[name], _args(name)
+    with torch.no_grad():
+        prog = tc.transfer(fn, *args)
+        args64 = tuple(copy.deepcopy(a).double() if isinstance(a, torch.nn.Module)
+                       else a.double() if a.is_floating_point() else a for a in args)
+        ref = fn(*args64)
+        got = prog.run(*args64)
+    assert rel_err(got, ref) < 1e-6
+
+
+def test_sdpa_inside_the_module_is_traced_as_plain_ops():
+    """Without the second trace the graph holds the CPU backend's fused op, which no rule reads."""
+    x, mha = _args("plain")
+    bound = {"x": x, "mha": mha}
+    cap = capture(self_attention, bound)
+    assert not fused_sdpa(cap.graph)
+    targets = {str(n.target) for n in cap.graph.graph.nodes if n.op == "call_function"}
+    assert any("softmax" in t for t in targets) and any("bmm" in t for t in targets)
+
+
+def test_dropout_in_training_is_refused():
+    x, mha = _args("plain")
+    mha = torch.nn.MultiheadAttention(E, HEADS, batch_first=True, dropout=0.5).train()
+    with pytest.raises(UnsupportedSpec):
+        tc.transfer(self_attention, x, mha)
