@@ -4,7 +4,7 @@ global timer at entry, when its first K/V block is in shared memory, after its l
 times and the timelines summarised: when CTAs start, how long their first block takes to arrive, how long
 they stream, and how far apart they finish.
 
-Configurations as diag_fixed_cost.py's ("name:kind:stages:ctas"). Usage:
+Configurations as diag_fixed_cost.py's ("name:kind:stages:ctas"), our kernels only. Usage:
 python benchmarks/diag_decode_timeline.py [--out DIR] [--lengths 4096] [--configs ...]
 """
 from __future__ import annotations
@@ -22,12 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch_cubridge as tc  # noqa: E402
 import torch_cubridge.lower as lowering  # noqa: E402
-import torch_cubridge.lower.source as source  # noqa: E402
-import torch_cubridge.ops.runner as runner  # noqa: E402
 from torch_cubridge.ops.launch import libcuda  # noqa: E402
-from bench_decode import gqa_decode, paged_gqa_decode  # noqa: E402
+from diag_fixed_cost import decode_case, decode_config  # noqa: E402
 from timing import read_flush  # noqa: E402
 
 SLOTS = 4 * 65536
@@ -79,55 +76,38 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     clean = read_flush()
-    B, H, Hkv, D = 8, 32, 8, 128
-    base_tile, base_ctas, base_lower = source.decode_tile, runner.DECODE_CTAS_PER_SM, lowering.lower
+    base_lower = lowering.lower
     lowering.lower = lambda *a_, **k_: replace(low := base_lower(*a_, **k_),
                                                source="#define CUBRIDGE_TRACE 1\n" + low.source)
     out = []
     try:
         for cfg in args.configs.split(";"):
             name, kind, st, ctas = cfg.split(":")
-            st, ctas = int(st), int(ctas)
-            source.decode_tile = (lambda d, dv=None, paged=False, st=st: replace(base_tile(d, dv, paged), stages=st)) \
-                if st else base_tile
-            runner.DECODE_CTAS_PER_SM = ctas or None
-            for Skv, scale in ((int(x), int(m)) for x in args.lengths.split(",") for m in args.pool_scale.split(",")):
-                if scale > 1 and not kind.startswith("paged"):
-                    continue
-                dev, dt = "cuda", torch.bfloat16
-                q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
-                if kind.startswith("paged"):
-                    P = int(kind[5:])
-                    per = Skv // P
-                    n = B * per * scale + 7
-                    kp, vp = (torch.randn(n, Hkv, P, D, device=dev, dtype=dt) for _ in range(2))
-                    table = torch.randperm(n, device=dev)[:B * per].reshape(B, per)
-                    f = tc.compile(paged_gqa_decode, fallback="raise")
-                    fn = lambda f=f, q=q, kp=kp, vp=vp, t=table: f(q, kp, vp, t)  # noqa: E731
-                else:
-                    k, v = (torch.randn(B, Hkv, Skv, D, device=dev, dtype=dt) for _ in range(2))
-                    f = tc.compile(gqa_decode, fallback="raise")
-                    fn = lambda f=f, q=q, k=k, v=v: f(q, k, v)  # noqa: E731
-                fn()
-                torch.cuda.synchronize()
-                kern = f.kernels()[-1].kernel
-                ptr, _ = trace_of(kern)
-                for i in range(args.calls):
-                    clean()
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
+            with decode_config(int(st), int(ctas)):
+                for Skv, scale in ((int(x), int(m)) for x in args.lengths.split(",") for m in args.pool_scale.split(",")):
+                    if scale > 1 and not kind.startswith("paged"):
+                        continue
+                    fn, f = decode_case(kind, Skv, scale)
                     fn()
-                    e.record()
                     torch.cuda.synchronize()
-                    # the grid: as many CTAs as wrote an entry this call (entries of other calls are older)
-                    rows = read_trace(ptr, 4096)
-                    newest = max(r[0] for r in rows)
-                    live = [r for r in rows if r[0] and newest - r[0] < 40_000 and r[3] >= r[0]]
-                    row = {"config": name, "Skv": Skv, "pool_scale": scale, "call": i, "event_us": s.elapsed_time(e) * 1e3, **summary(live)}
-                    out.append(row)
-                    print(json.dumps(row), flush=True)
+                    kern = f.kernels()[-1].kernel
+                    ptr, _ = trace_of(kern)
+                    for i in range(args.calls):
+                        clean()
+                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        s.record()
+                        fn()
+                        e.record()
+                        torch.cuda.synchronize()
+                        # the grid: as many CTAs as wrote an entry this call (entries of other calls are older)
+                        rows = read_trace(ptr, 4096)
+                        newest = max(r[0] for r in rows)
+                        live = [r for r in rows if r[0] and newest - r[0] < 40_000 and r[3] >= r[0]]
+                        row = {"config": name, "Skv": Skv, "pool_scale": scale, "call": i, "event_us": s.elapsed_time(e) * 1e3, **summary(live)}
+                        out.append(row)
+                        print(json.dumps(row), flush=True)
     finally:
-        source.decode_tile, runner.DECODE_CTAS_PER_SM, lowering.lower = base_tile, base_ctas, base_lower
+        lowering.lower = base_lower
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode_timeline.json").write_text(json.dumps(out, indent=1))
     keys = ("event_us", "ctas", "start_max_us", "first_block_med_us", "first_block_max_us", "stream_med_us",

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +36,42 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+B, H, HKV, D = 8, 32, 8, 128
+
+
+@contextmanager
+def decode_config(stages: int, ctas: int):
+    """The decode tile's ring depth and the split rule's CTAs per multiprocessor while compiling (0: the own)."""
+    base_tile, base_ctas = source.decode_tile, runner.DECODE_CTAS_PER_SM
+    if stages:
+        source.decode_tile = lambda d, dv=None, paged=False: replace(base_tile(d, dv, paged), stages=stages)
+    runner.DECODE_CTAS_PER_SM = ctas or None
+    try:
+        yield
+    finally:
+        source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
+
+
+def decode_case(kind: str, Skv: int, pool_scale: int = 1) -> tuple:
+    """(the call to time, its compiled function or None) for B 8, 32:8 heads, D 128, Skv keys: kind contiguous,
+    pagedP (pages of P rows in a pool `pool_scale` times the pages read, in random order) or an SDPA backend."""
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
+    if kind.startswith("paged"):
+        P = int(kind[5:])
+        per = Skv // P
+        n = B * per * pool_scale + 7
+        kp, vp = (torch.randn(n, HKV, P, D, device=dev, dtype=dt) for _ in range(2))
+        table = torch.randperm(n, device=dev)[:B * per].reshape(B, per)
+        f = tc.compile(paged_gqa_decode, fallback="raise")
+        return (lambda: f(q, kp, vp, table)), f
+    k, v = (torch.randn(B, HKV, Skv, D, device=dev, dtype=dt) for _ in range(2))
+    if kind == "contiguous":
+        f = tc.compile(gqa_decode, fallback="raise")
+        return (lambda: f(q, k, v)), f
+    return (lambda: sdpa(kind, q, k, v)), None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -44,42 +81,19 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     clean = read_flush()
-    B, H, Hkv, D = 8, 32, 8, 128
-    base_tile, base_ctas = source.decode_tile, runner.DECODE_CTAS_PER_SM
     rows = []
     for cfg in args.configs.split(";"):
         name, kind, st, ctas = cfg.split(":")
         st, ctas = int(st), int(ctas)
-        if st:
-            source.decode_tile = lambda d, dv=None, paged=False, st=st: replace(base_tile(d, dv, paged), stages=st)
-        runner.DECODE_CTAS_PER_SM = ctas or None
-        try:
+        with decode_config(st, ctas):
             for Skv in (int(x) for x in args.lengths.split(",")):
-                dev, dt = "cuda", torch.bfloat16
-                q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
-                kv_bytes = 2 * 2 * B * Hkv * Skv * D
-                if kind.startswith("paged"):
-                    P = int(kind[5:])
-                    per = Skv // P
-                    n = B * per + 7
-                    kp, vp = (torch.randn(n, Hkv, P, D, device=dev, dtype=dt) for _ in range(2))
-                    table = torch.randperm(n, device=dev)[:B * per].reshape(B, per)
-                    f = tc.compile(paged_gqa_decode, fallback="raise")
-                    fn = lambda f=f, q=q, kp=kp, vp=vp, t=table: f(q, kp, vp, t)  # noqa: E731
-                else:
-                    k, v = (torch.randn(B, Hkv, Skv, D, device=dev, dtype=dt) for _ in range(2))
-                    if kind == "contiguous":
-                        f = tc.compile(gqa_decode, fallback="raise")
-                        fn = lambda f=f, q=q, k=k, v=v: f(q, k, v)  # noqa: E731
-                    else:
-                        fn = lambda be=kind, q=q, k=k, v=v: sdpa(be, q, k, v)  # noqa: E731
+                kv_bytes = 2 * 2 * B * HKV * Skv * D
+                fn, _ = decode_case(kind, Skv)
                 fn()
                 ms = min(events_ms(fn, clean) for _ in range(2))
                 rows.append({"config": name, "kind": kind, "stages": st or None, "ctas_per_sm": ctas or None,
                              "Skv": Skv, "bytes": kv_bytes, "clean_ms": ms, "tbs": kv_bytes / (ms * 1e-3) / 1e12})
                 print(json.dumps(rows[-1]), flush=True)
-        finally:
-            source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
     fits = {}
     for name in dict.fromkeys(r["config"] for r in rows):
         rs = [r for r in rows if r["config"] == name]
