@@ -66,6 +66,24 @@ def test_multihead_attention_module_transfers_and_matches_fp64(name):
     assert rel_err(got, ref) < 1e-6
 
 
+def encoder_layer(x, layer):
+    return layer(x)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_transformer_encoder_layer_transfers_with_its_feed_forward_as_the_epilogue(norm_first):
+    """nn.TransformerEncoderLayer: its self-attention (the module above) between norms, residuals and the
+    feed-forward block, which the prologue and epilogue leave to PyTorch."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(E, HEADS, 2 * E, dropout=0.0, batch_first=True,
+                                             norm_first=norm_first).eval()
+    x = _args("plain")[0]
+    with torch.no_grad():
+        prog = tc.transfer(encoder_layer, x, layer)
+        layer64 = copy.deepcopy(layer).double()
+        assert rel_err(prog.run(x.double(), layer64), encoder_layer(x.double(), layer64)) < 1e-6
+
+
 def test_sdpa_inside_the_module_is_traced_as_plain_ops():
     """Without the second trace the graph holds the CPU backend's fused op, which no rule reads."""
     x, mha = _args("plain")
