@@ -2,7 +2,9 @@
 F.multi_head_attention_forward, where capture's SDPA substitute (a TorchFunctionMode, off while it handles a
 call) does not see it: the trace is taken again with SDPA's math backend, which decomposes into plain ops
 (capture/trace.py `fused_sdpa`). Its in-projection is one [S, B, 3E] tensor read as [B*H, S, D] through
-views: the walk makes q, k and v at their last shapes instead (offscore.make_gathered_operands)."""
+views: the walk makes q, k and v at their last shapes instead (offscore.make_gathered_operands), and where
+the spec never views them with batch and heads apart (need_weights=True, the default: bmm over [B*H, S, D]),
+made with that merged dim unflattened (offscore.materialize_unflattened)."""
 import copy
 
 import pytest
@@ -38,32 +40,52 @@ def cross_attention(x, mem, mha):
     return mha(x, mem, mem, need_weights=False)[0]
 
 
-def _args(name: str) -> tuple:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(B, S, E, generator=g)
-    if name == "padded":
-        pad = torch.zeros(B, S, dtype=torch.bool)
+def _args(name: str, s: int = S) -> tuple:
+    g = torch.Generator().manual_seed(s)
+    x = torch.randn(B, s, E, generator=g)
+    if name in ("padded", "weights_padded_causal"):
+        pad = torch.zeros(B, s, dtype=torch.bool)
         pad[1, 25:] = True  # the second sequence's last keys are padding
         return x, _mha(), pad
-    if name == "cross":
-        return x, torch.randn(B, S + 9, E, generator=g), _mha()
+    if name in ("cross", "weights_cross"):
+        return x, torch.randn(B, s + 9, E, generator=g), _mha()
     return x, _mha()
 
 
+def _double(args: tuple) -> tuple:
+    return tuple(copy.deepcopy(a).double() if isinstance(a, torch.nn.Module)
+                 else a.double() if a.is_floating_point() else a for a in args)
+
+
+def default_call(x, mha):  # need_weights=True, the module's default: its explicit [B*H, S, D] path
+    out, _ = mha(x, x, x)
+    return out
+
+
+def default_call_padded_causal(x, mha, pad):
+    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    return mha(x, x, x, key_padding_mask=pad, attn_mask=m)[0]
+
+
+def default_call_cross(x, mem, mha):
+    return mha(x, mem, mem, average_attn_weights=False)[0]
+
+
 CASES = {"plain": self_attention, "causal": causal_self_attention, "padded": padded_self_attention,
-         "cross": cross_attention}
+         "cross": cross_attention, "weights": default_call, "weights_padded_causal": default_call_padded_causal,
+         "weights_cross": default_call_cross}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_multihead_attention_module_transfers_and_matches_fp64(name):
-    fn, args = CASES[name], _args(name)
+    """At the example's length and at another (the program is generic in the lengths; the batch is held, as
+    for every call with module arguments)."""
+    fn = CASES[name]
     with torch.no_grad():
-        prog = tc.transfer(fn, *args)
-        args64 = tuple(copy.deepcopy(a).double() if isinstance(a, torch.nn.Module)
-                       else a.double() if a.is_floating_point() else a for a in args)
-        ref = fn(*args64)
-        got = prog.run(*args64)
-    assert rel_err(got, ref) < 1e-6
+        prog = tc.transfer(fn, *_args(name))
+        for s in (S, S + 7):
+            args64 = _double(_args(name, s))
+            assert rel_err(prog.run(*args64), fn(*args64)) < 1e-6
 
 
 def encoder_layer(x, layer):

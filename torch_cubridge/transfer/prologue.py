@@ -42,6 +42,14 @@ class Prologue:
                 self.steps[dep.name] = self.step_for(dep)
         return node.name
 
+    def record_view(self, node: Node, shape: tuple[int, ...]) -> str:
+        """Steps computing `node`, then its value viewed at `shape` (its merged dims unflattened); the
+        view's step name."""
+        self.record(node)
+        name = f"{node.name}_atoms"
+        self.steps.setdefault(name, Step(name, "aten.view.default", (("@step", node.name), shape), ()))
+        return name
+
     def record_by_distance(self, diff: Node, sign: int, chain: list[Node], sq: int, skv: int) -> str:
         """Steps computing `chain` (diff's elementwise descendants, in graph order) on the Sq + Skv - 1
         distances instead of diff's grid (symbolic/distance.py); the last one's step name. Entry t of the

@@ -14,6 +14,7 @@ from torch.fx import Node
 
 from ...errors import HeldTensorRefused, UnsupportedSpec
 from ...ir.expr import Expr, const, load, loads, walk
+from .contract import packs_axes
 from ..prologue import cone_of
 from .distance import distance_chain, index_of
 from .sym import Sym, input_sym, packet_name
@@ -38,7 +39,7 @@ class OffScorePath:
                     chain = [a]
                     while _view_op(chain[-1]) and self._computed(chain[-1].args[0]):
                         chain.append(chain[-1].args[0])
-                    self.env[chain[-1]] = self.materialize(chain[-1])
+                    self.env[chain[-1]] = self._materialize_keeping_merges(chain[-1])
                     for n in reversed(chain[:-1]):
                         self.env[n] = self.call(n)
                 return self.call(node)
@@ -123,7 +124,7 @@ class OffScorePath:
 
     def _make_at(self, chain: list[Node]) -> None:
         """The top of `chain` made by the prologue, the views below it walked again from there."""
-        self.env[chain[-1]] = self.materialize(chain[-1])
+        self.env[chain[-1]] = self._materialize_keeping_merges(chain[-1])
         for m in reversed(chain[:-1]):
             self.env[m] = self.call(m)
 
@@ -155,6 +156,42 @@ class OffScorePath:
             split = loads(sym.expr) & made_here & self.split_inputs
             if split or merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
+            if split and _packed(self.env.get(x)):
+                # the spec never shapes the operand with its batch and heads apart (the module's explicit
+                # path: [B*H, S, D] views only): made as it reaches the matmul, its merged dims unflattened
+                self.env[x] = self.materialize_unflattened(x, self.env[x])
+
+    def _materialize_keeping_merges(self, node: Node) -> Sym:
+        """materialize(node); on a split retry, a value with merged axes that reads a tensor with two axes
+        packed in one dim is made with its merged axes kept apart (materialize_unflattened): a [B*H, S, D] q
+        made from a packed projection stays batch by heads, as the other operands are made."""
+        sym = self.env.get(node)
+        if self.split_inputs and isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
+                and sym.expr.attr.endswith("_atoms") and sym.expr.attr in self.ctx.facts.get("prologue", {}):
+            return sym  # made so already: made again it would lose its merged axes
+        if self.split_inputs and _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
+            return self.materialize_unflattened(node, sym)
+        return self.materialize(node)
+
+    def materialize_unflattened(self, node: Node, sym: Sym) -> Sym:
+        """`node` made by the prologue and viewed with every merged axis of `sym` (its value in the walk)
+        unflattened into its atoms' sizes ([B*H, S, D] as [B, H, S, D]), read back as `sym`'s axes: the
+        operand then reaches the matmul with one index per dim."""
+        assert self.prologue is not None
+        shape = [self.ctx.sizes[a] for ax in sym.axes for a in ax]
+        if any(len(ax) == 0 for ax in sym.axes):  # a unit dim with no atom: nothing to unflatten it into
+            raise UnsupportedSpec("an operand with a unit dim the walk does not name", op="prologue")
+        step = self.prologue.record_view(node, tuple(shape))
+        name = f"pro_{step}"
+        val = node.meta["val"]
+        t = torch.empty(shape, dtype=val.dtype, device="meta")
+        flat = input_sym(self.ctx, name, t)
+        self.ctx.facts.setdefault("prologue", {})[name] = step
+        atoms, i = [], 0
+        for ax in sym.axes:  # regroup the fresh atoms as `sym` groups its own
+            atoms.append(tuple(a for (a,) in flat.axes[i:i + len(ax)]))
+            i += len(ax)
+        return Sym(tuple(atoms), flat.expr, val.dtype)
 
     def materialize(self, node: Node) -> Sym:
         """`node` as a tensor the prologue makes: a load like any input's; a function of kv - q alone as
@@ -225,6 +262,11 @@ def _to_merge(x: Node) -> list[Node]:
     if packet_name(chain[-1]) == "expand" and _made(chain[-1].args[0]):
         chain.append(chain[-1].args[0])  # a broadcast over heads (MQA's one K head): the head map reads it
     return chain
+
+
+def _packed(v: Any) -> bool:
+    """v reads a tensor with two axes packed in one dim (contract.packs_axes)."""
+    return isinstance(v, Sym) and v.expr is not None and any(packs_axes(n) for n in walk(v.expr) if n.op == "load")
 
 
 def _made(a: Any) -> bool:
