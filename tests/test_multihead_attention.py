@@ -106,6 +106,25 @@ def test_a_transformer_encoder_layer_transfers_with_its_feed_forward_as_the_epil
         assert rel_err(prog.run(x.double(), layer64), encoder_layer(x.double(), layer64)) < 1e-6
 
 
+def decoder_layer(x, memory, layer):
+    return layer(x, memory)
+
+
+def test_a_transformer_decoder_layer_transfers_with_its_cross_attention_left_to_pytorch():
+    """nn.TransformerDecoderLayer holds two attentions: the kernel takes the first (self-attention), and
+    PyTorch computes the cross attention and the feed-forward block after it, as the epilogue."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(E, HEADS, 2 * E, dropout=0.0, batch_first=True).eval()
+    g = torch.Generator().manual_seed(2)
+    x, memory = torch.randn(B, S, E, generator=g), torch.randn(B, S + 9, E, generator=g)
+    with torch.no_grad():
+        prog = tc.transfer(decoder_layer, x, memory, layer)
+        layer64 = copy.deepcopy(layer).double()
+        ref = decoder_layer(x.double(), memory.double(), layer64)
+        assert rel_err(prog.run(x.double(), memory.double(), layer64), ref) < 1e-6
+    assert prog.epilogue  # the cross-attention block and the feed-forward
+
+
 def test_sdpa_inside_the_module_is_traced_as_plain_ops():
     """Without the second trace the graph holds the CPU backend's fused op, which no rule reads."""
     x, mha = _args("plain")
