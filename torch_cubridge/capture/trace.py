@@ -133,6 +133,8 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
                 gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
                              tracing_mode="real")(*fakes)
             if fused_sdpa(gm):  # traced again with SDPA's math backend, which decomposes into plain ops
+                # (torch's backend flags are process-wide: another thread's SDPA in this window takes the
+                # math backend too, slower, never wrong; only specs whose first trace held a fused op get here)
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 with sdpa_kernel([SDPBackend.MATH]):
                     gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
