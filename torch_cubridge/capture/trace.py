@@ -8,8 +8,10 @@ instead of being baked into the graph.
 from __future__ import annotations
 
 import inspect
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -117,6 +119,25 @@ def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable
     return flat
 
 
+class _NoMetaFailureLog(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("failed while attempting to run meta")
+
+
+@contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """torch's fake tensors log a failing meta kernel at ERROR, with its stack, and raise it as well. A trace
+    here that fails (a probe at sizes a spec hardcodes) is a refusal or a held program this package reports
+    itself, so those records are dropped while it traces (a filter of this trace's own: traces on other
+    threads add theirs)."""
+    lg, f = logging.getLogger("torch._subclasses.fake_tensor"), _NoMetaFailureLog()
+    lg.addFilter(f)
+    try:
+        yield
+    finally:
+        lg.removeFilter(f)
+
+
 def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     """Trace fn at the shapes of the bound example arguments."""
     paths = [p for p, v in bound.items() if isinstance(v, torch.Tensor)]
@@ -127,7 +148,7 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
                  for p in paths]
 
     try:
-        with mode:
+        with mode, quiet_meta_failures():
             gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
             if writes_through_view(gm):  # traced again with the write made a value (slice_scatter, ...)
                 gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
