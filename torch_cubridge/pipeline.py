@@ -181,8 +181,6 @@ def _transfer(fn: Callable, bound: dict[str, Any], backend: str, llm_options: di
         if generic:
             build_early(gen, bound)
             out.append((_held(fn, bound, gen, True), True))
-    if not out:
-        build_early(prog, bound)
     out.append((_held(fn, bound, prog, False), False))
     return out, used
 

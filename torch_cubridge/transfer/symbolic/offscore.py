@@ -166,8 +166,8 @@ class OffScorePath:
         packed in one dim is made with its merged axes kept apart (materialize_unflattened): a [B*H, S, D] q
         made from a packed projection stays batch by heads, as the other operands are made."""
         sym = self.env.get(node)
-        if self.split_inputs and isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
-                and sym.expr.attr.endswith("_atoms") and sym.expr.attr in self.ctx.facts.get("prologue", {}):
+        if isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
+                and sym.expr.attr in self.ctx.facts.get("unflattened", ()):
             return sym  # made so already: made again it would lose its merged axes
         if self.split_inputs and _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
             return self.materialize_unflattened(node, sym)
@@ -187,6 +187,7 @@ class OffScorePath:
         t = torch.empty(shape, dtype=val.dtype, device="meta")
         flat = input_sym(self.ctx, name, t)
         self.ctx.facts.setdefault("prologue", {})[name] = step
+        self.ctx.facts.setdefault("unflattened", set()).add(name)
         atoms, i = [], 0
         for ax in sym.axes:  # regroup the fresh atoms as `sym` groups its own
             atoms.append(tuple(a for (a,) in flat.axes[i:i + len(ax)]))
