@@ -5,7 +5,7 @@ cost a call pays whatever its length (launch, the first copies' latency, the spl
 
 Configurations: "name:kind:stages:ctas", kind contiguous or paged16 / paged256; stages and ctas 0 for the tile's
 own. Usage: python benchmarks/diag_fixed_cost.py [--out DIR] [--lengths 2048,4096,8192,16384,32768]
-    [--configs "contig:contiguous:0:0;contig_2x2:contiguous:2:2;paged16:paged16:0:0"]
+    [--shape B,H,HKV] [--configs "contig:contiguous:0:0;contig_2x2:contiguous:2:2;paged16:paged16:0:0"]
 """
 from __future__ import annotations
 
@@ -76,10 +76,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--lengths", default="2048,4096,8192,16384,32768")
+    ap.add_argument("--shape", default=f"{B},{H},{HKV}", help="batch, query heads, KV heads")
     ap.add_argument("--configs", default="contig:contiguous:0:0;contig_2x2:contiguous:2:2;paged16:paged16:0:0;"
                     "paged16_3x2:paged16:3:2;paged256:paged256:0:0;flash:flash:0:0;cudnn:cudnn:0:0")
     args = ap.parse_args()
-    print(torch.cuda.get_device_name(), flush=True)
+    global B, H, HKV
+    B, H, HKV = (int(x) for x in args.shape.split(","))
+    print(torch.cuda.get_device_name(), f"B {B}, {H}:{HKV} heads", flush=True)
     clean = read_flush()
     rows = []
     for cfg in args.configs.split(";"):
@@ -91,7 +94,7 @@ def main() -> None:
                 fn, _ = decode_case(kind, Skv)
                 fn()
                 ms = min(events_ms(fn, clean) for _ in range(2))
-                rows.append({"config": name, "kind": kind, "stages": st or None, "ctas_per_sm": ctas or None,
+                rows.append({"config": name, "kind": kind, "shape": [B, H, HKV], "stages": st or None, "ctas_per_sm": ctas or None,
                              "Skv": Skv, "bytes": kv_bytes, "clean_ms": ms, "tbs": kv_bytes / (ms * 1e-3) / 1e12})
                 print(json.dumps(rows[-1]), flush=True)
     fits = {}
