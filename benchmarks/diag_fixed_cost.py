@@ -73,6 +73,7 @@ def decode_case(kind: str, Skv: int, pool_scale: int = 1) -> tuple:
 
 
 def main() -> None:
+    global B, H, HKV
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--lengths", default="2048,4096,8192,16384,32768")
@@ -80,7 +81,6 @@ def main() -> None:
     ap.add_argument("--configs", default="contig:contiguous:0:0;contig_2x2:contiguous:2:2;paged16:paged16:0:0;"
                     "paged16_3x2:paged16:3:2;paged256:paged256:0:0;flash:flash:0:0;cudnn:cudnn:0:0")
     args = ap.parse_args()
-    global B, H, HKV
     B, H, HKV = (int(x) for x in args.shape.split(","))
     print(torch.cuda.get_device_name(), f"B {B}, {H}:{HKV} heads", flush=True)
     clean = read_flush()
