@@ -221,10 +221,10 @@ __device__ __forceinline__ void trace_at(int slot) {
 #define CUBRIDGE_TRACE_AT(slot)
 #endif
 
-template <class Variant, class T, int D>
-__device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
-                                            const float* part_o, const float* part_lse, int n_split,
-                                            float factor, long long row, int lane);
+template <class Variant, class T, int DV>
+__device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
+                                             const float* part_o, const float* part_lse, int n_split, float factor,
+                                             long long row, int b, int h, int k0);
 
 template <class Cfg, class Variant, class T, bool kPaged = false, class KV = PagedKV>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
@@ -482,19 +482,20 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
     if (valid) {
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      float* dst = part_o + (row * n_split + split) * DV;
+      float4* dst = reinterpret_cast<float4*>(part_o + (row * n_split + split) * DV);  // DV % 8 == 0: aligned
 #pragma unroll
       for (int i = 0; i < CH; ++i)
-        if (k0 + 8 * i < CT)
-#pragma unroll
-          for (int c = 0; c < 8; ++c) dst[(k0 + 8 * i) * 8 + c] = acc[i][c] * inv;
+        if (k0 + 8 * i < CT) {
+          dst[(k0 + 8 * i) * 2] = make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+          dst[(k0 + 8 * i) * 2 + 1] = make_float4(acc[i][4] * inv, acc[i][5] * inv, acc[i][6] * inv, acc[i][7] * inv);
+        }
       if (tid % 8 == 0) {
         part_lse[2 * (row * n_split + split)] = lsum > 0.f ? m2 : neg_inf();
         part_lse[2 * (row * n_split + split) + 1] = lsum;
       }
     }
     // The last split of this tile to finish merges all of them: the partials are made visible
-    // before the count, and read after it past L1 (combine_row's __ldcg).
+    // before the count, and read after it past L1 (merge_splits' __ldcg).
     __shared__ int last;
     __threadfence();
     __syncthreads();
@@ -507,10 +508,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     CUBRIDGE_TRACE_AT(3);
     if (!last) return;
     __threadfence();
-    for (int rr = warp; rr < R; rr += Cfg::kWarps)
-      if (r_lo + rr < rows)
-        combine_row<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor,
-                                   (static_cast<long long>(b) * a.Hq + head_of(rr)) * a.Sq + query_of(rr), lane);
+    if (valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, h, k0);
 #ifdef CUBRIDGE_TRACE
     __syncthreads();
     CUBRIDGE_TRACE_AT(3);
@@ -540,65 +538,82 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;
 }
 
-// Merge the splits of one (b, h, q) row, one warp: with M the largest split max and
-// w_i = l_i 2^((m_i - M) factor), O = sum_i w_i o_i / (sum_i w_i + sink).
-template <class Variant, class T, int D>
-__device__ __forceinline__ void combine_row(const FwdArgs& a, const typename Variant::Params& p,
-                                            const float* part_o, const float* part_lse, int n_split,
-                                            float factor, long long row, int lane) {
+// Merge the splits of one (b, h, q) row, in the thread that finished it: the row's eight threads take its
+// 8-column chunks k0, k0 + 8, ... as in the partial's store. Online over the splits in their order (so the
+// result does not depend on which split came last), kBatch splits at a time with all their loads in flight:
+// one trip to L2 a batch. With M the largest split max and w_i = l_i 2^((m_i - M) factor),
+// O = sum_i w_i o_i / (sum_i w_i + sink). (A warp a row, four rows a warp, took three dependent trips a row:
+// 4.6 us from the last block to the end at B 8, 4k, H100, NOTES v35.)
+template <class Variant, class T, int DV>
+__device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
+                                             const float* part_o, const float* part_lse, int n_split, float factor,
+                                             long long row, int b, int h, int k0) {
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int CW = (D + 31) / 32;
-  const int q = static_cast<int>(row % a.Sq), h = static_cast<int>(row / a.Sq % a.Hq);
-  const int b = static_cast<int>(row / (a.Sq * a.Hq));
-  const float* ml = part_lse + 2 * row * n_split;  // (max, sum) per split
-  float m2 = neg_inf();
-  for (int i = lane; i < n_split; i += 32) m2 = fmaxf(m2, __ldcg(ml + 2 * i));
-  for (int o = 16; o > 0; o /= 2) m2 = fmaxf(m2, __shfl_xor_sync(~0u, m2, o));
-  auto weight = [&](int i) {  // 0 for a split with every key masked
-    const float x = __ldcg(ml + 2 * i);
-    return x == neg_inf() ? 0.f : __ldcg(ml + 2 * i + 1) * fast_exp2((x - m2) * factor);
-  };
-  // The splits' weights 32 at a time, one a lane (computed once); then every lane sums its columns over
-  // those splits, each weight passed round by a shuffle, so the partials' loads do not wait on a weight
-  // or a branch and several are in flight (a loop that read each split's weight, then its row, took ~0.3 us
-  // a split: 22 us of a 37 us call at Sq 4, B 1, 4k, where the last CTA merges 16 rows of 16 splits).
-  float l = 0.f;
-  float acc[CW];
+  constexpr int CT = DV / 8, CH = (CT + 7) / 8, kBatch = 4;
+  const float2* ml = reinterpret_cast<const float2*>(part_lse) + row * n_split;  // (max, sum) per split
+  const float4* po = reinterpret_cast<const float4*>(part_o + row * n_split * DV);
+  float M = neg_inf(), L = 0.f, acc[CH][8];
 #pragma unroll
-  for (int c = 0; c < CW; ++c) acc[c] = 0.f;
-  for (int i0 = 0; i0 < n_split; i0 += 32) {
-    const float wl = i0 + lane < n_split ? weight(i0 + lane) : 0.f;
-    l += wl;
-    const int n = imin(32, n_split - i0);
-    const float* src = part_o + (row * n_split + i0) * D + lane;
-#pragma unroll 4
-    for (int j = 0; j < n; ++j) {
-      const float w = __shfl_sync(~0u, wl, j);  // 0 for a split with every key masked: its partial is 0
+  for (int i = 0; i < CH; ++i)
 #pragma unroll
-      for (int c = 0; c < CW; ++c)
-        if (lane + 32 * c < D) acc[c] = fmaf(__ldcg(src + j * D + 32 * c), w, acc[c]);
+    for (int c = 0; c < 8; ++c) acc[i][c] = 0.f;
+  for (int s0 = 0; s0 < n_split; s0 += kBatch) {
+    float2 st[kBatch];
+    float4 v[kBatch][CH][2];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const bool ok = s0 + j < n_split;
+      st[j] = ok ? __ldcg(ml + s0 + j) : make_float2(neg_inf(), 0.f);
+#pragma unroll
+      for (int i = 0; i < CH; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          v[j][i][e] = ok && k0 + 8 * i < CT ? __ldcg(po + (s0 + j) * (DV / 4) + (k0 + 8 * i) * 2 + e)
+                                             : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float mn = M;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) mn = fmaxf(mn, st[j].x);
+    if (mn == neg_inf()) continue;  // every split so far masked whole: nothing to add
+    const float c0 = fast_exp2((M - mn) * factor);  // 0 where M is still -inf (acc and L are 0)
+    L *= c0;
+#pragma unroll
+    for (int i = 0; i < CH; ++i)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[i][c] *= c0;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = st[j].x == neg_inf() ? 0.f : st[j].y * fast_exp2((st[j].x - mn) * factor);  // masked: 0
+      L += w;
+#pragma unroll
+      for (int i = 0; i < CH; ++i) {
+        const float4 x = v[j][i][0], y = v[j][i][1];
+        acc[i][0] = fmaf(x.x, w, acc[i][0]), acc[i][1] = fmaf(x.y, w, acc[i][1]);
+        acc[i][2] = fmaf(x.z, w, acc[i][2]), acc[i][3] = fmaf(x.w, w, acc[i][3]);
+        acc[i][4] = fmaf(y.x, w, acc[i][4]), acc[i][5] = fmaf(y.y, w, acc[i][5]);
+        acc[i][6] = fmaf(y.z, w, acc[i][6]), acc[i][7] = fmaf(y.w, w, acc[i][7]);
+      }
+    }
+    M = mn;
   }
-  for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(~0u, l, o);
   const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;
-  finish_stats(m2 * factor, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink)
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
+  finish_stats(M * factor, L, sink2, o_scale, lse);  // o_scale = 1 / (L + sink)
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + (row % a.Sq) * a.o_ss;
   const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
-  const bool empty = m2 == neg_inf();
 #pragma unroll
-  for (int c = 0; c < CW; ++c) {
-    const int d = lane + 32 * c;
-    if (d >= D) continue;
-    float val = acc[c] * o_scale;
-    if (Variant::kEmptyRowMeanV && empty) {
-      val = 0.f;
-      for (int k = 0; k < a.Skv; ++k) val += to_f32(gV[k * a.v_ss + d]);
-      val /= a.Skv > 0 ? static_cast<float>(a.Skv) : 1.f;
-    }
-    gO[d] = from_f32<T>(val);
+  for (int i = 0; i < CH; ++i) {
+    const int ch = k0 + 8 * i;
+    if (ch >= CT) continue;
+    uint4 val;
+    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
+    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
+    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
+    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
+    if (Variant::kEmptyRowMeanV && M == neg_inf()) val = mean_v_chunk(gV, a.v_ss, static_cast<int>(a.Skv), ch);
+    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
   }
-  if (a.lse != nullptr && lane == 0) a.lse[row] = lse;
+  if (a.lse != nullptr && k0 == 0) a.lse[row] = lse;
 }
 
 }  // namespace cubridge
