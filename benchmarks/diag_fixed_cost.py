@@ -3,8 +3,8 @@ with L2 emptied by a read before every call (diag_l2_flush.py's "clean" mode, so
 call), and a line fitted through time against K/V bytes: the slope is the streaming rate, the intercept the
 cost a call pays whatever its length (launch, the first copies' latency, the splits' tail, the merge).
 
-Configurations: "name:kind:stages:ctas", kind contiguous or paged16 / paged256; stages and ctas 0 for the tile's
-own. Usage: python benchmarks/diag_fixed_cost.py [--out DIR] [--lengths 2048,4096,8192,16384,32768]
+Configurations: "name:kind:stages:ctas[:block_n]", kind contiguous or paged16 / paged256; stages, ctas and block_n 0
+(or block_n left out) for the tile's own. Usage: python benchmarks/diag_fixed_cost.py [--out DIR] [--lengths 2048,4096,8192,16384,32768]
     [--shape B,H,HKV] [--configs "contig:contiguous:0:0;contig_2x2:contiguous:2:2;paged16:paged16:0:0"]
 """
 from __future__ import annotations
@@ -40,11 +40,15 @@ B, H, HKV, D = 8, 32, 8, 128
 
 
 @contextmanager
-def decode_config(stages: int, ctas: int):
-    """The decode tile's ring depth and the split rule's CTAs per multiprocessor while compiling (0: the own)."""
+def decode_config(stages: int, ctas: int, block_n: int = 0):
+    """The decode tile's ring depth, keys per block and the split rule's CTAs per multiprocessor while compiling
+    (0: the tile's own)."""
     base_tile, base_ctas = source.decode_tile, runner.DECODE_CTAS_PER_SM
-    if stages:
-        source.decode_tile = lambda d, dv=None, paged=False: replace(base_tile(d, dv, paged), stages=stages)
+    if stages or block_n:
+        def tile(d, dv=None, paged=False):
+            t = base_tile(d, dv, paged)
+            return replace(t, stages=stages or t.stages, block_n=block_n or t.block_n)
+        source.decode_tile = tile
     runner.DECODE_CTAS_PER_SM = ctas or None
     try:
         yield
@@ -86,15 +90,15 @@ def main() -> None:
     clean = read_flush()
     rows = []
     for cfg in args.configs.split(";"):
-        name, kind, st, ctas = cfg.split(":")
-        st, ctas = int(st), int(ctas)
-        with decode_config(st, ctas):
+        name, kind, st, ctas, *bn = cfg.split(":")
+        st, ctas, bn = int(st), int(ctas), int(bn[0]) if bn else 0
+        with decode_config(st, ctas, bn):
             for Skv in (int(x) for x in args.lengths.split(",")):
                 kv_bytes = 2 * 2 * B * HKV * Skv * D
                 fn, _ = decode_case(kind, Skv)
                 fn()
                 ms = min(events_ms(fn, clean) for _ in range(2))
-                rows.append({"config": name, "kind": kind, "shape": [B, H, HKV], "stages": st or None, "ctas_per_sm": ctas or None,
+                rows.append({"config": name, "kind": kind, "shape": [B, H, HKV], "stages": st or None, "ctas_per_sm": ctas or None, "block_n": bn or None,
                              "Skv": Skv, "bytes": kv_bytes, "clean_ms": ms, "tbs": kv_bytes / (ms * 1e-3) / 1e12})
                 print(json.dumps(rows[-1]), flush=True)
     fits = {}
