@@ -154,3 +154,32 @@ def test_a_program_holds_at_any_page_pool_size_the_spec_never_reads():
         assert any("k_pages.shape[0]" in str(g) for g in reads.guards), (spec.__name__, reads.guards)
         with pytest.raises(ValueError, match="holds only where"):
             reads.run(q, *more, table, lens)
+
+
+def test_page_division_word_divides_exactly():
+    """The kernels divide a key index by the page size as (umulhi(n, m) + n) >> l with the host's word
+    (ops/pack.py page_div_word, paged.cuh PageDiv): exact for every page size up to 5000, every power of two,
+    at the indices where a rounding error would show (multiples of the page and their neighbours) and the
+    largest index a table can hold."""
+    import random
+
+    from torch_cubridge.ops.pack import page_div_word
+
+    def div(n: int, word: int) -> int:
+        m, log = word & 0xFFFFFFFF, word >> 32
+        return (((n * m) >> 32) + n) >> log
+
+    rng = random.Random(0)
+    pages = list(range(1, 5001)) + [1 << i for i in range(31)] + [rng.randrange(5000, 1 << 30) for _ in range(300)]
+    for p in pages:
+        w = page_div_word(p)
+        assert w & 0xFFFFFFFF and w >> 32 == (p - 1).bit_length()  # the multiplier stays below 2^32
+        top = (1 << 31) - 1
+        ns = {0, 1, p - 1, p, p + 1, top, top - top % p, top - top % p - 1}
+        ns |= {k * p + d for k in (1, 2, 3, 1000, top // p - 1) for d in (-1, 0, 1)}
+        ns |= {rng.randrange(0, 1 << 31) for _ in range(20)}
+        for n in ns:
+            if 0 <= n <= top:
+                assert div(n, w) == n // p, (p, n)
+    with pytest.raises(ValueError):
+        page_div_word(0)

@@ -3,6 +3,7 @@
 // are exact zeros and never inject NaN into P.V.
 #pragma once
 #include "mma.cuh"
+#include "paged.cuh"
 
 namespace cubridge {
 
@@ -95,12 +96,15 @@ __device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_
   }
 }
 
-// The same rows of an operand kept in pages: row s is row s % page of page page_of(s / page), pages
-// `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
+// The same rows of an operand kept in pages: row s is row s - p * page of page page_of(p), p = s / page (by
+// pd), pages `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
 template <int ROWS, int D, int LDS, int NTHREADS, class T, class PageOf>
-__device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride, int page,
-                                                PageOf page_of, int row0, int nrows, int tid) {
-  auto row_at = [&](int row) { return g + page_of(row / page) * page_stride + static_cast<long long>(row % page) * ld; };
+__device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride,
+                                                const PageDiv& pd, PageOf page_of, int row0, int nrows, int tid) {
+  auto row_at = [&](int row) {
+    const int pi = pd.div(row);
+    return g + page_of(pi) * page_stride + static_cast<long long>(row - pi * pd.page) * ld;
+  };
   load_tile_at<ROWS, D, LDS, NTHREADS>(s, g, row_at, row0, nrows, tid);
 }
 
@@ -109,13 +113,13 @@ __device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, 
 // page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
 // 256 (H100, NOTES v25).
 template <int BN, int D, int LDS, int NTH, class T, class PageOf>
-__device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, int page, int shift,
+__device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, const PageDiv& pd,
                                                    PageOf page_of, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
   if constexpr (NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
-    if (page % BN == 0) {
-      const int pi = shift >= 0 ? row0 >> shift : row0 / page;  // row0 < nrows: its page is in the table
-      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * page) * ss, ss, 0,
+    if (pd.page % BN == 0) {
+      const int pi = pd.div(row0);  // row0 < nrows: its page is in the table
+      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * pd.page) * ss, ss, 0,
                                  nrows - row0, tid);
       return true;
     }
@@ -127,10 +131,10 @@ __device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long s
 // one page and the threads split its rows evenly, else row by row (the FA2-class kernel, whose paged programs
 // have pages of whole blocks, pipeline.kernel_choice; the decode kernel walks K and V together).
 template <int BN, int D, int LDS, int NTH, class T, class PageOf>
-__device__ __forceinline__ void load_block_paged(T* s, const T* g, long long ss, long long sp, int page, int shift,
+__device__ __forceinline__ void load_block_paged(T* s, const T* g, long long ss, long long sp, const PageDiv& pd,
                                                  PageOf page_of, int row0, int nrows, int tid) {
-  if (!load_block_in_page<BN, D, LDS, NTH>(s, g, ss, sp, page, shift, page_of, row0, nrows, tid))
-    load_tile_paged<BN, D, LDS, NTH>(s, g, ss, sp, page, page_of, row0, nrows, tid);
+  if (!load_block_in_page<BN, D, LDS, NTH>(s, g, ss, sp, pd, page_of, row0, nrows, tid))
+    load_tile_paged<BN, D, LDS, NTH>(s, g, ss, sp, pd, page_of, row0, nrows, tid);
 }
 
 }  // namespace cubridge

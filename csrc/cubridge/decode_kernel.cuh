@@ -149,13 +149,11 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
                                               int row0, int nrows, int tid) {
   using W = RowWalk<BN, D, NTH>;
   const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
-  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
   auto k_at = [&](int i) { return entry_index(en.k[i], t64, pg.k_pages); };
   auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], t64, pg.v_pages); };
-  if (load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, [&](int) { return k_at(0); }, row0,
-                                          nrows, tid)) {
-    load_block_in_page<BN, D, LDS, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, [&](int) { return v_at(0); }, row0,
-                                        nrows, tid);
+  if (load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, pd, [&](int) { return k_at(0); }, row0, nrows,
+                                          tid)) {
+    load_block_in_page<BN, D, LDS, NTH>(sV, gV, a.v_ss, pg.v_sp, pd, [&](int) { return v_at(0); }, row0, nrows, tid);
     return;
   }
   const int r0 = tid / W::kChunks, c = tid % W::kChunks;
@@ -164,7 +162,7 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
-    const long long slot = row - pd.div(row) * page;
+    const long long slot = row - pd.div(row) * pd.page;
     cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
     cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
@@ -174,13 +172,13 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
 // row's chunks evenly: each operand by its own page's strided copy, or row by row with a lookup per row.
 template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
 __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
-                                                   const PagedKV& pg, int b, int row0, int nrows, int tid) {
+                                                   const PagedKV& pg, const PageDiv& pd, int b, int row0, int nrows,
+                                                   int tid) {
   const bool t64 = pg.table64 != 0;
-  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
   auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
   auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
-  load_block_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, page, shift, k_page, row0, nrows, tid);
-  load_block_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, page, shift, v_page, row0, nrows, tid);
+  load_block_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, pd, k_page, row0, nrows, tid);
+  load_block_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
 }
 
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
@@ -316,9 +314,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr bool kAhead = kPaged && DV == D && RowWalk<BN, D, NTH>::kOk;
   BlockEntries<RowWalk<BN, D, NTH>::kRows> ent;
   ent.blk = -1;
-  int page_rows = 1;
-  if constexpr (kAhead) page_rows = static_cast<int>(pg.page);
-  const PageDiv pd(page_rows);
+  PageDiv pd;
+  if constexpr (kPaged) pd = PageDiv(pg);
   // Each block's class is evaluated once, where prefetch reaches it; the blocks loaded and not yet used wait
   // in `ahead` (block << 2 | class, oldest first; -1: none), so the loop takes its next block and class with
   // no load of its own (a mask reading a sequence length, evaluated again in the loop, cost 16% at pages of
@@ -339,7 +336,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
         if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf + 1, kv_end, tid);
       }
     } else if constexpr (kPaged) {
-      if (ok) load_kv_paged_rows<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, b, pf * BN, kv_end, tid);
+      if (ok) load_kv_paged_rows<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, pd, b, pf * BN, kv_end, tid);
     } else if constexpr (kSeg) {
       if (ok) load_tile_pieces<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile_pieces<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);

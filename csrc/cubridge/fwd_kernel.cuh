@@ -72,7 +72,8 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
   const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
   const bool t64 = pg.table64 != 0;
-  const int page = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  PageDiv pd;
+  if constexpr (kPaged) pd = PageDiv(pg);
   auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
   auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
 
@@ -96,9 +97,9 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     while (pf < n_blk && block_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < n_blk;
     if constexpr (kPaged) {
-      if (ok) load_block_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, page, shift, k_page, pf * BN, skv, tid);
+      if (ok) load_block_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, pd, k_page, pf * BN, skv, tid);
       cp_async_commit();
-      if (ok) load_block_paged<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pg.v_sp, page, shift, v_page, pf * BN, skv, tid);
+      if (ok) load_block_paged<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pg.v_sp, pd, v_page, pf * BN, skv, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
       cp_async_commit();

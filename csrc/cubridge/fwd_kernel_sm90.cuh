@@ -162,7 +162,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   // each inside one page (the table entry of its first key); a box past the keys takes the page index
   // past the buffer, which the copy engine reads as zeros (and counts in full).
   const int box = kPaged ? page_box_rows(static_cast<int>(pg.page), BN) : BN;
-  const int page_rows = static_cast<int>(pg.page), shift = static_cast<int>(pg.page_shift);
+  PageDiv pd;
+  if constexpr (kPaged) pd = PageDiv(pg);
   // One thread issues a block's few large boxes. Boxes of fewer than 64 rows are issued by the producer
   // warp's 32 lanes, a (box, chunk) each: a box costs its issuing thread about the same whatever its size
   // (pages of 16 at 0.52 of contiguous K/V from one thread, 0.79 from 32 lanes; one machine, H100 run 12,
@@ -176,7 +177,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
       for (int c = 0; c < chunks; ++c) tma_load_4d(dst + c * BN * 128, d, bar, c * 64, j * BN, hk, b);
     } else {
       // the key's index in the table; a box past the keys takes the page index past the buffer, read as zeros
-      auto index_of = [&](int key) { return shift >= 0 ? key >> shift : key / page_rows; };
+      auto index_of = [&](int key) { return pd.div(key); };
       auto page_at = [&](int key, int pi) {
         return key < skv ? static_cast<int>(page_entry(table, pg.table64 != 0, b * t_sb + pi * t_sp, n_pages))
                          : static_cast<int>(n_pages);
@@ -186,12 +187,12 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
           const int key = j * BN + r, pi = index_of(key), page = page_at(key, pi);
 #pragma unroll
           for (int c = 0; c < chunks; ++c)
-            tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page);
+            tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * pd.page, hk, page);
         }
       } else {  // small boxes: the producer warp's lanes take one (box, chunk) each
         for (int x = tid; x < BN / box * chunks; x += lanes) {
           const int r = x / chunks * box, c = x % chunks, key = j * BN + r, pi = index_of(key);
-          tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * page_rows, hk, page_at(key, pi));
+          tma_load_4d(dst + c * BN * 128 + r * 128, d, bar, c * 64, key - pi * pd.page, hk, page_at(key, pi));
         }
       }
     }

@@ -15,7 +15,7 @@ struct PagedKV {
   long long k_sp, v_sp;                  // elements from one page to the next
   long long k_pages, v_pages;            // pages in each buffer
   long long page;                        // keys per page
-  long long page_shift;                  // log2(page) where page is a power of two, else -1
+  long long page_div;                    // PageDiv's multiplier (low 32 bits) and shift (above), made on the host
   long long table64;                     // 1: the tables are int64
 };
 
@@ -50,16 +50,17 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
 }
 
 // Division by the page size with no divide instruction (Granlund-Montgomery): for 0 <= n < 2^31,
-// n / page = (umulhi(n, m) + n) >> l, with l = ceil(log2(page)) and m = 2^32 (2^l - page) / page + 1, made once per
-// CTA. One short form for every page size, power of two or not: the per-row walk's shift and divide branches were
-// most of the paged decode kernel's extra code (NOTES v34), and cold code is fetched from DRAM on a call's first pass.
+// n / page = (umulhi(n, m) + n) >> l, with l = ceil(log2(page)) and m = 2^32 (2^l - page) / page + 1. One short
+// form for every page size, power of two or not, in every paged walk (decode, FA2-class, Hopper): the per-row
+// walk's shift and divide branches were most of the paged decode kernel's extra code (NOTES v34), and cold code
+// is fetched from DRAM on a call's first pass. m and l come with the call (PagedKV::page_div, packed by
+// ops/pack.py page_div_word and the C Decoder), so a CTA's first table read waits on no 64-bit division.
 struct PageDiv {
-  unsigned m;
-  int l, page;
-  __device__ explicit PageDiv(int page_) : page(page_) {
-    l = 32 - __clz(page_ - 1);
-    m = static_cast<unsigned>(((1ull << 32) * ((1ull << l) - static_cast<unsigned long long>(page_))) / page_ + 1);
-  }
+  unsigned m = 1;
+  int l = 0, page = 1;
+  PageDiv() = default;  // division by one: unpaged kernels' placeholder
+  __device__ explicit PageDiv(const PagedKV& pg)
+      : m(static_cast<unsigned>(pg.page_div)), l(static_cast<int>(pg.page_div >> 32)), page(static_cast<int>(pg.page)) {}
   __device__ __forceinline__ int div(int n) const {
     return static_cast<int>((__umulhi(static_cast<unsigned>(n), m) + static_cast<unsigned>(n)) >> l);
   }

@@ -359,6 +359,15 @@ static long long split_blocks(long long ctas, long long n_blk, long long sms, lo
     return (n_blk + ns - 1) / ns;
 }
 
+/* PagedKV::page_div for pages of P keys, as ops/pack.py page_div_word makes it: the multiplier
+   2^32 (2^l - P) / P + 1 in the low 32 bits, l = ceil(log2(P)) above (0 < P < 2^31). */
+static long long page_div_word(long long P) {
+    int l = 0;
+    while ((1LL << l) < P) l++;
+    const unsigned long long m = (((1ULL << 32) * (unsigned long long)((1LL << l) - P)) / (unsigned long long)P + 1) & 0xffffffffULL;
+    return (long long)(m | ((unsigned long long)l << 32));
+}
+
 /* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
    one launch, or None where the Python runner must serve the call. */
 static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
@@ -396,7 +405,7 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
             Py_RETURN_NONE;
         const long long w[DEC_PAGED_WORDS] = {(long long)t[0].ptr, (long long)t[1].ptr, t[0].stride[0], t[0].stride[1],
                                               t[1].stride[0], t[1].stride[1], op[1].stride[0], op[2].stride[0],
-                                              op[1].shape[0], op[2].shape[0], P, (P & (P - 1)) ? -1 : __builtin_ctzll(P),
+                                              op[1].shape[0], op[2].shape[0], P, page_div_word(P),
                                               tdt[0] == d->i64};
         memcpy(paged_words, w, sizeof(w));
         for (int i = 1; i < 3; i++) {  /* the pages' canonical sizes: every sequence's keys in a row */

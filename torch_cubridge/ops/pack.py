@@ -18,6 +18,18 @@ FWD_FORMAT = struct.Struct("<5Q12q5qd")
 # tests/test_decoder_gpu.py holds the two packings' launches equal bit for bit
 PAGED_FORMAT = struct.Struct("<2Q11q")
 NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
+
+
+def page_div_word(page: int) -> int:
+    """PagedKV::page_div for pages of `page` keys (paged.cuh PageDiv): n // page == (umulhi(n, m) + n) >> l for
+    0 <= n < 2^31, with l = ceil(log2(page)) and m = 2^32 (2^l - page) // page + 1 (below 2^32), as m | l << 32.
+    The C Decoder (csrc/host/decoder.h) makes the same word."""
+    if page < 1:
+        raise ValueError(f"pages of {page} keys")
+    log = (page - 1).bit_length()
+    return ((1 << 32) * ((1 << log) - page) // page + 1) | log << 32
+
+
 # SegKV: K's and V's piece pointers, their b/h/s strides, their cumulative ends (decode_kernel.cuh)
 SEG_PIECES = MAX_PIECES
 SEG_FORMAT = struct.Struct(f"<{2 * SEG_PIECES}Q{8 * SEG_PIECES}q")

@@ -31,7 +31,7 @@ from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .splitkv import NO_SCRATCH, PAGED_SPLIT_MIN_BLOCKS, Scratch, decode_split, sm_count
-from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, params_format, \
+from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, page_div_word, params_format, \
     per_call_words
 from .tma import no_broadcast, tensor_map
 
@@ -233,8 +233,8 @@ class KernelRunner:
             return (B, hkv, per * P, t.shape[-1]), (0, sh, st[r.slot_dim], 1)
 
         words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
-                                  vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P,
-                                  P.bit_length() - 1 if P & (P - 1) == 0 else -1, int(kt.dtype == torch.int64))
+                                  vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P, page_div_word(P),
+                                  int(kt.dtype == torch.int64))
         kl, vl = layout(kp, kr), layout(vp, vr)
         maps = None
         if self._tma:  # [pages, Hkv, P, D] in boxes inside one page (fwd_kernel_sm90.cuh)
