@@ -28,7 +28,7 @@ def self_attention(x, mha):
 
 
 def causal_self_attention(x, mha):
-    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=x.dtype)
     return mha(x, x, x, attn_mask=m, need_weights=False, is_causal=True)[0]
 
 
@@ -63,7 +63,7 @@ def default_call(x, mha):  # need_weights=True, the module's default: its explic
 
 
 def default_call_padded_causal(x, mha, pad):
-    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    m = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=x.dtype)
     return mha(x, x, x, key_padding_mask=pad, attn_mask=m)[0]
 
 
@@ -140,3 +140,19 @@ def test_dropout_in_training_is_refused():
     mha = torch.nn.MultiheadAttention(E, HEADS, batch_first=True, dropout=0.5).train()
     with pytest.raises(UnsupportedSpec):
         tc.transfer(self_attention, x, mha)
+
+
+@pytest.mark.parametrize("name", ["plain", "weights", "weights_padded_causal"])
+def test_a_bf16_module_transfers_without_the_math_backends_upcast(name):
+    """In bf16 the math backend computes SDPA in float32 (casts to float32 and back in the trace) unless
+    reduced-precision reductions are allowed; the second trace allows them. Replayed, those casts met the
+    module's float64 weights in verification (out-projection: float32 against float64) and every bf16 call
+    of the module was refused."""
+    args = tuple(copy.deepcopy(a).bfloat16() if isinstance(a, torch.nn.Module)
+                 else a.bfloat16() if a.is_floating_point() else a for a in _args(name))
+    fn = CASES[name]
+    with torch.no_grad():
+        prog = tc.transfer(fn, *args)
+        args64 = _double(args)
+        assert rel_err(prog.run(*args64), fn(*args64)) < 1e-6
+    assert not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()  # the flag is put back

@@ -157,7 +157,7 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
                 # (torch's backend flags are process-wide: another thread's SDPA in this window takes the
                 # math backend too, slower, never wrong; only specs whose first trace held a fused op get here)
                 from torch.nn.attention import SDPBackend, sdpa_kernel
-                with sdpa_kernel([SDPBackend.MATH]):
+                with sdpa_kernel([SDPBackend.MATH]), math_sdpa_in_input_dtype():
                     gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
                                  tracing_mode="real")(*fakes)
     except UnsupportedSpec:
@@ -180,6 +180,25 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
     cpaths = {k: owners[t.data_ptr()] for k, t in consts.items()
               if isinstance(t, torch.Tensor) and t.data_ptr() in owners}
     return Captured(gm, signature_of(fn), paths, bound, consts, cpaths)
+
+
+@contextmanager
+def math_sdpa_in_input_dtype() -> Iterator[None]:
+    """SDPA's math backend without its upcast: for bf16 and fp16 inputs it computes in float32 (`_to_copy`
+    nodes to float32 and back) unless reduced-precision reductions are allowed. Those casts belong to the
+    bf16 trace only: the spec in float64 (verification's reference) has none, and the program replaying them
+    mixed float32 with the module's float64 weights (nn.MultiheadAttention's out-projection). The fused
+    backends the call would take keep the input dtype too. Process-wide, like the backend flag."""
+    flag = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    if flag is None:
+        yield
+        return
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    flag(True)
+    try:
+        yield
+    finally:
+        flag(before)
 
 
 def fused_sdpa(gm: torch.fx.GraphModule) -> bool:
