@@ -34,8 +34,12 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
     """The extern "C" kernel: FwdArgs and Params by value (plus Q/K/V tensor maps for TMA)."""
     if tile.kernel == "decode":  # split-KV partials go through fp32 buffers; the last split merges
         kv = "cubridge::SegKV" if segmented else "cubridge::PagedKV"
+        # K/V pieces (eight piece bases live in the loop): given the thread count alone, ptxas chose 168
+        # registers (three CTAs per SM) and, after a63aadd changed the merge, spilled one around the loop; the
+        # split rule never puts more than two on one SM. The other decode kernels keep the bound their H100
+        # figures were measured with (s1127h run 7, NOTES v35); one CTA per SM there too, not yet measured.
         return [f"using Cfg = cubridge::DecodeTile<{head_dim}, {tile.dv}, {tile.stages}, {tile.block_n}>;",
-                f'extern "C" __global__ void __launch_bounds__({tile.threads})',
+                f'extern "C" __global__ void __launch_bounds__({tile.threads}{", 1" if segmented else ""})',
                 f"{DECODE_NAME}(cubridge::FwdArgs a, Variant::Params p, float* part_o, float* part_lse, "
                 f"int* counters, long long chunk, {kv} pg) {{",
                 f"  cubridge::attention_decode<Cfg, Variant, {t}, {str(paged).lower()}, {kv}>(a, p, part_o, "
