@@ -50,7 +50,7 @@ def _serve_child(weights: str) -> None:
         ids = torch.tensor([prompts()[3]], device="cuda")
         dense = model.generate(ids, generation_config=gc)[0, ids.shape[1]:].tolist()
     served = {n: dict(collections.Counter(c.served) - before[n]) for n, c in tfa.compiled().items()}
-    reasons = [r for c in tfa.compiled().values() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
+    reasons = [r for c in tfa.compiled().values() for e in c.entries() for r in [e.reason, *e.reasons.values(), *e.spec_calls] if r]
     print(json.dumps({"batched": batched, "dense": dense, "served": served, "reasons": reasons}))
 
 

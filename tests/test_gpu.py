@@ -271,7 +271,7 @@ def _eager_vs_ours(family: str, padded: bool, steps: int, **overrides) -> list[f
         want = forced_step_logits(ref, ids, mask, tokens)
         got = forced_step_logits(ours, ids, mask, tokens)
     served = sum((c.served for c in tcx.tables()), start=collections.Counter())
-    reasons = [r for c in tcx.tables() for e in c.entries() for r in [e.reason, *e.reasons.values()] if r]
+    reasons = [r for c in tcx.tables() for e in c.entries() for r in [e.reason, *e.reasons.values(), *e.spec_calls] if r]
     assert served["kernel"] > 0 and served["spec"] == 0, (served, reasons[:3])
     KERNELS_SEEN[:] = sorted({r.low.tile.kernel for c in tcx.tables() for r in c.kernels()})  # tables die with ours
     errs = [float((g - w).norm() / w.norm()) for g, w in zip(got, want)]

@@ -70,6 +70,9 @@ class Entry:
     runners: dict[tuple[int, bool], Any] = field(default_factory=dict)   # -> GPU-verified kernel, or None
     reasons: dict[tuple[int, bool], str] = field(default_factory=dict)
     bad_input: Exception | None = None            # re-raised if the spec also refuses the call
+    # calls the spec computed though a kernel was ready (a layout or an input it cannot take), by why: a warning
+    # says it once, and this keeps the count (the flash API's generate once saw 24 such calls and no reason)
+    spec_calls: collections.Counter = field(default_factory=collections.Counter)
     modules: ModuleState | None = None            # plain attributes of module arguments at capture
 
     def holds(self, args: tuple, kwargs: dict, traced: bool = False) -> bool:
@@ -131,9 +134,9 @@ class CompiledAttention:
                 return out
             except NeedsAutograd:
                 # a silent missing gradient would be a wrong answer: autograd goes through the spec
-                self._warn("inputs require grad and the kernel has no backward yet; the spec computes this call")
+                self._spec_call(e, "inputs require grad and the kernel has no backward yet; the spec computes this call")
             except SpecServes as why:
-                self._warn(f"the spec computes this call: {why}")
+                self._spec_call(e, f"the spec computes this call: {why}")
             except Exception as err:  # never an internal exception out of a call: retire this kernel
                 self._drop_hot()
                 d = e.kernel_for(args, kwargs)
@@ -141,6 +144,10 @@ class CompiledAttention:
                 e.reasons[d] = f"the kernel failed ({type(err).__name__}: {err}); the spec serves"
                 self._warn(e.reasons[d])
         return self._spec(e, args, kwargs)
+
+    def _spec_call(self, e: Entry, why: str) -> None:
+        e.spec_calls[why] += 1
+        self._warn(why)
 
     def _spec(self, e: Entry, args: tuple, kwargs: dict) -> Any:
         self._served["spec"] += 1
@@ -286,7 +293,8 @@ class CompiledAttention:
         e = self._find(key, args, kwargs) or self._prepare(key, args, kwargs)
         runner = self._runner(e, args, kwargs) if e.result is not None else None
         why = e.reasons.get(e.kernel_for(args, kwargs), "") if e.result is not None else e.reason
-        return ("served by: the fused kernel" if runner is not None else "served by: the spec") + f"\nwhy: {why}"
+        spec = "".join(f"\nthe spec computed {n} call(s): {r}" for r, n in e.spec_calls.items())
+        return ("served by: the fused kernel" if runner is not None else "served by: the spec") + f"\nwhy: {why}" + spec
 
     def entries(self) -> list[Entry]:
         """Every entry of the dispatch table (for explain and tests)."""
