@@ -219,6 +219,35 @@ __device__ __forceinline__ void trace_at(int slot) {
 #define CUBRIDGE_TRACE_AT(slot)
 #endif
 
+// A row's output from this thread's 8-column chunks k0, k0 + 8, ... of acc, unnormalised, with the row's max m
+// (score units) and sum l: normalised with the sink, stored as T 16 bytes a chunk, and the row's LSE from its
+// first thread. kMeanV: a row with every key masked takes V's mean where the variant asks (V in one piece).
+template <class Variant, class T, int DV, bool kMeanV>
+__device__ __forceinline__ void store_row(const FwdArgs& a, const typename Variant::Params& p,
+                                          const float (&acc)[(DV / 8 + 7) / 8][8], float m, float l, float factor,
+                                          int b, int h, long long q, long long row, int k0, int skv) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int CT = DV / 8, CH = (CT + 7) / 8;
+  const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
+  float o_scale, lse;
+  finish_stats(m * factor, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink)
+  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
+  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
+#pragma unroll
+  for (int i = 0; i < CH; ++i) {
+    const int ch = k0 + 8 * i;
+    if (ch >= CT) continue;
+    uint4 val;
+    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
+    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
+    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
+    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
+    if (kMeanV && Variant::kEmptyRowMeanV && m == neg_inf()) val = mean_v_chunk(gV, a.v_ss, skv, ch);
+    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
+  }
+  if (a.lse != nullptr && k0 == 0) a.lse[row] = lse;
+}
+
 template <class Variant, class T, int DV>
 __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
                                              const float* part_o, const float* part_lse, int n_split, float factor,
@@ -514,25 +543,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   }
   if (!valid) return;
   // @cuir store tensor=o
-  const float sink2 = Variant::kHasSink ? H::sink(a, p, b, h) * kLog2e : neg_inf();
-  float o_scale, lse;
-  finish_stats(m2 * factor, lsum, sink2, o_scale, lse);
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
-  const T* gVh = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int ch = k0 + 8 * i;
-    if (ch >= CT) continue;
-    uint4 val;
-    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
-    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
-    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
-    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
-    if (!kPaged && !kSeg && Variant::kEmptyRowMeanV && m2 == neg_inf()) val = mean_v_chunk(gVh, a.v_ss, skv, ch);
-    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
-  }
   // @cuir store tensor=lse when=requested
-  if (a.lse != nullptr && tid % 8 == 0) a.lse[row] = lse;
+  store_row<Variant, T, DV, !kPaged && !kSeg>(a, p, acc, m2, lsum, factor, b, h, q, row, k0, skv);
 }
 
 // Merge the splits of one (b, h, q) row, in the thread that finished it: the row's eight threads take its
@@ -545,7 +557,6 @@ template <class Variant, class T, int DV>
 __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
                                              const float* part_o, const float* part_lse, int n_split, float factor,
                                              long long row, int b, int h, int k0) {
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int CT = DV / 8, CH = (CT + 7) / 8, kBatch = 4;
   const float2* ml = reinterpret_cast<const float2*>(part_lse) + row * n_split;  // (max, sum) per split
   const float4* po = reinterpret_cast<const float4*>(part_o + row * n_split * DV);
@@ -593,24 +604,7 @@ __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Va
     }
     M = mn;
   }
-  const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
-  float o_scale, lse;
-  finish_stats(M * factor, L, sink2, o_scale, lse);  // o_scale = 1 / (L + sink)
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + (row % a.Sq) * a.o_ss;
-  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int ch = k0 + 8 * i;
-    if (ch >= CT) continue;
-    uint4 val;
-    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
-    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
-    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
-    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
-    if (Variant::kEmptyRowMeanV && M == neg_inf()) val = mean_v_chunk(gV, a.v_ss, static_cast<int>(a.Skv), ch);
-    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
-  }
-  if (a.lse != nullptr && k0 == 0) a.lse[row] = lse;
+  store_row<Variant, T, DV, true>(a, p, acc, M, L, factor, b, h, row % a.Sq, row, k0, static_cast<int>(a.Skv));
 }
 
 }  // namespace cubridge
