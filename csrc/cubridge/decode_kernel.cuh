@@ -251,7 +251,7 @@ __device__ __forceinline__ void store_row(const FwdArgs& a, const typename Varia
 template <class Variant, class T, int DV>
 __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
                                              const float* part_o, const float* part_lse, int n_split, float factor,
-                                             long long row, int b, int h, int k0);
+                                             long long row, int b, int h, int q, int k0);
 
 template <class Cfg, class Variant, class T, bool kPaged = false, class KV = PagedKV>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
@@ -534,7 +534,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     CUBRIDGE_TRACE_AT(3);
     if (!last) return;
     __threadfence();
-    if (valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, h, k0);
+    if (valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, h, q, k0);
 #ifdef CUBRIDGE_TRACE
     __syncthreads();
     CUBRIDGE_TRACE_AT(3);
@@ -556,7 +556,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 template <class Variant, class T, int DV>
 __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
                                              const float* part_o, const float* part_lse, int n_split, float factor,
-                                             long long row, int b, int h, int k0) {
+                                             long long row, int b, int h, int q, int k0) {
   constexpr int CT = DV / 8, CH = (CT + 7) / 8, kBatch = 4;
   const float2* ml = reinterpret_cast<const float2*>(part_lse) + row * n_split;  // (max, sum) per split
   const float4* po = reinterpret_cast<const float4*>(part_o + row * n_split * DV);
@@ -604,7 +604,7 @@ __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Va
     }
     M = mn;
   }
-  store_row<Variant, T, DV, true>(a, p, acc, M, L, factor, b, h, row % a.Sq, row, k0, static_cast<int>(a.Skv));
+  store_row<Variant, T, DV, true>(a, p, acc, M, L, factor, b, h, q, row, k0, static_cast<int>(a.Skv));
 }
 
 }  // namespace cubridge
