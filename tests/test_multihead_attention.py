@@ -52,9 +52,22 @@ def _args(name: str, s: int = S) -> tuple:
     return x, _mha()
 
 
+def cast(args: tuple, dtype: torch.dtype, device: str = "cpu", modules: dict | None = None) -> tuple:
+    """The arguments on `device` in `dtype`, each module on a copy of its own, made once per `modules` (a
+    memo kept across calls: one module serves them all, as a model's does)."""
+    memo = {} if modules is None else modules
+
+    def conv(a):
+        if isinstance(a, torch.nn.Module):
+            if id(a) not in memo:
+                memo[id(a)] = copy.deepcopy(a).to(device, dtype)
+            return memo[id(a)]
+        return a.to(device, dtype) if a.is_floating_point() else a.to(device)
+    return tuple(conv(a) for a in args)
+
+
 def _double(args: tuple) -> tuple:
-    return tuple(copy.deepcopy(a).double() if isinstance(a, torch.nn.Module)
-                 else a.double() if a.is_floating_point() else a for a in args)
+    return cast(args, torch.float64)
 
 
 def default_call(x, mha):  # need_weights=True, the module's default: its explicit [B*H, S, D] path
@@ -148,8 +161,7 @@ def test_a_bf16_module_transfers_without_the_math_backends_upcast(name):
     reduced-precision reductions are allowed; the second trace allows them. Replayed, those casts met the
     module's float64 weights in verification (out-projection: float32 against float64) and every bf16 call
     of the module was refused."""
-    args = tuple(copy.deepcopy(a).bfloat16() if isinstance(a, torch.nn.Module)
-                 else a.bfloat16() if a.is_floating_point() else a for a in _args(name))
+    args = cast(_args(name), torch.bfloat16)
     fn = CASES[name]
     with torch.no_grad():
         prog = tc.transfer(fn, *args)

@@ -1,7 +1,6 @@
 """On a CUDA device: nn.MultiheadAttention and the Transformer layers as specs (tests/test_multihead_attention.py
 transfers them on the CPU), each call served by the kernel in bf16 and held to the same module in float64 on
 the CPU, a separate copy, so the kernel is never compared with itself."""
-import copy
 import warnings
 
 import pytest
@@ -9,22 +8,11 @@ import torch
 
 import torch_cubridge as tc
 from helpers import rel_err
-from test_multihead_attention import CASES, E, HEADS, _args, decoder_layer, encoder_layer
+from test_multihead_attention import CASES, E, HEADS, _args, cast, decoder_layer, encoder_layer
 
 pytestmark = pytest.mark.gpu
 
 TOL = 2e-2  # bf16 operands and projections
-
-
-def _to(args: tuple, dev: str, dt: torch.dtype, modules: dict) -> tuple:
-    """The call's arguments on `dev` in `dt`; a module converted once (a copy) and reused, as a model's is."""
-    def conv(a):
-        if isinstance(a, torch.nn.Module):
-            if id(a) not in modules:
-                modules[id(a)] = copy.deepcopy(a).to(dev, dt)
-            return modules[id(a)]
-        return a.to(dev, dt) if a.is_floating_point() else a.to(dev)
-    return tuple(conv(a) for a in args)
 
 
 def _served(f, fn, calls: list) -> None:
@@ -33,8 +21,8 @@ def _served(f, fn, calls: list) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for args in calls:
-            got = f(*_to(args, "cuda", torch.bfloat16, ours)).double().cpu()
-            ref = fn(*_to(args, "cpu", torch.float64, ref64))
+            got = f(*cast(args, torch.bfloat16, "cuda", ours)).double().cpu()
+            ref = fn(*cast(args, torch.float64, "cpu", ref64))
             assert rel_err(got, ref) < TOL, rel_err(got, ref)
     assert f.served["spec"] == 0 and f.served["kernel"] == len(calls), \
         (f.served, [e.reasons or e.reason for e in f.entries()])
