@@ -30,14 +30,14 @@ from timing import read_flush  # noqa: E402
 SLOTS = 4 * 65536
 
 
-def trace_of(kern) -> tuple[int, int]:
-    """The device address and size of the kernel module's cubridge_trace."""
+def trace_of(kern, name: bytes = b"cubridge_trace") -> tuple[int, int]:
+    """The device address and size of the kernel module's cubridge_trace (or another global)."""
     cu = libcuda()
     ld = kern._only or next(iter(kern._per_device.values()))
     ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
     fn = cu.lib.cuModuleGetGlobal_v2
     fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_char_p]
-    cu.check(fn(ctypes.byref(ptr), ctypes.byref(size), ctypes.c_void_p(ld.module), b"cubridge_trace"), "cuModuleGetGlobal")
+    cu.check(fn(ctypes.byref(ptr), ctypes.byref(size), ctypes.c_void_p(ld.module), name), "cuModuleGetGlobal")
     return ptr.value, size.value
 
 
@@ -48,6 +48,15 @@ def read_trace(ptr: int, n: int) -> list[tuple[int, int, int, int]]:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
     cu.check(fn(ctypes.addressof(host), ptr, 8 * 4 * n), "cuMemcpyDtoH")
     return [tuple(host[4 * i:4 * i + 4]) for i in range(n)]
+
+
+def read_sms(ptr: int, n: int) -> list[int]:
+    cu = libcuda()
+    host = (ctypes.c_uint32 * n)()
+    fn = cu.lib.cuMemcpyDtoH_v2
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    cu.check(fn(ctypes.addressof(host), ptr, 4 * n), "cuMemcpyDtoH")
+    return list(host)
 
 
 def summary(rows: list[tuple[int, int, int, int]]) -> dict:
@@ -92,6 +101,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     kern = f.kernels()[-1].kernel
                     ptr, _ = trace_of(kern)
+                    sm_ptr, _ = trace_of(kern, b"cubridge_trace_sm")
                     for i in range(args.calls):
                         clean()
                         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -104,8 +114,11 @@ def main() -> None:
                         newest = max(r[0] for r in rows)
                         live = [r for r in rows if r[0] and newest - r[0] < 40_000 and r[3] >= r[0]]
                         row = {"config": name, "Skv": Skv, "pool_scale": scale, "call": i, "event_us": s.elapsed_time(e) * 1e3, **summary(live)}
+                        if i == args.calls - 1:  # the last call CTA by CTA: index, multiprocessor, the four times
+                            sms = read_sms(sm_ptr, 4096)
+                            row["raw"] = [(c, sms[c], *rows[c]) for c in range(4096) if rows[c] in live]
                         out.append(row)
-                        print(json.dumps(row), flush=True)
+                        print(json.dumps({k: v for k, v in row.items() if k != "raw"}), flush=True)
     finally:
         lowering.lower = base_lower
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -207,12 +207,18 @@ struct DecodeTile {
 // Diagnostics only (benchmarks/diag_decode_timeline.py defines it): per CTA, the global timer at entry, when its
 // first block's data is in, after its last block, and at its end (after the merge for the merging CTA).
 extern "C" __device__ unsigned long long cubridge_trace[4 * 65536];
+extern "C" __device__ unsigned cubridge_trace_sm[65536];  // the multiprocessor each CTA ran on
 __device__ __forceinline__ void trace_at(int slot) {
   if (threadIdx.x != 0) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
   if (cta < 65536) cubridge_trace[4 * cta + slot] = t;
+  if (cta < 65536 && slot == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    cubridge_trace_sm[cta] = sm;
+  }
 }
 #define CUBRIDGE_TRACE_AT(slot) trace_at(slot)
 #else
