@@ -96,3 +96,42 @@ def test_launch_refuses_malformed_calls(built):
         built.launch(0, 1, 1)
     with pytest.raises(TypeError):
         built.launch(0, 1, 1, 1, 32, 0, 0, (b"\0" * 8,), [8])  # sizes a tuple or None
+
+
+SCALE = 0.5
+
+
+def _make_spec():
+    cap = 30.0
+
+    def spec(q, k, v):
+        s = (q @ k.transpose(-1, -2)) * SCALE
+        return torch.softmax(torch.tanh(s / cap) * cap, -1) @ v
+    return spec
+
+
+def test_the_c_watch_check_agrees_with_the_python_one(built, monkeypatch):
+    """serve's own check of the globals and closure cells a spec read (`holds`): a rebound global, a deleted
+    one and a rebound cell each fail it, as GlobalsWatch.unchanged fails, and the same values put back pass."""
+    from torch_cubridge.capture.codekey import GlobalsWatch
+    spec = _make_spec()
+    w = GlobalsWatch(spec)
+    held = w.held()
+    assert built.holds(held) and w.unchanged() and built.holds(None)
+    monkeypatch.setitem(globals(), "SCALE", 0.25)
+    assert not built.holds(held) and not w.unchanged()
+    monkeypatch.setitem(globals(), "SCALE", float("0.5"))  # another object of the same value: a rebinding too
+    assert not built.holds(held) and not w.unchanged()
+    monkeypatch.undo()
+    assert built.holds(held) and w.unchanged()
+    monkeypatch.delitem(globals(), "SCALE")
+    assert not built.holds(held) and not w.unchanged()
+    monkeypatch.undo()
+    cell = spec.__closure__[0]
+    was = cell.cell_contents
+    cell.cell_contents = 20.0
+    assert not built.holds(held) and not w.unchanged()
+    cell.cell_contents = was
+    assert built.holds(held) and w.unchanged()
+    q = torch.randn(1, 2, 8, 16)
+    assert built.serve([], (q, q, q), held) is None

@@ -95,26 +95,28 @@ class CompiledAttention:
         self._hot: list = []
         self._hot_made = 0
         self._hot_folded = 0  # calls served by records since dropped
-        self._serve: Callable[[list, tuple], Any] | None = None  # the C module's serve, once a record exists
+        self._serve: Callable[[list, tuple, Any], Any] | None = None  # the C module's serve, once a record exists
+        self._watched: Any = None  # the watch as the C serve checks it (GlobalsWatch.held)
         functools.update_wrapper(self, fn)
 
     # -- the call path -----------------------------------------------------------
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self._traced(args, kwargs)
-        if stage.depth:  # called inside a spec this thread captures or verifies: that spec's own ops
-            return self.fn(*args, **kwargs)
-        if self._watch is not None and not self._watch.unchanged():
-            self._forget()  # a global the programs baked in was rebound: none of them holds
-        if self._hot and not kwargs:
+        # first the host fast path, which checks the globals watch itself (a rebinding misses, and is found below)
+        if self._hot and not kwargs and not stage.depth and not torch.compiler.is_compiling():
             try:
-                out = self._serve(self._hot, args)
+                out = self._serve(self._hot, args, self._watched)
             except Exception as err:  # a failed launch: the Python path serves, and decides what to retire
                 self._drop_hot()
                 self._warn(f"the host fast path failed ({type(err).__name__}: {err}); the Python path serves")
                 out = None
             if out is not None:  # counted by its record (served)
                 return out
+        if torch.compiler.is_compiling():
+            return self._traced(args, kwargs)
+        if stage.depth:  # called inside a spec this thread captures or verifies: that spec's own ops
+            return self.fn(*args, **kwargs)
+        if self._watch is not None and not self._watch.unchanged():
+            self._forget()  # a global the programs baked in was rebound: none of them holds
         if _fake_call(args, kwargs):  # traced by someone else's make_fx: the spec's ops, not a capture
             return self.fn(*args, **kwargs)
         key = call_signature(args, kwargs)
@@ -204,6 +206,7 @@ class CompiledAttention:
         rec = hotpath.record(runner, args, out)
         if rec is not None:
             self._serve = hotpath.module().serve
+            self._watched = self._watch.held() if self._watch is not None else None
             self._hot_made += 1
             self._hot.insert(0, rec)
             self._drop_hot(keep=hotpath.MAX_RECORDS)

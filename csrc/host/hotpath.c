@@ -334,11 +334,47 @@ static PyObject *fire(Record *r, PyObject *args) {
 
 #include "decoder.h"
 
-/* serve(records, args): the output of the first record the call matches, or None. */
+/* Whether every global binding and closure cell the spec read still holds the object it held at capture
+   (capture/codekey.py GlobalsWatch.held: (namespaces, cells, missing)); a rebinding is a miss, and the
+   Python path then forgets the programs. 1: holds, 0: does not, -1: an error. */
+static int watch_holds(PyObject *w) {
+    if (w == Py_None) return 1;
+    if (!PyTuple_Check(w) || PyTuple_GET_SIZE(w) != 3) return 0;
+    PyObject *spaces = PyTuple_GET_ITEM(w, 0), *cells = PyTuple_GET_ITEM(w, 1), *missing = PyTuple_GET_ITEM(w, 2);
+    if (!PyTuple_Check(spaces) || !PyTuple_Check(cells)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(spaces); i++) {
+        PyObject *e = PyTuple_GET_ITEM(spaces, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3) return 0;
+        PyObject *ns = PyTuple_GET_ITEM(e, 0), *names = PyTuple_GET_ITEM(e, 1), *held = PyTuple_GET_ITEM(e, 2);
+        if (!PyDict_Check(ns) || !PyTuple_Check(names) || !PyTuple_Check(held) ||
+            PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(held))
+            return 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(names); j++) {
+            PyObject *now = PyDict_GetItemWithError(ns, PyTuple_GET_ITEM(names, j));  /* borrowed */
+            if (!now && PyErr_Occurred()) return -1;
+            if (now != PyTuple_GET_ITEM(held, j)) return 0;  /* rebound, or deleted (NULL) */
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cells); i++) {
+        PyObject *e = PyTuple_GET_ITEM(cells, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 || !PyCell_Check(PyTuple_GET_ITEM(e, 0))) return 0;
+        PyObject *now = PyCell_GET(PyTuple_GET_ITEM(e, 0)), *held = PyTuple_GET_ITEM(e, 1);
+        if (now ? now != held : held != missing) return 0;
+    }
+    return 1;
+}
+
+/* serve(records, args[, watch]): the output of the first record the call matches, or None; None too where
+   the watch (GlobalsWatch.held) no longer holds. */
 static PyObject *serve(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if (n != 2 || !PyList_Check(a[0]) || !PyTuple_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "serve(records: list, args: tuple)");
+    if ((n != 2 && n != 3) || !PyList_Check(a[0]) || !PyTuple_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "serve(records: list, args: tuple[, watch])");
         return NULL;
+    }
+    if (n == 3) {
+        int w = watch_holds(a[2]);
+        if (w < 0) return NULL;
+        if (!w) Py_RETURN_NONE;
     }
     PyObject *records = a[0], *args = a[1];
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
@@ -416,8 +452,15 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     return PyLong_FromLong(rc);
 }
 
+static PyObject *holds(PyObject *self, PyObject *w) {
+    int r = watch_holds(w);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
 static PyMethodDef methods[] = {
     {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL, "the first matching record's launch, or None"},
+    {"holds", (PyCFunction)holds, METH_O, "whether a GlobalsWatch.held() still holds (serve's own check)"},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel of bytes parameter blocks"},
     {NULL},
 };

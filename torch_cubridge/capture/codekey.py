@@ -156,13 +156,23 @@ class GlobalsWatch:
             if _is_user_function(v):
                 self._collect(v, seen)
 
+    def _namespaces(self) -> list[tuple[dict, tuple, tuple]]:
+        """Per namespace: the dict, its watched names and the objects they held."""
+        by: dict[int, tuple[dict, list, list]] = {}
+        for ns, name, v in self._globals:
+            by.setdefault(id(ns), (ns, [], []))[1].append(name)
+            by[id(ns)][2].append(v)
+        return [(ns, tuple(names), tuple(vals)) for ns, names, vals in by.values()]
+
+    def held(self) -> tuple[tuple, tuple, object]:
+        """What the host fast path checks before it replays a launch (csrc/host/hotpath.c `watch_holds`), the
+        same test as `unchanged`: ((namespace dict, names, objects held), ...), ((cell, object held), ...) and
+        the marker held for an empty cell."""
+        return tuple(self._namespaces()), tuple(self._cells), _MISSING
+
     def unchanged(self) -> bool:
         if self._by_ns is None:  # per namespace: its names' getter and the objects they held (checked per call)
-            by: dict[int, tuple[dict, list, list]] = {}
-            for ns, name, v in self._globals:
-                by.setdefault(id(ns), (ns, [], []))[1].append(name)
-                by[id(ns)][2].append(v)
-            self._by_ns = [(ns.__getitem__, tuple(names), tuple(vals)) for ns, names, vals in by.values()]
+            self._by_ns = [(ns.__getitem__, names, vals) for ns, names, vals in self._namespaces()]
         try:
             for get, names, held in self._by_ns:
                 if not all(map(operator.is_, map(get, names), held)):
