@@ -160,7 +160,7 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
     """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
     K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py; either left out:
     the tile's own, printed as None), a fixed number
-    of splits or the copies' L2 prefetch hint (l2=128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
+    of splits or the copies' L2 prefetch hint (l2=0, 128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
     from dataclasses import replace
     import torch_cubridge.lower as lowering
     import torch_cubridge.lower.source as source
@@ -187,8 +187,8 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
                 source.decode_tile = lambda d, dv=None, paged=False, st=st, bn=bn: replace(
                     t := base_tile(d, dv, paged), stages=st or t.stages, block_n=bn or t.block_n)
             runner.DECODE_CTAS_PER_SM = ctas
-            l2 = int(kv.get("l2", 0))  # the copies' L2 prefetch hint, a define ahead of the source
-            if l2:
+            l2 = int(kv["l2"]) if "l2" in kv else None  # the copies' L2 prefetch hint, a define ahead of the source
+            if l2 is not None:
                 lowering.lower = lambda *a_, l2=l2, **k_: replace(
                     low := base_lower(*a_, **k_), source=f"#define CUBRIDGE_L2_PREFETCH {l2}\n" + low.source)
             n = int(kv.get("splits", 0))

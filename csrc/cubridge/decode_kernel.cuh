@@ -181,6 +181,70 @@ __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, co
   load_block_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
 }
 
+// The contiguous kernel's K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their
+// 128-byte group by the row (chunk c of row r at c ^ (r & 7)): the copies fill whole 128-byte lines and the
+// ldmatrix rows still fall in distinct banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
+#ifndef CUBRIDGE_DECODE_SWZ
+#define CUBRIDGE_DECODE_SWZ 1
+#endif
+template <int ROWS, int D, int NTH, class T>
+__device__ __forceinline__ void load_tile_swz(T* s, const T* g, long long ld, int row0, int nrows, int tid) {
+  constexpr int kChunks = D / 8, kStep = NTH / kChunks;
+  static_assert(NTH % kChunks == 0 && ROWS % kStep == 0 && kChunks % 8 == 0, "whole rows, 128-byte groups");
+  const int r = tid / kChunks, c = tid % kChunks, left = nrows - row0 - r;
+  const T* src = g + (long long)(row0 + r) * ld + c * 8;
+  const unsigned s0 = smem_u32(s);
+#pragma unroll
+  for (int i = 0; i < ROWS / kStep; ++i) {
+    const int row = r + i * kStep;
+    const bool ok = i * kStep < left;
+    cp_async16(s0 + (row * D + ((c ^ (row & 7)) * 8)) * 2, ok ? src : g, ok);
+    src += kStep * ld;
+  }
+}
+
+// S = Q K^T and O += P V over swizzled K and V (gemm.cuh's gemm_qk and gemm_pv with the chunk XOR; a lane's
+// ldmatrix rows are 8-aligned groups, so row & 7 is lane % 8 throughout).
+template <class T, int NT, int KC, int LK>
+__device__ __forceinline__ void gemm_qk_swz(float (&s)[1][NT][4], const unsigned (&qa)[1][KC][4], unsigned k_row,
+                                            int lane) {
+  const int h = (lane / 8) % 2, x = lane % 8;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) s[0][nt][0] = s[0][nt][1] = s[0][nt][2] = s[0][nt][3] = 0.f;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    const unsigned col = static_cast<unsigned>(((2 * kc + h) ^ x) * 16);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      unsigned kb[4];
+      ldsm_x4(kb, k_row + np * 16 * LK * 2 + col);
+      mma16816<T>(s[0][2 * np], qa[0][kc], kb[0], kb[1]);
+      mma16816<T>(s[0][2 * np + 1], qa[0][kc], kb[2], kb[3]);
+    }
+  }
+}
+
+template <class T, int NT, int DT, int LV>
+__device__ __forceinline__ void gemm_pv_swz(float (&o)[1][DT][4], const float (&s)[1][NT][4], unsigned v_row,
+                                            int lane) {
+  const int h = lane / 16, x = lane % 8;
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    unsigned pa[4];
+    pa[0] = pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+    pa[1] = pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+    pa[2] = pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+    pa[3] = pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+      unsigned vb[4];
+      ldsm_x4_t(vb, v_row + kk * 16 * LV * 2 + static_cast<unsigned>(((2 * dp + h) ^ x) * 16));
+      mma16816<T>(o[0][2 * dp], pa, vb[0], vb[1]);
+      mma16816<T>(o[0][2 * dp + 1], pa, vb[2], vb[3]);
+    }
+  }
+}
+
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
@@ -276,10 +340,14 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr float kLog2e = 1.4426950408889634f;
   CUBRIDGE_TRACE_AT(0);
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // the contiguous ring swizzled where whole 128-byte groups tile both head dims (load_tile_swz)
+  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && !kPaged && !kSeg && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 && D <= 128 && DV <= 128 &&
+                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0;
+  constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + R * LDS;
-  T* sV = sK + ST * BN * LDS;
+  T* sV = sK + ST * BN * LK;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -375,6 +443,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     } else if constexpr (kSeg) {
       if (ok) load_tile_pieces<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile_pieces<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
+    } else if constexpr (kSwz) {
+      if (ok) load_tile_swz<BN, D, NTH>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile_swz<BN, DV, NTH>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, kv_end, tid);
     } else {
       if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
       if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
@@ -383,8 +454,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     ++pf;
   };
   zero_pad_columns<R, D, PD, LDS, NTH>(sQ, tid);
-  zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
-  zero_pad_columns<ST * BN, DV, PDV, LDSV, NTH>(sV, tid);
+  if constexpr (!kSwz) {  // (a swizzled ring has no pad columns)
+    zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
+    zero_pad_columns<ST * BN, DV, PDV, LDSV, NTH>(sV, tid);
+  }
   // Q's rows into registers, once the first K/V blocks are out (its loads wait for their data): the loop's
   // first ST - 1 turns only prefetch, so the copy code is compiled once, not once more per ring slot.
   unsigned qa[1][KC][4];
@@ -407,8 +480,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   int hr[2], qr[2];  // this lane's two rows
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) hr[hf] = head_of(lane / 4 + hf * 8), qr[hf] = query_of(lane / 4 + hf * 8);
-  const unsigned k_lane = smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
-  const unsigned v_lane = smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
+  const unsigned k_lane = kSwz ? smem_u32(sK) + ((lane % 8 + (lane / 16) * 8) + warp * KW) * LK * 2
+                              : smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
+  const unsigned v_lane = kSwz ? smem_u32(sV) + ((lane % 8 + ((lane / 8) % 2) * 8) + warp * KW) * LV * 2
+                              : smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
 
   int stage = 0, slot = 0, fill = ST - 1;  // slot: the ring slot prefetch fills next; fill: first turns left
   // @cuir loop axis=kv size=kBlockN
@@ -432,7 +507,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #endif
     // @cuir mma name=qk
     float s[1][NT][4];
-    gemm_qk<T, 1, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
+    if constexpr (kSwz)
+      gemm_qk_swz<T, NT, KC, LK>(s, qa, k_lane + stage * BN * LK * 2, lane);
+    else
+      gemm_qk<T, 1, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
     const int kv0 = j * BN + warp * KW + (lane % 4) * 2;
@@ -452,7 +530,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     softmax_update<1, NT, DT, true>(s, o, m, l, factor);
     // @cuir load tensor=v
     // @cuir mma name=pv
-    gemm_pv<T, 1, NT, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
+    if constexpr (kSwz)
+      gemm_pv_swz<T, NT, DT, LV>(o, s, v_lane + stage * BN * LV * 2, lane);
+    else
+      gemm_pv<T, 1, NT, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
     __syncthreads();  // every warp is done with this stage before the next prefetch refills it
     stage = stage == ST - 1 ? 0 : stage + 1;
   }

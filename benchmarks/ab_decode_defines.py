@@ -1,0 +1,59 @@
+"""A/B of decode kernel builds that differ by preprocessor defines, in one process, against SDPA-flash and cuDNN
+(B 8, 32:8 heads, D 128, bf16, 4k and 32k keys; do_bench and a read flush, interleaved rounds).
+
+Usage: python benchmarks/ab_decode_defines.py OUT.json "swz:" "padded:CUBRIDGE_DECODE_SWZ=0"
+A label's defines go ahead of the kernel source (the kernel cache keys by source, so each is its own build)."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+import torch_cubridge.lower as lowering  # noqa: E402
+from bench_decode import bench, gqa_decode, sdpa, tc  # noqa: E402
+from timing import clean_flush_ms  # noqa: E402
+
+
+def build(defines: dict[str, str], q, k, v):
+    base = lowering.lower
+    head = "".join(f"#define {n} {x}\n" for n, x in defines.items())
+    lowering.lower = lambda *a, **kw: replace(low := base(*a, **kw), source=head + low.source)
+    try:
+        f = tc.compile(gqa_decode, fallback="raise")
+        o = f(q, k, v)
+    finally:
+        lowering.lower = base
+    ref = gqa_decode(q.double(), k.double(), v.double())
+    return (lambda: f(q, k, v)), float((o.double() - ref).norm() / ref.norm())
+
+
+def main() -> None:
+    out_path, labels = sys.argv[1], sys.argv[2:]
+    print(torch.cuda.get_device_name(), flush=True)
+    rows = []
+    for Skv in (4096, 32768):
+        q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(8, 8, Skv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        nb = 2 * 2 * 8 * 8 * Skv * 128
+        fns = {"flash": lambda: sdpa("flash", q, k, v), "cudnn": lambda: sdpa("cudnn", q, k, v)}
+        for lab in labels:
+            name, _, spec = lab.partition(":")
+            defines = dict(d.split("=") for d in spec.split(",") if d)
+            fns[name], err = build(defines, q, k, v)
+            rows.append({"Skv": Skv, "impl": name, "defines": defines, "rel_err_vs_fp64": err})
+        for _ in range(2):  # interleaved: the first measured is not the only one warmed
+            for name, fn in fns.items():
+                rows.append({"Skv": Skv, "impl": name, "do_bench_tbs": nb / (bench(fn) * 1e-3) / 1e12})
+        for name, ms in clean_flush_ms(fns, rounds=3).items():
+            rows.append({"Skv": Skv, "impl": name, "clean_tbs": nb / (ms * 1e-3) / 1e12})
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    Path(out_path).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
