@@ -1,7 +1,8 @@
 """A/B of decode kernel builds that differ by preprocessor defines, in one process, against SDPA-flash and cuDNN
 (B 8, 32:8 heads, D 128, bf16, 4k and 32k keys; do_bench and a read flush, interleaved rounds).
 
-Usage: python benchmarks/ab_decode_defines.py OUT.json "swz:" "padded:CUBRIDGE_DECODE_SWZ=0"
+Usage: python benchmarks/ab_decode_defines.py OUT.json "swz:" "padded:CUBRIDGE_DECODE_SWZ=0" [--pages=16,256]
+(--pages: the same keys also in pages of those sizes, in random order, through the paged decode kernel)
 A label's defines go ahead of the kernel source (the kernel cache keys by source, so each is its own build)."""
 from __future__ import annotations
 
@@ -14,25 +15,26 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import torch_cubridge.lower as lowering  # noqa: E402
-from bench_decode import bench, gqa_decode, sdpa, tc  # noqa: E402
+from bench_decode import bench, gqa_decode, paged_gqa_decode, sdpa, tc  # noqa: E402
 from timing import clean_flush_ms  # noqa: E402
 
 
-def build(defines: dict[str, str], q, k, v):
+def build(defines: dict[str, str], spec, *args):
     base = lowering.lower
     head = "".join(f"#define {n} {x}\n" for n, x in defines.items())
     lowering.lower = lambda *a, **kw: replace(low := base(*a, **kw), source=head + low.source)
     try:
-        f = tc.compile(gqa_decode, fallback="raise")
-        o = f(q, k, v)
+        f = tc.compile(spec, fallback="raise")
+        o = f(*args)
     finally:
         lowering.lower = base
-    ref = gqa_decode(q.double(), k.double(), v.double())
-    return (lambda: f(q, k, v)), float((o.double() - ref).norm() / ref.norm())
+    ref = spec(*(x.double() if x.is_floating_point() else x for x in args))
+    return (lambda: f(*args)), float((o.double() - ref).norm() / ref.norm())
 
 
 def main() -> None:
-    out_path, labels = sys.argv[1], sys.argv[2:]
+    out_path, labels = sys.argv[1], [x for x in sys.argv[2:] if not x.startswith("--pages=")]
+    pages = [int(x) for a in sys.argv[2:] if a.startswith("--pages=") for x in a[8:].split(",") if x]
     print(torch.cuda.get_device_name(), flush=True)
     rows = []
     for Skv in (4096, 32768):
@@ -43,8 +45,16 @@ def main() -> None:
         for lab in labels:
             name, _, spec = lab.partition(":")
             defines = dict(d.split("=") for d in spec.split(",") if d)
-            fns[name], err = build(defines, q, k, v)
+            fns[name], err = build(defines, gqa_decode, q, k, v)
             rows.append({"Skv": Skv, "impl": name, "defines": defines, "rel_err_vs_fp64": err})
+            for P in pages:  # the same keys in pages of P, in random order
+                per = Skv // P
+                kp, vp = (x.reshape(8, 8, per, P, 128).permute(0, 2, 1, 3, 4).reshape(8 * per, 8, P, 128) for x in (k, v))
+                perm = torch.randperm(8 * per, device="cuda")
+                kp, vp = kp[perm].contiguous(), vp[perm].contiguous()
+                table = torch.argsort(perm).reshape(8, per)
+                fns[f"{name}_p{P}"], err = build(defines, paged_gqa_decode, q, kp, vp, table)
+                rows.append({"Skv": Skv, "impl": f"{name}_p{P}", "defines": defines, "rel_err_vs_fp64": err})
         for _ in range(2):  # interleaved: the first measured is not the only one warmed
             for name, fn in fns.items():
                 rows.append({"Skv": Skv, "impl": name, "do_bench_tbs": nb / (bench(fn) * 1e-3) / 1e12})

@@ -32,23 +32,35 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Where 16-byte chunk c of row r of a shared tile goes: at c of a row LDS elements on, or with SWZ (rows of
+// whole 128-byte groups, LDS = D) at c ^ (r & 7) within its group. The XOR keeps the 8 rows of an ldmatrix in
+// distinct banks with no pad, and a copy's 128-byte line lands in one 128-byte group: the decode kernel's
+// copies into padded rows cost 2.6x the L2 requests and 1.5x the sectors of these (H100, NOTES v36).
+template <int LDS, bool SWZ>
+__device__ __forceinline__ int tile_chunk(int r, int c) {
+  return r * LDS + (SWZ ? (c ^ (r & 7)) : c) * 8;
+}
+
 // Copy rows [row0, row0 + ROWS) of a row-major [nrows, D] matrix (row stride
-// `ld` elements, last dim contiguous) into a shared tile with row pitch LDS.
-template <int ROWS, int D, int LDS, int NTHREADS, class T>
+// `ld` elements, last dim contiguous) into a shared tile with row pitch LDS (tile_chunk's layout).
+template <int ROWS, int D, int LDS, int NTHREADS, class T, bool SWZ = false>
 __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int row0, int nrows,
                                           int tid) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kAll = ROWS * kChunks;  // a head dim of 5 or 9 chunks does not split evenly: the last pass guards
+  static_assert(!SWZ || (kChunks % 8 == 0 && LDS == D), "a swizzled tile has rows of whole 128-byte groups");
   const unsigned s0 = smem_u32(s);
-  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0) {
+  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0 &&
+                (!SWZ || (NTHREADS / kChunks) % 8 == 0)) {
     // Each thread keeps one column and walks rows kStep apart: one running
-    // pointer instead of a hoisted 64-bit offset per chunk (saves registers).
+    // pointer instead of a hoisted 64-bit offset per chunk (saves registers). (kStep a multiple of 8 keeps
+    // a swizzled column's place the same in every row the thread copies.)
     constexpr int kStep = NTHREADS / kChunks;
     const int r = tid / kChunks, c = tid % kChunks;
     const int left = nrows - row0 - r;  // rows this thread may still read
     const T* src = g + (long long)(row0 + r) * ld + c * 8;
     const long long step = kStep * ld;
-    const unsigned dst = s0 + (r * LDS + c * 8) * 2;
+    const unsigned dst = s0 + tile_chunk<LDS, SWZ>(r, c) * 2;
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = i * kStep < left;
@@ -63,7 +75,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
       const int r = idx / kChunks, c = idx % kChunks;
       const bool ok = row0 + r < nrows;
       const T* src = g + (ok ? (long long)(row0 + r) * ld : 0) + c * 8;
-      cp_async16(s0 + (r * LDS + c * 8) * 2, src, ok);
+      cp_async16(s0 + tile_chunk<LDS, SWZ>(r, c) * 2, src, ok);
     }
   }
 }
@@ -81,7 +93,7 @@ __device__ __forceinline__ void zero_pad_columns(T* s, int tid) {
 
 // The same rows of an operand whose rows lie anywhere: `row_at(row)` is where row `row` starts (K/V
 // kept as several pieces one after another, decode_kernel.cuh's SegKV).
-template <int ROWS, int D, int LDS, int NTHREADS, class T, class RowAt>
+template <int ROWS, int D, int LDS, int NTHREADS, bool SWZ = false, class T, class RowAt>
 __device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_at, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
   constexpr int kAll = ROWS * kChunks;
@@ -92,34 +104,34 @@ __device__ __forceinline__ void load_tile_at(T* s, const T* fallback, RowAt row_
     if (kAll % NTHREADS != 0 && idx >= kAll) break;
     const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
     const bool ok = row < nrows;
-    cp_async16(s0 + (r * LDS + c * 8) * 2, ok ? row_at(row) + c * 8 : fallback, ok);
+    cp_async16(s0 + tile_chunk<LDS, SWZ>(r, c) * 2, ok ? row_at(row) + c * 8 : fallback, ok);
   }
 }
 
 // The same rows of an operand kept in pages: row s is row s - p * page of page page_of(p), p = s / page (by
 // pd), pages `page_stride` elements apart and rows `ld` apart within one (paged KV, decode_kernel.cuh).
-template <int ROWS, int D, int LDS, int NTHREADS, class T, class PageOf>
+template <int ROWS, int D, int LDS, int NTHREADS, bool SWZ = false, class T, class PageOf>
 __device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, long long page_stride,
                                                 const PageDiv& pd, PageOf page_of, int row0, int nrows, int tid) {
   auto row_at = [&](int row) {
     const int pi = pd.div(row);
     return g + page_of(pi) * page_stride + static_cast<long long>(row - pi * pd.page) * ld;
   };
-  load_tile_at<ROWS, D, LDS, NTHREADS>(s, g, row_at, row0, nrows, tid);
+  load_tile_at<ROWS, D, LDS, NTHREADS, SWZ>(s, g, row_at, row0, nrows, tid);
 }
 
 // One operand's block of BN rows inside one page (pages a multiple of BN): that page's strided copy, with
 // the contiguous copy's running pointer. Returns false otherwise (the caller's per-row lookups). The per-row
 // page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
 // 256 (H100, NOTES v25).
-template <int BN, int D, int LDS, int NTH, class T, class PageOf>
+template <int BN, int D, int LDS, int NTH, bool SWZ = false, class T, class PageOf>
 __device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, const PageDiv& pd,
                                                    PageOf page_of, int row0, int nrows, int tid) {
   constexpr int kChunks = D / 8;
   if constexpr (NTH % kChunks == 0 && BN % (NTH / kChunks) == 0) {
     if (pd.page % BN == 0) {
       const int pi = pd.div(row0);  // row0 < nrows: its page is in the table
-      load_tile<BN, D, LDS, NTH>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * pd.page) * ss, ss, 0,
+      load_tile<BN, D, LDS, NTH, T, SWZ>(s, g + page_of(pi) * sp + static_cast<long long>(row0 - pi * pd.page) * ss, ss, 0,
                                  nrows - row0, tid);
       return true;
     }
@@ -130,11 +142,11 @@ __device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long s
 // One operand's block of BN rows from its pages, the whole block by the page's strided copy where it lies in
 // one page and the threads split its rows evenly, else row by row (the FA2-class kernel, whose paged programs
 // have pages of whole blocks, pipeline.kernel_choice; the decode kernel walks K and V together).
-template <int BN, int D, int LDS, int NTH, class T, class PageOf>
+template <int BN, int D, int LDS, int NTH, bool SWZ = false, class T, class PageOf>
 __device__ __forceinline__ void load_block_paged(T* s, const T* g, long long ss, long long sp, const PageDiv& pd,
                                                  PageOf page_of, int row0, int nrows, int tid) {
-  if (!load_block_in_page<BN, D, LDS, NTH>(s, g, ss, sp, pd, page_of, row0, nrows, tid))
-    load_tile_paged<BN, D, LDS, NTH>(s, g, ss, sp, pd, page_of, row0, nrows, tid);
+  if (!load_block_in_page<BN, D, LDS, NTH, SWZ>(s, g, ss, sp, pd, page_of, row0, nrows, tid))
+    load_tile_paged<BN, D, LDS, NTH, SWZ>(s, g, ss, sp, pd, page_of, row0, nrows, tid);
 }
 
 }  // namespace cubridge

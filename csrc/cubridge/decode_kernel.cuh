@@ -70,7 +70,7 @@ __device__ __forceinline__ const T* segment_row(const T* const (&base)[SegKV::kM
 // Rows [r0, r0 + BN) of one (sequence, KV head) from the pieces into a shared tile. A block that lies in
 // one piece (all but the block where two pieces meet) is that piece's plain strided copy; the other looks
 // up each row's piece.
-template <int BN, int D, int LDS, int NTH, class T>
+template <int BN, int D, int LDS, int NTH, bool SWZ, class T>
 __device__ __forceinline__ void load_tile_pieces(T* s, const T* const (&base)[SegKV::kMax], const long long* end,
                                                  const long long* ss, int r0, int nrows, int tid) {
   const int last = imin(r0 + BN, nrows) - 1;
@@ -88,9 +88,9 @@ __device__ __forceinline__ void load_tile_pieces(T* s, const T* const (&base)[Se
     }
   }
   if (one) {
-    load_tile<BN, D, LDS, NTH>(s, p, st, static_cast<int>(r0 - lo), static_cast<int>(nrows - lo), tid);
+    load_tile<BN, D, LDS, NTH, T, SWZ>(s, p, st, static_cast<int>(r0 - lo), static_cast<int>(nrows - lo), tid);
   } else {
-    load_tile_at<BN, D, LDS, NTH>(s, base[0], [&](int row) { return segment_row<T>(base, end, ss, row); }, r0, nrows, tid);
+    load_tile_at<BN, D, LDS, NTH, SWZ>(s, base[0], [&](int row) { return segment_row<T>(base, end, ss, row); }, r0, nrows, tid);
   }
 }
 
@@ -143,7 +143,7 @@ __device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const Pa
 // at the copy cost 18% at 4k keys, pages of 16). Tried at pages of 16 on the H100 and not kept: the split's
 // entries staged in shared memory, whole pages copied with running pointers (NOTES v25), 32-bit addresses
 // with no division per row (v29: pages of 24 +9%, pages of 16 at 32k -1.7%).
-template <int BN, int D, int LDS, int NTH, int N, class T>
+template <int BN, int D, int LDS, int NTH, bool SWZ, int N, class T>
 __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
                                               const PagedKV& pg, const PageDiv& pd, const BlockEntries<N>& en,
                                               int row0, int nrows, int tid) {
@@ -151,13 +151,15 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
   auto k_at = [&](int i) { return entry_index(en.k[i], t64, pg.k_pages); };
   auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], t64, pg.v_pages); };
-  if (load_block_in_page<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, pd, [&](int) { return k_at(0); }, row0, nrows,
-                                          tid)) {
-    load_block_in_page<BN, D, LDS, NTH>(sV, gV, a.v_ss, pg.v_sp, pd, [&](int) { return v_at(0); }, row0, nrows, tid);
+  if (load_block_in_page<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, [&](int) { return k_at(0); }, row0,
+                                               nrows, tid)) {
+    load_block_in_page<BN, D, LDS, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, [&](int) { return v_at(0); }, row0, nrows,
+                                             tid);
     return;
   }
+  static_assert(!SWZ || W::kStep % 8 == 0, "a thread's swizzled column is the same in each of its rows");
   const int r0 = tid / W::kChunks, c = tid % W::kChunks;
-  const unsigned k0 = smem_u32(sK) + (r0 * LDS + c * 8) * 2, v0 = smem_u32(sV) + (r0 * LDS + c * 8) * 2;
+  const unsigned k0 = smem_u32(sK) + tile_chunk<LDS, SWZ>(r0, c) * 2, v0 = smem_u32(sV) + tile_chunk<LDS, SWZ>(r0, c) * 2;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
@@ -170,39 +172,23 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
 
 // The same block where V has another head dim (multi-head latent attention) or the threads do not split a
 // row's chunks evenly: each operand by its own page's strided copy, or row by row with a lookup per row.
-template <int BN, int D, int DV, int LDS, int LDSV, int NTH, class T>
+template <int BN, int D, int DV, int LDS, int LDSV, int NTH, bool SWZ, class T>
 __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
                                                    const PagedKV& pg, const PageDiv& pd, int b, int row0, int nrows,
                                                    int tid) {
   const bool t64 = pg.table64 != 0;
   auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
   auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
-  load_block_paged<BN, D, LDS, NTH>(sK, gK, a.k_ss, pg.k_sp, pd, k_page, row0, nrows, tid);
-  load_block_paged<BN, DV, LDSV, NTH>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
+  load_block_paged<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, k_page, row0, nrows, tid);
+  load_block_paged<BN, DV, LDSV, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
 }
 
-// The contiguous kernel's K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their
-// 128-byte group by the row (chunk c of row r at c ^ (r & 7)): the copies fill whole 128-byte lines and the
-// ldmatrix rows still fall in distinct banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
+// The K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their 128-byte group by the
+// row (copy.cuh tile_chunk): the copies fill whole 128-byte lines and the ldmatrix rows still fall in distinct
+// banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
 #ifndef CUBRIDGE_DECODE_SWZ
 #define CUBRIDGE_DECODE_SWZ 1
 #endif
-template <int ROWS, int D, int NTH, class T>
-__device__ __forceinline__ void load_tile_swz(T* s, const T* g, long long ld, int row0, int nrows, int tid) {
-  constexpr int kChunks = D / 8, kStep = NTH / kChunks;
-  static_assert(NTH % kChunks == 0 && ROWS % kStep == 0 && kChunks % 8 == 0, "whole rows, 128-byte groups");
-  const int r = tid / kChunks, c = tid % kChunks, left = nrows - row0 - r;
-  const T* src = g + (long long)(row0 + r) * ld + c * 8;
-  const unsigned s0 = smem_u32(s);
-#pragma unroll
-  for (int i = 0; i < ROWS / kStep; ++i) {
-    const int row = r + i * kStep;
-    const bool ok = i * kStep < left;
-    cp_async16(s0 + (row * D + ((c ^ (row & 7)) * 8)) * 2, ok ? src : g, ok);
-    src += kStep * ld;
-  }
-}
-
 // S = Q K^T and O += P V over swizzled K and V (gemm.cuh's gemm_qk and gemm_pv with the chunk XOR; a lane's
 // ldmatrix rows are 8-aligned groups, so row & 7 is lane % 8 throughout).
 template <class T, int NT, int KC, int LK>
@@ -341,8 +327,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   CUBRIDGE_TRACE_AT(0);
 
   // the contiguous ring swizzled where whole 128-byte groups tile both head dims (load_tile_swz)
-  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && !kPaged && !kSeg && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 && D <= 128 && DV <= 128 &&
-                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0;
+  // (over 128 columns the swizzled products spilled at 2 stages; kept padded there)
+  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 && D <= 128 &&
+                        DV <= 128 && NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (NTH / (D / 8)) % 8 == 0;
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -435,20 +422,17 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     if constexpr (kAhead) {
       if (ok) {
         if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf, kv_end, tid);  // the first, or after a skip
-        load_kv_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, pd, ent, pf * BN, kv_end, tid);
+        load_kv_paged<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, ent, pf * BN, kv_end, tid);
         if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf + 1, kv_end, tid);
       }
     } else if constexpr (kPaged) {
-      if (ok) load_kv_paged_rows<BN, D, DV, LDS, LDSV, NTH>(sK + stage * BN * LDS, sV + stage * BN * LDSV, gK, gV, a, pg, pd, b, pf * BN, kv_end, tid);
+      if (ok) load_kv_paged_rows<BN, D, DV, LK, LV, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, b, pf * BN, kv_end, tid);
     } else if constexpr (kSeg) {
-      if (ok) load_tile_pieces<BN, D, LDS, NTH>(sK + stage * BN * LDS, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile_pieces<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
-    } else if constexpr (kSwz) {
-      if (ok) load_tile_swz<BN, D, NTH>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile_swz<BN, DV, NTH>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile_pieces<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile_pieces<BN, DV, LV, NTH, kSwz>(sV + stage * BN * LV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
     } else {
-      if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile<BN, DV, LDSV, NTH>(sV + stage * BN * LDSV, gV, a.v_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile<BN, D, LK, NTH, T, kSwz>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile<BN, DV, LV, NTH, T, kSwz>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, kv_end, tid);
     }
     cp_async_commit();
     ++pf;
