@@ -361,3 +361,21 @@ def test_a_mask_that_never_reads_the_head_is_classed_once_per_tile():
     assert "kClassByHead = false" in src
     src = lower(tc.transfer(per_head, q, k, v, torch.randn(4, 256)), arch="sm_90a", head_dim=64, decode=True).source
     assert "kClassByHead = true" in src
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D,DV", [(64, 64), (128, 128), (192, 128)])
+def test_paged_decode_kernel_builds_without_spills(D, DV, tmp_path):
+    """The paged decode kernel (two CTAs a multiprocessor: at most 255 registers a thread) with its K/V ring
+    swizzled at head dims 64 and 128 (copy.cuh tile_chunk) and padded otherwise; pages of 16, the per-row
+    walk, slots-first pages with an int32 table (the most words a row). Not D 256: it spills 344 bytes, as it
+    did before the swizzle (probably its 16 rows a thread, each with table entries held a block ahead; NOTES v36)."""
+    import paged_specs as ps
+    from torch_cubridge.capture.trace import bind_example
+    from torch_cubridge.pipeline import transfer_stage
+    q, kp, vp, table, _ = ps.pages(2, 8, 2, 100, D, 16, torch.float32, slots_first=True)
+    vp = torch.randn(*vp.shape[:-1], DV)
+    res = transfer_stage(ps.flash_slots_first, bind_example(ps.flash_slots_first, (q, kp, vp, table), {}))
+    low = lower(res.program, "sm_90a", "bfloat16", D, decode=True, value_dim=DV, paged=True)
+    sass = _sass(tc_cubin(low.source, "sm_90a"), tmp_path)
+    assert "HMMA" in sass and "LDGSTS" in sass and "LDL" not in sass and "STL" not in sass
