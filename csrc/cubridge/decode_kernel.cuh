@@ -189,48 +189,6 @@ __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, co
 #ifndef CUBRIDGE_DECODE_SWZ
 #define CUBRIDGE_DECODE_SWZ 1
 #endif
-// S = Q K^T and O += P V over swizzled K and V (gemm.cuh's gemm_qk and gemm_pv with the chunk XOR; a lane's
-// ldmatrix rows are 8-aligned groups, so row & 7 is lane % 8 throughout).
-template <class T, int NT, int KC, int LK>
-__device__ __forceinline__ void gemm_qk_swz(float (&s)[1][NT][4], const unsigned (&qa)[1][KC][4], unsigned k_row,
-                                            int lane) {
-  const int h = (lane / 8) % 2, x = lane % 8;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) s[0][nt][0] = s[0][nt][1] = s[0][nt][2] = s[0][nt][3] = 0.f;
-#pragma unroll
-  for (int kc = 0; kc < KC; ++kc) {
-    const unsigned col = static_cast<unsigned>(((2 * kc + h) ^ x) * 16);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      unsigned kb[4];
-      ldsm_x4(kb, k_row + np * 16 * LK * 2 + col);
-      mma16816<T>(s[0][2 * np], qa[0][kc], kb[0], kb[1]);
-      mma16816<T>(s[0][2 * np + 1], qa[0][kc], kb[2], kb[3]);
-    }
-  }
-}
-
-template <class T, int NT, int DT, int LV>
-__device__ __forceinline__ void gemm_pv_swz(float (&o)[1][DT][4], const float (&s)[1][NT][4], unsigned v_row,
-                                            int lane) {
-  const int h = lane / 16, x = lane % 8;
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; ++kk) {
-    unsigned pa[4];
-    pa[0] = pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
-    pa[1] = pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
-    pa[2] = pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-    pa[3] = pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-#pragma unroll
-    for (int dp = 0; dp < DT / 2; ++dp) {
-      unsigned vb[4];
-      ldsm_x4_t(vb, v_row + kk * 16 * LV * 2 + static_cast<unsigned>(((2 * dp + h) ^ x) * 16));
-      mma16816<T>(o[0][2 * dp], pa, vb[0], vb[1]);
-      mma16816<T>(o[0][2 * dp + 1], pa, vb[2], vb[3]);
-    }
-  }
-}
-
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
@@ -491,10 +449,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #endif
     // @cuir mma name=qk
     float s[1][NT][4];
-    if constexpr (kSwz)
-      gemm_qk_swz<T, NT, KC, LK>(s, qa, k_lane + stage * BN * LK * 2, lane);
-    else
-      gemm_qk<T, 1, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
+    gemm_qk<T, 1, NT, KC, LK, kSwz>(s, qa, k_lane + stage * BN * LK * 2, lane);
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
     const int kv0 = j * BN + warp * KW + (lane % 4) * 2;
@@ -514,10 +469,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     softmax_update<1, NT, DT, true>(s, o, m, l, factor);
     // @cuir load tensor=v
     // @cuir mma name=pv
-    if constexpr (kSwz)
-      gemm_pv_swz<T, NT, DT, LV>(o, s, v_lane + stage * BN * LV * 2, lane);
-    else
-      gemm_pv<T, 1, NT, DT, LDSV>(o, s, v_lane + stage * BN * LDSV * 2);
+    gemm_pv<T, 1, NT, DT, LV, kSwz>(o, s, v_lane + stage * BN * LV * 2, lane);
     __syncthreads();  // every warp is done with this stage before the next prefetch refills it
     stage = stage == ST - 1 ? 0 : stage + 1;
   }
