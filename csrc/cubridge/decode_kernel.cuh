@@ -284,8 +284,8 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr float kLog2e = 1.4426950408889634f;
   CUBRIDGE_TRACE_AT(0);
 
-  // the contiguous ring swizzled where whole 128-byte groups tile both head dims (load_tile_swz)
-  // (over 128 columns the swizzled products spilled at 2 stages; kept padded there)
+  // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims, up to 128
+  // columns (over that the swizzled products spilled at 2 stages: padded there)
   constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 && D <= 128 &&
                         DV <= 128 && NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (NTH / (D / 8)) % 8 == 0;
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
