@@ -8,26 +8,19 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-import torch_cubridge.lower as lowering  # noqa: E402
-from bench_decode import bench, gqa_decode, paged_gqa_decode, sdpa, tc  # noqa: E402
+from bench_decode import bench, gqa_decode, paged_gqa_decode, sdpa, source_defines, tc  # noqa: E402
 from timing import clean_flush_ms  # noqa: E402
 
 
 def build(defines: dict[str, str], spec, *args):
-    base = lowering.lower
-    head = "".join(f"#define {n} {x}\n" for n, x in defines.items())
-    lowering.lower = lambda *a, **kw: replace(low := base(*a, **kw), source=head + low.source)
-    try:
+    with source_defines(defines):
         f = tc.compile(spec, fallback="raise")
         o = f(*args)
-    finally:
-        lowering.lower = base
     ref = spec(*(x.double() if x.is_floating_point() else x for x in args))
     return (lambda: f(*args)), float((o.double() - ref).norm() / ref.norm())
 

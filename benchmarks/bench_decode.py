@@ -14,7 +14,10 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -156,17 +159,28 @@ def run_paged(B: int, H: int, Hkv: int, Skv: int, D: int, P: int) -> dict:
     return row
 
 
+@contextmanager
+def source_defines(defines: dict[str, object]) -> Iterator[None]:
+    """Kernels lowered inside get these preprocessor defines ahead of their source (the kernel cache keys by
+    source, so each set is its own build): copy.cuh's and decode_kernel.cuh's switches, the diagnostics' trace."""
+    import torch_cubridge.lower as lowering
+    base = lowering.lower
+    head = "".join(f"#define {n} {v}\n" for n, v in defines.items())
+    lowering.lower = lambda *a, **kw: replace(low := base(*a, **kw), source=head + low.source)
+    try:
+        yield
+    finally:
+        lowering.lower = base
+
+
 def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
     """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
     K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py; either left out:
     the tile's own, printed as None), a fixed number
     of splits or the copies' L2 prefetch hint (l2=0, 128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
-    from dataclasses import replace
-    import torch_cubridge.lower as lowering
     import torch_cubridge.lower.source as source
     import torch_cubridge.ops.runner as runner
     base_tile, base_ctas, base_split = source.decode_tile, runner.DECODE_CTAS_PER_SM, runner.decode_split
-    base_lower = lowering.lower
     out = []
     for Skv in lengths:
         dev, dt = "cuda", torch.bfloat16
@@ -188,15 +202,13 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
                     t := base_tile(d, dv, paged), stages=st or t.stages, block_n=bn or t.block_n)
             runner.DECODE_CTAS_PER_SM = ctas
             l2 = int(kv["l2"]) if "l2" in kv else None  # the copies' L2 prefetch hint, a define ahead of the source
-            if l2 is not None:
-                lowering.lower = lambda *a_, l2=l2, **k_: replace(
-                    low := base_lower(*a_, **k_), source=f"#define CUBRIDGE_L2_PREFETCH {l2}\n" + low.source)
             n = int(kv.get("splits", 0))
             if n:
                 runner.decode_split = lambda c, n_blk, sms, per_sm=1, min_blocks=1, n=n: (-(-n_blk // -(-n_blk // n)), -(-n_blk // n))
             try:
-                f = tc.compile(gqa_decode, fallback="raise")
-                o = f(q, k, v)
+                with source_defines({} if l2 is None else {"CUBRIDGE_L2_PREFETCH": l2}):
+                    f = tc.compile(gqa_decode, fallback="raise")
+                    o = f(q, k, v)
                 ref = gqa_decode(q.double(), k.double(), v.double())
                 ms = bench(lambda: f(q, k, v))
                 out.append({"B": B, "Skv": Skv, "stages": st, "block_n": bn or None, "ctas_per_sm": ctas, "splits": n or None, "l2": l2, "ms": ms,
@@ -204,7 +216,6 @@ def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
                              "rel_err_vs_fp64": float((o.double() - ref).norm() / ref.norm())})
             finally:
                 source.decode_tile, runner.DECODE_CTAS_PER_SM = base_tile, base_ctas
-                lowering.lower = base_lower
                 runner.decode_split = base_split
             print(json.dumps(out[-1]), flush=True)
     return out

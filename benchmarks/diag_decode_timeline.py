@@ -15,15 +15,14 @@ import json
 import os
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch_cubridge.lower as lowering  # noqa: E402
 from torch_cubridge.ops.launch import libcuda  # noqa: E402
+from bench_decode import source_defines  # noqa: E402
 from diag_fixed_cost import decode_case, decode_config  # noqa: E402
 from timing import read_flush  # noqa: E402
 
@@ -41,22 +40,19 @@ def trace_of(kern, name: bytes = b"cubridge_trace") -> tuple[int, int]:
     return ptr.value, size.value
 
 
-def read_trace(ptr: int, n: int) -> list[tuple[int, int, int, int]]:
+def read_words(ptr: int, ctype, n: int) -> list[int]:
+    """n words of type `ctype` from device address `ptr`."""
     cu = libcuda()
-    host = (ctypes.c_uint64 * (4 * n))()
+    host = (ctype * n)()
     fn = cu.lib.cuMemcpyDtoH_v2
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    cu.check(fn(ctypes.addressof(host), ptr, 8 * 4 * n), "cuMemcpyDtoH")
-    return [tuple(host[4 * i:4 * i + 4]) for i in range(n)]
-
-
-def read_sms(ptr: int, n: int) -> list[int]:
-    cu = libcuda()
-    host = (ctypes.c_uint32 * n)()
-    fn = cu.lib.cuMemcpyDtoH_v2
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    cu.check(fn(ctypes.addressof(host), ptr, 4 * n), "cuMemcpyDtoH")
+    cu.check(fn(ctypes.addressof(host), ptr, ctypes.sizeof(host)), "cuMemcpyDtoH")
     return list(host)
+
+
+def read_trace(ptr: int, n: int) -> list[tuple[int, int, int, int]]:
+    words = read_words(ptr, ctypes.c_uint64, 4 * n)
+    return [tuple(words[4 * i:4 * i + 4]) for i in range(n)]
 
 
 def summary(rows: list[tuple[int, int, int, int]]) -> dict:
@@ -85,11 +81,8 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     clean = read_flush()
-    base_lower = lowering.lower
-    lowering.lower = lambda *a_, **k_: replace(low := base_lower(*a_, **k_),
-                                               source="#define CUBRIDGE_TRACE 1\n" + low.source)
     out = []
-    try:
+    with source_defines({"CUBRIDGE_TRACE": 1}):
         for cfg in args.configs.split(";"):
             name, kind, st, ctas = cfg.split(":")
             with decode_config(int(st), int(ctas)):
@@ -115,12 +108,10 @@ def main() -> None:
                         live = [r for r in rows if r[0] and newest - r[0] < 40_000 and r[3] >= r[0]]
                         row = {"config": name, "Skv": Skv, "pool_scale": scale, "call": i, "event_us": s.elapsed_time(e) * 1e3, **summary(live)}
                         if i == args.calls - 1:  # the last call CTA by CTA: index, multiprocessor, the four times
-                            sms = read_sms(sm_ptr, 4096)
+                            sms = read_words(sm_ptr, ctypes.c_uint32, 4096)
                             row["raw"] = [(c, sms[c], *rows[c]) for c in range(4096) if rows[c] in live]
                         out.append(row)
                         print(json.dumps({k: v for k, v in row.items() if k != "raw"}), flush=True)
-    finally:
-        lowering.lower = base_lower
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode_timeline.json").write_text(json.dumps(out, indent=1))
     keys = ("event_us", "ctas", "start_max_us", "first_block_med_us", "first_block_max_us", "stream_med_us",
