@@ -63,7 +63,7 @@ def _check(f, spec, args, kernel="decode"):
     assert rel_err(out.float().cpu(), ref) < 1e-2
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("Sq,Skv", [(1, 4099), (4, 777), (16, 1000), (1, 40)])
 def test_gqa_window_decode(Sq, Skv, D):
     f = tc.compile(gqa_bottom_right_window, fallback="raise")

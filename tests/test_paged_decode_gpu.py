@@ -14,10 +14,12 @@ def _serve(fn, args):
     return ps.serve(fn, args, "decode")
 
 
-@pytest.mark.parametrize("D,P", [(128, 16), (128, 256), (64, 64), (64, 32), (64, 24), (48, 16), (32, 16)])
+@pytest.mark.parametrize("D,P", [(128, 16), (128, 256), (64, 64), (64, 32), (64, 24), (48, 16), (32, 16), (256, 16),
+                                 (256, 64)])
 def test_heads_first_pages_with_lengths(D, P):
     """Page sizes a power of two and not (24): blocks inside a page (64, 256), of whole pages (16, 32), of
-    neither (24); D 48 takes the loader with no fixed column per thread, D 32 a pass of 32 rows."""
+    neither (24); D 48 takes the loader with no fixed column per thread, D 32 a pass of 32 rows; D 256 (Gemma)
+    reads Q from shared memory and holds 16 rows' table entries a thread."""
     _serve(ps.vllm_heads_first, ps.pages(3, 8, 2, 3000, D, P, torch.bfloat16))
 
 

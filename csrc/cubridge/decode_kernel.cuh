@@ -116,7 +116,7 @@ struct RowWalk {
 template <int N>
 struct BlockEntries {
   int blk;  // the block they are for (-1: none)
-  RawEntry k[N], v[N];
+  Entry k[N], v[N];
 };
 
 template <int BN, int D, int NTH, int N>
@@ -188,6 +188,11 @@ __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, co
 // banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
 #ifndef CUBRIDGE_DECODE_SWZ
 #define CUBRIDGE_DECODE_SWZ 1
+#endif
+// The registers Q's fragments and O's accumulators may take together before Q is read from shared memory instead
+// (attention_decode's kQRegs; 256: Q always in registers, as before, for A/B).
+#ifndef CUBRIDGE_DECODE_Q_REGS
+#define CUBRIDGE_DECODE_Q_REGS 128
 #endif
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
 struct DecodeTile {
@@ -402,7 +407,11 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   }
   // Q's rows into registers, once the first K/V blocks are out (its loads wait for their data): the loop's
   // first ST - 1 turns only prefetch, so the copy code is compiled once, not once more per ring slot.
-  unsigned qa[1][KC][4];
+  // Q's fragments stay in registers where they and O's accumulators take at most CUBRIDGE_DECODE_Q_REGS of a
+  // thread's 255 (PD / 4 and PDV / 2); past that Q is re-read from shared memory each k16 step (at D 256 the
+  // two took 192, and the paged kernel spilled 344 bytes)
+  constexpr bool kQRegs = PD / 4 + PDV / 2 <= CUBRIDGE_DECODE_Q_REGS;
+  unsigned qa[1][kQRegs ? KC : 1][4];
   auto load_q = [&] {
     // @cuir load tensor=q
     for (int idx = tid; idx < R * (D / 8); idx += NTH) {
@@ -411,7 +420,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
     }
     __syncthreads();
-    load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
+    if constexpr (kQRegs) load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
   };
 
   float o[1][DT][4];
@@ -449,7 +458,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 #endif
     // @cuir mma name=qk
     float s[1][NT][4];
-    gemm_qk<T, 1, NT, KC, LK, kSwz>(s, qa, k_lane + stage * BN * LK * 2, lane);
+    if constexpr (kQRegs)
+      gemm_qk<T, 1, NT, KC, LK, kSwz>(s, qa, k_lane + stage * BN * LK * 2, lane);
+    else
+      gemm_qk_smem<T, 1, NT, KC, LK, LDS, kSwz>(s, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2, k_lane + stage * BN * LK * 2, lane);
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
     const int kv0 = j * BN + warp * KW + (lane % 4) * 2;

@@ -65,10 +65,12 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], const unsigned (&
 }
 
 // S = Q K^T re-reading Q from shared memory per k16 step (saves registers
-// for large head dims). Q's rows have pitch LDQ (they stage O later, which may be wider), K's LDS.
-template <class T, int MT, int NT, int KC, int LDS, int LDQ = LDS>
+// for large head dims). Q's rows have pitch LDQ (they stage O later, which may be wider), K's LDS; k_addr as
+// gemm_qk's.
+template <class T, int MT, int NT, int KC, int LDS, int LDQ = LDS, bool SWZ = false>
 __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_addr,
-                                             unsigned k_addr) {
+                                             unsigned k_addr, int lane = 0) {
+  const int hi = (lane / 8) % 2, x = lane % 8;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -78,10 +80,11 @@ __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_a
     unsigned qa[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], q_addr + (mt * 16 * LDQ + kc * 16) * 2);
+    const unsigned col = SWZ ? swz_col(kc, hi, x) : 0u;
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];
-      ldsm_x4(kb, k_addr + (np * 16 * LDS + kc * 16) * 2);
+      ldsm_x4(kb, SWZ ? k_addr + np * 16 * LDS * 2 + col : k_addr + (np * 16 * LDS + kc * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
