@@ -21,8 +21,11 @@ def build(defines: dict[str, str], spec, *args):
     with source_defines(defines):
         f = tc.compile(spec, fallback="raise")
         o = f(*args)
-    ref = spec(*(x.double() if x.is_floating_point() else x for x in args))
-    return (lambda: f(*args)), float((o.double() - ref).norm() / ref.norm())
+    # against float64 on sequence 0 (every argument with the batch's leading size cut to one: the pages are not;
+    # the whole batch's float64 reference ran out of the H100's memory at D 256, 32k keys)
+    cut = [x[:1] if x.shape[0] == args[0].shape[0] else x for x in args]
+    ref = spec(*(x.double() if x.is_floating_point() else x for x in cut))
+    return (lambda: f(*args)), float((o[:1].double() - ref).norm() / ref.norm())
 
 
 def main() -> None:

@@ -50,11 +50,10 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   constexpr int kAll = ROWS * kChunks;  // a head dim of 5 or 9 chunks does not split evenly: the last pass guards
   static_assert(!SWZ || (kChunks % 8 == 0 && LDS == D), "a swizzled tile has rows of whole 128-byte groups");
   const unsigned s0 = smem_u32(s);
-  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0 &&
-                (!SWZ || (NTHREADS / kChunks) % 8 == 0)) {
+  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0) {
     // Each thread keeps one column and walks rows kStep apart: one running
-    // pointer instead of a hoisted 64-bit offset per chunk (saves registers). (kStep a multiple of 8 keeps
-    // a swizzled column's place the same in every row the thread copies.)
+    // pointer instead of a hoisted 64-bit offset per chunk (saves registers). (Swizzled, a column's place
+    // repeats every 8 rows: one base address where kStep is a multiple of 8, else each row's own.)
     constexpr int kStep = NTHREADS / kChunks;
     const int r = tid / kChunks, c = tid % kChunks;
     const int left = nrows - row0 - r;  // rows this thread may still read
@@ -64,7 +63,8 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = i * kStep < left;
-      cp_async16(dst + i * kStep * LDS * 2, ok ? src : g, ok);
+      cp_async16(kStep % 8 == 0 ? dst + i * kStep * LDS * 2 : s0 + tile_chunk<LDS, SWZ>(r + i * kStep, c) * 2,
+                 ok ? src : g, ok);
       src += step;
     }
   } else {

@@ -148,25 +148,28 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
                                               const PagedKV& pg, const PageDiv& pd, const BlockEntries<N>& en,
                                               int row0, int nrows, int tid) {
   using W = RowWalk<BN, D, NTH>;
-  const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
-  auto k_at = [&](int i) { return entry_index(en.k[i], t64, pg.k_pages); };
-  auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], t64, pg.v_pages); };
+  const bool shared = pages_shared(pg);
+  auto k_at = [&](int i) { return entry_index(en.k[i], pg.k_pages); };
+  auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], pg.v_pages); };
   if (load_block_in_page<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, [&](int) { return k_at(0); }, row0,
                                                nrows, tid)) {
     load_block_in_page<BN, D, LDS, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, [&](int) { return v_at(0); }, row0, nrows,
                                              tid);
     return;
   }
-  static_assert(!SWZ || W::kStep % 8 == 0, "a thread's swizzled column is the same in each of its rows");
   const int r0 = tid / W::kChunks, c = tid % W::kChunks;
-  const unsigned k0 = smem_u32(sK) + tile_chunk<LDS, SWZ>(r0, c) * 2, v0 = smem_u32(sV) + tile_chunk<LDS, SWZ>(r0, c) * 2;
+  // (swizzled, one base address where the walk's step is a multiple of 8, else each row's own: copy.cuh load_tile)
+  constexpr bool kOneBase = W::kStep % 8 == 0;
+  const unsigned k0 = smem_u32(sK) + (kOneBase ? tile_chunk<LDS, SWZ>(r0, c) * 2 : 0),
+                 v0 = smem_u32(sV) + (kOneBase ? tile_chunk<LDS, SWZ>(r0, c) * 2 : 0);
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
     const long long slot = row - pd.div(row) * pd.page;
-    cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
-    cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
+    const unsigned at = kOneBase ? i * W::kStep * LDS * 2 : tile_chunk<LDS, SWZ>(r0 + W::kStep * i, c) * 2;
+    cp_async16(k0 + at, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
+    cp_async16(v0 + at, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
 }
 
@@ -289,10 +292,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr float kLog2e = 1.4426950408889634f;
   CUBRIDGE_TRACE_AT(0);
 
-  // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims, up to 128
-  // columns (over that the swizzled products spilled at 2 stages: padded there)
-  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 && D <= 128 &&
-                        DV <= 128 && NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (NTH / (D / 8)) % 8 == 0;
+  // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
+  // split a row's chunks evenly (64, 128, 256)
+  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 &&
+                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0;
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
