@@ -40,6 +40,12 @@ template <int LDS, bool SWZ>
 __device__ __forceinline__ int tile_chunk(int r, int c) {
   return r * LDS + (SWZ ? (c ^ (r & 7)) : c) * 8;
 }
+// A thread that copies one column of rows STEP apart finds it in this many places, from row to row, before they
+// repeat (swizzled: the XOR repeats every 8 rows; one place where STEP is a multiple of 8 or unswizzled).
+template <int STEP, bool SWZ>
+__host__ __device__ constexpr int walk_places() {
+  return !SWZ || STEP % 8 == 0 ? 1 : STEP % 4 == 0 ? 2 : STEP % 2 == 0 ? 4 : 8;
+}
 
 // Copy rows [row0, row0 + ROWS) of a row-major [nrows, D] matrix (row stride
 // `ld` elements, last dim contiguous) into a shared tile with row pitch LDS (tile_chunk's layout).
@@ -52,19 +58,20 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int ro
   const unsigned s0 = smem_u32(s);
   if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0) {
     // Each thread keeps one column and walks rows kStep apart: one running
-    // pointer instead of a hoisted 64-bit offset per chunk (saves registers). (Swizzled, a column's place
-    // repeats every 8 rows: one base address where kStep is a multiple of 8, else each row's own.)
+    // pointer instead of a hoisted 64-bit offset per chunk (saves registers), and its column's walk_places
+    // places in shared memory.
     constexpr int kStep = NTHREADS / kChunks;
     const int r = tid / kChunks, c = tid % kChunks;
     const int left = nrows - row0 - r;  // rows this thread may still read
     const T* src = g + (long long)(row0 + r) * ld + c * 8;
     const long long step = kStep * ld;
+    constexpr int kP = walk_places<kStep, SWZ>();
     const unsigned dst = s0 + tile_chunk<LDS, SWZ>(r, c) * 2;
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = i * kStep < left;
-      cp_async16(kStep % 8 == 0 ? dst + i * kStep * LDS * 2 : s0 + tile_chunk<LDS, SWZ>(r + i * kStep, c) * 2,
-                 ok ? src : g, ok);
+      const int j = i % kP, rep = (i / kP) * kP * kStep * LDS * 2;  // its place, and the repeats before it
+      cp_async16(j == 0 ? dst + rep : s0 + tile_chunk<LDS, SWZ>(r + j * kStep, c) * 2 + rep, ok ? src : g, ok);
       src += step;
     }
   } else {

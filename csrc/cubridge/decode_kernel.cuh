@@ -158,18 +158,18 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
     return;
   }
   const int r0 = tid / W::kChunks, c = tid % W::kChunks;
-  // (swizzled, one base address where the walk's step is a multiple of 8, else each row's own: copy.cuh load_tile)
-  constexpr bool kOneBase = W::kStep % 8 == 0;
-  const unsigned k0 = smem_u32(sK) + (kOneBase ? tile_chunk<LDS, SWZ>(r0, c) * 2 : 0),
-                 v0 = smem_u32(sV) + (kOneBase ? tile_chunk<LDS, SWZ>(r0, c) * 2 : 0);
+  constexpr int kP = walk_places<W::kStep, SWZ>();  // the column's places in the ring (copy.cuh)
+  const unsigned k0 = smem_u32(sK) + tile_chunk<LDS, SWZ>(r0, c) * 2, v0 = smem_u32(sV) + tile_chunk<LDS, SWZ>(r0, c) * 2;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
     const long long slot = row - pd.div(row) * pd.page;
-    const unsigned at = kOneBase ? i * W::kStep * LDS * 2 : tile_chunk<LDS, SWZ>(r0 + W::kStep * i, c) * 2;
-    cp_async16(k0 + at, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
-    cp_async16(v0 + at, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
+    const int j = i % kP, rep = (i / kP) * kP * W::kStep * LDS * 2;  // its place, and the repeats before it
+    const unsigned kd = j == 0 ? k0 + rep : smem_u32(sK) + tile_chunk<LDS, SWZ>(r0 + j * W::kStep, c) * 2 + rep;
+    const unsigned vd = j == 0 ? v0 + rep : smem_u32(sV) + tile_chunk<LDS, SWZ>(r0 + j * W::kStep, c) * 2 + rep;
+    cp_async16(kd, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
+    cp_async16(vd, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
 }
 
