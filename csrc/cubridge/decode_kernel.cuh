@@ -158,18 +158,15 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
     return;
   }
   const int r0 = tid / W::kChunks, c = tid % W::kChunks;
-  constexpr int kP = walk_places<W::kStep, SWZ>();  // the column's places in the ring (copy.cuh)
+  static_assert(!SWZ || W::kStep % 8 == 0, "a thread's swizzled column is the same in each of its rows");
   const unsigned k0 = smem_u32(sK) + tile_chunk<LDS, SWZ>(r0, c) * 2, v0 = smem_u32(sV) + tile_chunk<LDS, SWZ>(r0, c) * 2;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
     const long long slot = row - pd.div(row) * pd.page;
-    const int j = i % kP, rep = (i / kP) * kP * W::kStep * LDS * 2;  // its place, and the repeats before it
-    const unsigned kd = j == 0 ? k0 + rep : smem_u32(sK) + tile_chunk<LDS, SWZ>(r0 + j * W::kStep, c) * 2 + rep;
-    const unsigned vd = j == 0 ? v0 + rep : smem_u32(sV) + tile_chunk<LDS, SWZ>(r0 + j * W::kStep, c) * 2 + rep;
-    cp_async16(kd, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
-    cp_async16(vd, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
+    cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
+    cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
 }
 
@@ -293,9 +290,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   CUBRIDGE_TRACE_AT(0);
 
   // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
-  // split a row's chunks evenly (64, 128, 256)
+  // split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart (D 256): its
+  // pages of 16 read 13-17% slower swizzled, with or without each row's own place (NOTES v37)
   constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 &&
-                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0;
+                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (!kPaged || (NTH / (D / 8)) % 8 == 0);
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
