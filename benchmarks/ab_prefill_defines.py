@@ -2,8 +2,9 @@
 (CUBRIDGE_KERNEL=sm80 keeps a Hopper GPU on the FA2-class kernel). Causal GQA, B 4, 32:8 heads, bf16, head dims 64
 and 128, 4k queries and keys; TFLOP/s over the unmasked pairs, do_bench medians in interleaved rounds, the best.
 
-Usage: python benchmarks/ab_prefill_defines.py OUT.json "swz:" "padded:CUBRIDGE_FWD_SWZ=0" [--softcap]
-(--softcap: the spec also soft-caps the scores at 30, a hook on every score)"""
+Usage: python benchmarks/ab_prefill_defines.py OUT.json "a:" "b:SOME_DEFINE=0" [--softcap]
+(--softcap: the spec also soft-caps the scores at 30, a hook on every score). Run 4 of s1127j A/B'd the swizzled
+K/V ring at 3529077 this way ("swz:" "padded:CUBRIDGE_FWD_SWZ=0"): padded was faster, NOTES v37."""
 from __future__ import annotations
 
 import json

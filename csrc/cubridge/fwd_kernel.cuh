@@ -33,10 +33,6 @@
 
 namespace cubridge {
 
-#ifndef CUBRIDGE_FWD_SWZ
-#define CUBRIDGE_FWD_SWZ 1  // 0: the padded K/V ring (A/B)
-#endif
-
 // kPaged: K and V read in place from pages through block tables (paged.cuh): FwdArgs' k and v point at
 // the pages, k_sh/v_sh and k_ss/v_ss are the pages' head and row strides.
 template <class Cfg, class Variant, class T, bool kPaged = false>
@@ -59,14 +55,10 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   constexpr float kLog2e = 1.4426950408889634f;
   static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
 
-  // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims, as the decode
-  // kernel's; Q's rows keep their pad (they stage O and carry the rows' extras)
-  constexpr bool kSwz = CUBRIDGE_FWD_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0;
-  constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDV;  // K's and V's ring row pitches
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * LDQ;
-  T* sV = sK + ST * BN * LK;
+  T* sV = sK + ST * BN * LDS;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -94,10 +86,8 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   load_tile<BM, D, LDQ, NTH>(sQ, gQ, a.q_ss, q_lo, sq, tid);
   cp_async_commit();
   zero_pad_columns<BM, D, PD, LDQ, NTH>(sQ, tid);
-  if constexpr (!kSwz) {  // (a swizzled ring has no pad columns)
-    zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
-    zero_pad_columns<ST * BN, DV, PDV, LDV, NTH>(sV, tid);
-  }
+  zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
+  zero_pad_columns<ST * BN, DV, PDV, LDV, NTH>(sV, tid);
 
   // Prefetch cursor: walks the non-empty blocks in the same order as the main
   // loop; the i-th one lands in stage i % ST. Two groups (K, V) per block, empty
@@ -107,13 +97,13 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     while (pf < n_blk && block_cls(pf) == kEmpty) ++pf;
     const bool ok = pf < n_blk;
     if constexpr (kPaged) {
-      if (ok) load_block_paged<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, gK, a.k_ss, pg.k_sp, pd, k_page, pf * BN, skv, tid);
+      if (ok) load_block_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, pd, k_page, pf * BN, skv, tid);
       cp_async_commit();
-      if (ok) load_block_paged<BN, DV, LV, NTH, kSwz>(sV + stage * BN * LV, gV, a.v_ss, pg.v_sp, pd, v_page, pf * BN, skv, tid);
+      if (ok) load_block_paged<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pg.v_sp, pd, v_page, pf * BN, skv, tid);
     } else {
-      if (ok) load_tile<BN, D, LK, NTH, T, kSwz>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, skv, tid);
+      if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
       cp_async_commit();
-      if (ok) load_tile<BN, DV, LV, NTH, T, kSwz>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, skv, tid);
+      if (ok) load_tile<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pf * BN, skv, tid);
     }
     cp_async_commit();
     ++pf;
@@ -138,9 +128,8 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   for (int r = 0; r < 2 * MT; ++r) m[r] = neg_inf(), l[r] = 0.f;
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
 
-  // a lane's ldmatrix address: with kSwz its row's start (gemm.cuh adds the chunk)
-  const unsigned k_lane = kSwz ? smem_u32(sK) + (lane % 8 + (lane / 16) * 8) * LK * 2 : smem_u32(sK) + lane_off_k<LDS>(lane) * 2;
-  const unsigned v_lane = kSwz ? smem_u32(sV) + (lane % 8 + ((lane / 8) % 2) * 8) * LV * 2 : smem_u32(sV) + lane_off_v<LDV>(lane) * 2;
+  const unsigned k_lane = smem_u32(sK) + lane_off_k<LDS>(lane) * 2;
+  const unsigned v_lane = smem_u32(sV) + lane_off_v<LDV>(lane) * 2;
   const int q_row0 = q_lo + warp * RW + lane / 4;  // this lane's first query row
   int stage = 0;                                   // ring slot of the current block
 
@@ -158,9 +147,9 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     // @cuir mma name=qk
     float s[MT][NT][4];
     if constexpr (Cfg::kQInRegs)
-      gemm_qk<T, MT, NT, KC, LK, kSwz>(s, qa, k_lane + stage * BN * LK * 2, lane);
+      gemm_qk<T, MT, NT, KC, LDS>(s, qa, k_lane + stage * BN * LDS * 2);
     else
-      gemm_qk_smem<T, MT, NT, KC, LK, LDQ, kSwz>(s, q_addr, k_lane + stage * BN * LK * 2, lane);
+      gemm_qk_smem<T, MT, NT, KC, LDS, LDQ>(s, q_addr, k_lane + stage * BN * LDS * 2);
 
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
@@ -180,7 +169,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
     cp_async_wait<2 * ST - 2>();
     __syncthreads();
     // @cuir mma name=pv
-    gemm_pv<T, MT, NT, DT, LV, kSwz>(o, s, v_lane + stage * BN * LV * 2, lane);
+    gemm_pv<T, MT, NT, DT, LDV>(o, s, v_lane + stage * BN * LDV * 2);
     stage = stage + 1 == ST ? 0 : stage + 1;
   }
   // @cuir endloop axis=kv

@@ -4,7 +4,7 @@
 // Shared tiles have a row pitch of LDS elements (D + 8: the 16-byte pad puts the
 // 8 rows of every ldmatrix in distinct banks), or with SWZ are unpadded and swizzled (copy.cuh tile_chunk:
 // chunk c of row r at c ^ (r & 7)). A lane's ldmatrix rows start 8-aligned, so its XOR is lane % 8, and
-// with SWZ its address is its row's start and each step XORs its chunk in (swz_addr).
+// with SWZ its address is its row's start and each step adds its chunk (swz_col).
 #pragma once
 #include "mma.cuh"
 
@@ -24,17 +24,10 @@ template <int LDS>
 __device__ __forceinline__ int lane_off_v(int lane) {
   return (lane % 8 + ((lane / 8) % 2) * 8) * LDS + (lane / 16) * 8;
 }
-// With SWZ, the address of a lane's 16-byte chunk of k16 step (or d pair) `step`, `off` bytes of rows past its
-// row's start: chunk 2 step + hi (hi: the lane's half of the 16 columns) XOR x (x: lane % 8) inside its 128-byte
-// group. Row starts are 128-byte aligned (unpadded rows of whole groups, from a 128-aligned base), so the XOR
-// applies to the address itself: one add and one XOR an ldmatrix, and no register per step (a column offset per
-// step took 8-16 registers, which the FA2-class kernel spilled).
-__device__ __forceinline__ unsigned swz_addr(unsigned start, int off, int step, int hi, int x) {
-#ifndef CUBRIDGE_SWZ_COL_ADD  // (temporary A/B: the column offset added, as before)
-  return (start + static_cast<unsigned>(off + hi * 16 + step * 32)) ^ static_cast<unsigned>(x * 16);
-#else
-  return start + off + static_cast<unsigned>(((2 * step + hi) ^ x) * 16);
-#endif
+// With SWZ, bytes from a lane's row start to its 16-byte chunk of k16 step (or d pair) `step`: chunk 2 step + hi
+// (hi: the lane's half of the 16 columns) XOR x (x: lane % 8).
+__device__ __forceinline__ unsigned swz_col(int step, int hi, int x) {
+  return static_cast<unsigned>(((2 * step + hi) ^ x) * 16);
 }
 
 // Load this warp's Q fragments for every k16 step into registers.
@@ -57,10 +50,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], const unsigned (&
     for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
   for (int kc = 0; kc < KC; ++kc) {
+    const unsigned col = SWZ ? swz_col(kc, hi, x) : 0u;
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];
-      ldsm_x4(kb, SWZ ? swz_addr(k_addr, np * 16 * LDS * 2, kc, hi, x) : k_addr + (np * 16 * LDS + kc * 16) * 2);
+      ldsm_x4(kb, SWZ ? k_addr + np * 16 * LDS * 2 + col : k_addr + (np * 16 * LDS + kc * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(s[mt][2 * np], qa[mt][kc], kb[0], kb[1]);
@@ -86,10 +80,11 @@ __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_a
     unsigned qa[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], q_addr + (mt * 16 * LDQ + kc * 16) * 2);
+    const unsigned col = SWZ ? swz_col(kc, hi, x) : 0u;
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];
-      ldsm_x4(kb, SWZ ? swz_addr(k_addr, np * 16 * LDS * 2, kc, hi, x) : k_addr + (np * 16 * LDS + kc * 16) * 2);
+      ldsm_x4(kb, SWZ ? k_addr + np * 16 * LDS * 2 + col : k_addr + (np * 16 * LDS + kc * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -118,7 +113,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const float (&s)[
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
       unsigned vb[4];
-      ldsm_x4_t(vb, SWZ ? swz_addr(v_addr, kk * 16 * LDS * 2, dp, hi, x) : v_addr + (kk * 16 * LDS + dp * 16) * 2);
+      ldsm_x4_t(vb, SWZ ? v_addr + kk * 16 * LDS * 2 + swz_col(dp, hi, x)
+                        : v_addr + (kk * 16 * LDS + dp * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
