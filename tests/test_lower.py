@@ -367,7 +367,7 @@ def test_a_mask_that_never_reads_the_head_is_classed_once_per_tile():
 @pytest.mark.parametrize("D,DV", [(64, 64), (128, 128), (192, 128), (256, 256)])
 def test_paged_decode_kernel_builds_without_spills(D, DV, tmp_path):
     """The paged decode kernel (two CTAs a multiprocessor: at most 255 registers a thread) with its K/V ring
-    swizzled at head dims 64, 128 and 256 (copy.cuh tile_chunk) and padded otherwise; pages of 16, the per-row
+    swizzled at head dims 64 and 128 (copy.cuh tile_chunk) and padded otherwise; pages of 16, the per-row
     walk, slots-first pages with an int32 table (the most words a row). D 256 (Gemma) holds 16 rows' table entries
     a thread a block ahead: one register an entry (paged.cuh Entry), Q read from shared memory (it spilled 344
     bytes with two an entry and Q in registers; NOTES v37)."""
