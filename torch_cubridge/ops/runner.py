@@ -224,6 +224,8 @@ class KernelRunner:
             raise SpecServes("the block tables differ in dtype or lie on another device than the pages")
         B, per = kt.shape
         P = kp.shape[kr.slot_dim]
+        if max(kp.shape[0], vp.shape[0]) >= 2 ** 31:  # paged.cuh reads table entries in 32 bits
+            raise SpecServes("a pool of 2^31 pages or more: the kernels read table entries in 32 bits")
 
         def layout(t: torch.Tensor, r: PagedRead) -> tuple:
             st = t.stride()
