@@ -164,11 +164,7 @@ __device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T
   for (int i = 0; i < N; ++i) {
     const int row = row0 + r0 + W::kStep * i;
     const bool ok = row < nrows;
-#ifndef CUBRIDGE_ENTRY_CLAMP64
     const int slot = row - pd.div(row) * pd.page;  // (row < 2^31)
-#else
-    const long long slot = row - pd.div(row) * pd.page;
-#endif
     cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
     cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
   }
