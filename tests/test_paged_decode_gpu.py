@@ -126,3 +126,21 @@ def test_value_pages_of_their_own_head_dim(D, DV):
     vp = torch.randn(*vp.shape[:-1], DV, dtype=torch.bfloat16)
     f, _, out = _serve(ps.flash_slots_first, (q, kp, vp, table))
     assert out.shape[-1] == DV and f.kernels()[-1].value_dim == DV
+
+
+def test_a_pool_of_2_31_pages_is_served_by_the_spec():
+    """The kernels read table entries in 32 bits (paged.cuh Entry), so a pool of 2^31 pages or more is refused at
+    the call (runner._pages, and the C Decoder hands it to the runner) and the spec serves it; the same program
+    still serves the next call with a small pool. The large pool is one page viewed 2^31 + 8 times (stride 0)."""
+    args = tuple(a.cuda() for a in ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16))
+    f = tc.compile(ps.vllm_heads_first, fallback="raise")
+    f(*args)
+    assert f.served["spec"] == 0 and f.kernels()[-1].low.paged
+    q, kp, vp, table, lens = args
+    big = tuple(x[:1].expand(2 ** 31 + 8, *x.shape[1:]) for x in (kp, vp))
+    table = table % 7 + 2 ** 31  # entries a 32-bit read would get wrong (every page is the same memory here)
+    out = f(q, *big, table, lens)
+    assert f.served["spec"] == 1
+    assert torch.equal(out, ps.vllm_heads_first(q, *big, table, lens))
+    f(*args)
+    assert f.served["spec"] == 1
