@@ -109,3 +109,19 @@ def test_a_computed_extra_takes_the_python_runner():
     args = ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16)
     r = _runner(sorted_lengths, *args, paged=True)
     assert any(x.step for x in r.p.extras) and not r.decodable
+
+
+def test_a_pool_of_2_31_pages_is_refused_at_the_call():
+    """paged.cuh reads table entries in 32 bits, so the runner refuses a pool of 2^31 pages or more (SpecServes:
+    the spec serves that call; the C Decoder hands such a call to the runner) and takes the pool below it. The
+    large pool is one page viewed 2^31 times (stride 0)."""
+    import inspect
+    from torch_cubridge.ops.errors import SpecServes
+    args = ps.pages(2, 8, 2, 300, 64, 16, torch.float32)
+    r = _runner(ps.vllm_heads_first, *args, paged=True)
+    names = list(inspect.signature(ps.vllm_heads_first).parameters)
+    q, kp, vp, table, lens = args
+    r._pages(dict(zip(names, args)))
+    for big in ((kp[:1].expand(2 ** 31, *kp.shape[1:]), vp), (kp, vp[:1].expand(2 ** 31, *vp.shape[1:]))):
+        with pytest.raises(SpecServes, match="2\\^31 pages"):
+            r._pages(dict(zip(names, (q, *big, table, lens))))
