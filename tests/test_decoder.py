@@ -113,8 +113,8 @@ def test_a_computed_extra_takes_the_python_runner():
 
 def test_a_pool_of_2_31_pages_is_refused_at_the_call():
     """paged.cuh reads table entries in 32 bits, so the runner refuses a pool of 2^31 pages or more (SpecServes:
-    the spec serves that call; the C Decoder hands such a call to the runner) and takes the pool below it. The
-    large pool is one page viewed 2^31 times (stride 0)."""
+    the spec serves that call; the C Decoder hands such a call to the runner) and takes the pool below it; an
+    empty pool has no page to clamp an entry into. The large pool is one page viewed 2^31 times (stride 0)."""
     import inspect
     from torch_cubridge.ops.errors import SpecServes
     args = ps.pages(2, 8, 2, 300, 64, 16, torch.float32)
@@ -125,3 +125,5 @@ def test_a_pool_of_2_31_pages_is_refused_at_the_call():
     for big in ((kp[:1].expand(2 ** 31, *kp.shape[1:]), vp), (kp, vp[:1].expand(2 ** 31, *vp.shape[1:]))):
         with pytest.raises(SpecServes, match="2\\^31 pages"):
             r._pages(dict(zip(names, (q, *big, table, lens))))
+    with pytest.raises(SpecServes, match="empty pool"):  # no page to clamp an entry into
+        r._pages(dict(zip(names, (q, kp[:0], vp, table, lens))))

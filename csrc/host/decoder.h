@@ -402,7 +402,8 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
         const long long P = cn[1][2];
         if (tdt[0] != tdt[1] || t[0].shape[0] != t[1].shape[0] || t[0].shape[1] != t[1].shape[1] || cn[2][2] != P ||
             op[1].stride[0] % 8 || op[2].stride[0] % 8 || P <= 0 || t[0].shape[1] > (1LL << 40) / P ||
-            op[1].shape[0] >= (1LL << 31) || op[2].shape[0] >= (1LL << 31))  /* entries read in 32 bits (paged.cuh) */
+            op[1].shape[0] >= (1LL << 31) || op[2].shape[0] >= (1LL << 31) ||  /* entries read in 32 bits (paged.cuh) */
+            op[1].shape[0] <= 0 || op[2].shape[0] <= 0)  /* no page to clamp an entry into: the runner refuses */
             Py_RETURN_NONE;
         const long long w[DEC_PAGED_WORDS] = {(long long)t[0].ptr, (long long)t[1].ptr, t[0].stride[0], t[0].stride[1],
                                               t[1].stride[0], t[1].stride[1], op[1].stride[0], op[2].stride[0],

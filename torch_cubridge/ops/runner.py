@@ -226,6 +226,8 @@ class KernelRunner:
         P = kp.shape[kr.slot_dim]
         if max(kp.shape[0], vp.shape[0]) >= 2 ** 31:  # paged.cuh reads table entries in 32 bits
             raise SpecServes("a pool of 2^31 pages or more: the kernels read table entries in 32 bits")
+        if min(kp.shape[0], vp.shape[0]) == 0:  # no page to clamp an entry into (the spec's own gather raises)
+            raise SpecServes("an empty pool of pages")
 
         def layout(t: torch.Tensor, r: PagedRead) -> tuple:
             st = t.stride()
