@@ -291,7 +291,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
   // split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart (D 256): its
-  // pages of 16 read 13-17% slower swizzled, with or without each row's own place (NOTES v37)
+  // pages of 16 read 10-17% slower swizzled, with or without each row's own place (NOTES v37)
   constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 &&
                         NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (!kPaged || (NTH / (D / 8)) % 8 == 0);
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches

@@ -29,6 +29,12 @@ __device__ __forceinline__ int lane_off_v(int lane) {
 __device__ __forceinline__ unsigned swz_col(int step, int hi, int x) {
   return static_cast<unsigned>(((2 * step + hi) ^ x) * 16);
 }
+// A lane's K fragment of keys np * 16.. and k16 step kc (gemm_qk's and gemm_qk_smem's B operand); hi and x as
+// swz_col's for the K layout.
+template <int LDS, bool SWZ>
+__device__ __forceinline__ unsigned k_frag_addr(unsigned k_addr, int np, int kc, int hi, int x) {
+  return SWZ ? k_addr + np * 16 * LDS * 2 + swz_col(kc, hi, x) : k_addr + (np * 16 * LDS + kc * 16) * 2;
+}
 
 // Load this warp's Q fragments for every k16 step into registers.
 template <int MT, int KC, int LDS>
@@ -50,11 +56,10 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], const unsigned (&
     for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
   for (int kc = 0; kc < KC; ++kc) {
-    const unsigned col = SWZ ? swz_col(kc, hi, x) : 0u;
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];
-      ldsm_x4(kb, SWZ ? k_addr + np * 16 * LDS * 2 + col : k_addr + (np * 16 * LDS + kc * 16) * 2);
+      ldsm_x4(kb, k_frag_addr<LDS, SWZ>(k_addr, np, kc, hi, x));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(s[mt][2 * np], qa[mt][kc], kb[0], kb[1]);
@@ -80,11 +85,10 @@ __device__ __forceinline__ void gemm_qk_smem(float (&s)[MT][NT][4], unsigned q_a
     unsigned qa[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], q_addr + (mt * 16 * LDQ + kc * 16) * 2);
-    const unsigned col = SWZ ? swz_col(kc, hi, x) : 0u;
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned kb[4];
-      ldsm_x4(kb, SWZ ? k_addr + np * 16 * LDS * 2 + col : k_addr + (np * 16 * LDS + kc * 16) * 2);
+      ldsm_x4(kb, k_frag_addr<LDS, SWZ>(k_addr, np, kc, hi, x));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
