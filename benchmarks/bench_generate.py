@@ -7,7 +7,10 @@ stamps the clock after the prefill's logits and after the last step's, synchroni
 steps are timed apart from the prefill (the rate of v28 and before, B * N / (time of 1 + N tokens - time of
 1 token), took the difference of two generate calls, each with a 0.1-0.5 s prefill, and its rounds moved by
 up to 40%). Best and median of --rounds rounds, the two implementations interleaved; the prefill's time is
-the first stamp's. Every attention call of the timed cubridge runs is counted: the kernel must serve them all.
+the first stamp's. Each round also gives its median step time (every step is stamped; a hiccup of the host
+moves a round's total and not its median step), and rounds i of the two ran back to back, so the ratio of
+their median steps (SDPA's over ours: above 1, ours is faster) cancels the drift between rounds; the median
+of those paired ratios is the figure least moved by a host-bound step's noise. Every attention call of the timed cubridge runs is counted: the kernel must serve them all.
 The prefill's logits of the two are compared.
 
 Usage: python benchmarks/bench_generate.py [--rows 1x4096,8x4096,1x32768,8x32768] [--new 64] [--out DIR]
@@ -41,8 +44,10 @@ def model_8_layers(vocab: int = 32000):
 
 
 class _Stamps:
-    """A logits processor (it returns the scores as they are) that stamps the clock at its first and n-th
-    call, after the GPU has finished the logits of those steps."""
+    """A logits processor (it returns the scores as they are) that stamps the clock at every call: after the
+    GPU has finished the logits at the first and n-th (synchronised there), and at the steps between without
+    a sync of its own (generate synchronises once a step, on whether every sequence has finished, so the
+    stamps are a step apart in wall time)."""
 
     def __init__(self, n: int):
         self.n, self.calls, self.t = n, 0, []
@@ -51,7 +56,7 @@ class _Stamps:
         self.calls += 1
         if self.calls in (1, self.n):
             torch.cuda.synchronize()
-            self.t.append(time.perf_counter())
+        self.t.append(time.perf_counter())
         return scores
 
 
@@ -86,13 +91,20 @@ def _time_round(model, row: dict, ids: torch.Tensor) -> None:
     stamps = _Stamps(row["new"] + 1)
     t0 = time.perf_counter()
     _generate(model, ids, row["new"] + 1, stamps)
-    first, last = stamps.t
+    first, last = stamps.t[0], stamps.t[-1]
+    steps = sorted(b - a for a, b in zip(stamps.t, stamps.t[1:]))
     row.setdefault("prefill_s_rounds", []).append(first - t0)
     row.setdefault("decode_tokens_per_s_rounds", []).append(row["B"] * row["new"] / (last - first))
+    # a step's median time: a hiccup of the host (a collection, another process) moves the round's total, not this
+    row.setdefault("median_step_ms_rounds", []).append(1e3 * steps[len(steps) // 2])
     row["prefill_s"] = min(row["prefill_s_rounds"])
     row["decode_tokens_per_s"] = max(row["decode_tokens_per_s_rounds"])
     rates = sorted(row["decode_tokens_per_s_rounds"])
     row["decode_tokens_per_s_median"] = rates[len(rates) // 2]
+
+
+def _median(xs: list) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def _served() -> collections.Counter:
@@ -124,6 +136,11 @@ def main() -> None:
             for r in pair:
                 if "ids" in r:
                     _time_round(model, r, r["ids"])
+        if all("median_step_ms_rounds" in r for r in pair):
+            # round i of each ran back to back (interleaved): their ratio cancels the drift between rounds
+            paired = sorted(a / b for a, b in zip(pair[0]["median_step_ms_rounds"], pair[1]["median_step_ms_rounds"]))
+            pair[1]["paired_step_ratio_rounds"] = paired
+            pair[1]["paired_step_ratio_median"] = paired[len(paired) // 2]
         if all("prefill_logits" in r for r in pair):
             ref, ours = (r["prefill_logits"] for r in pair)
             pair[1]["prefill_logits_rel_err"] = float((ours - ref).norm() / ref.norm())
@@ -136,14 +153,14 @@ def main() -> None:
         (Path(a.out) / "generate.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                "torch": torch.__version__, "rows": rows}, indent=1))
     print(f"{'B':>2} {'ctx':>6} {'impl':>8} {'prefill s':>9} {'best tok/s':>10} {'median':>8} {'ours/sdpa best':>14} "
-          f"{'median':>6}")
+          f"{'median':>6} {'step ms':>7} {'paired':>6}")
     by = {(r["B"], r["ctx"], r["impl"]): r for r in rows}
     for r in rows:
         base = by.get((r["B"], r["ctx"], "sdpa"), {})
         ratio = [r.get(k, 0) / base[k] if base.get(k) else 0 for k in ("decode_tokens_per_s", "decode_tokens_per_s_median")]
         print(f"{r['B']:2d} {r['ctx']:6d} {r['impl']:>8} {r.get('prefill_s', 0):9.3f} "
               f"{r.get('decode_tokens_per_s', 0):10.1f} {r.get('decode_tokens_per_s_median', 0):8.1f} {ratio[0]:14.3f} "
-              f"{ratio[1]:6.3f}")
+              f"{ratio[1]:6.3f} {_median(r.get('median_step_ms_rounds', [0])):7.3f} {r.get('paired_step_ratio_median', 0):6.3f}")
 
 
 if __name__ == "__main__":

@@ -144,3 +144,42 @@ def test_a_pool_of_2_31_pages_is_served_by_the_spec():
     assert torch.equal(out, ps.vllm_heads_first(q, *big, table, lens))
     f(*args)
     assert f.served["spec"] == 1
+
+
+_EMPTY_POOL = """
+import sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+import paged_specs as ps, torch_cubridge as tc
+args = tuple(a.cuda() for a in ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16))
+f = tc.compile(ps.vllm_heads_first)
+f(*args)
+assert f.served["spec"] == 0 and f.kernels()[-1].low.paged
+q, kp, vp, table, lens = args
+kernel = f.served["kernel"]
+try:
+    f(q, kp[:0], vp[:0], table, lens)
+    print("EMPTY served", f.served["kernel"] - kernel)
+except Exception as e:
+    print("EMPTY raised", f.served["kernel"] - kernel, type(e).__name__)
+out = f(*args)
+torch.cuda.synchronize()
+ok = (out.float() - ps.vllm_heads_first(*args).float()).abs().max().item() < 2e-2
+print("AFTER", ok, f.served["kernel"] - kernel)
+"""
+
+
+def test_an_empty_pool_goes_to_the_spec_and_leaves_the_context_usable():
+    """An empty pool of pages has no page to clamp a table entry into: the runner (and the C Decoder, which
+    hands it over) refuses it, and the spec computes the call, here raising its own IndexError. Run in a
+    fresh process: a kernel reading no pool, or a device-side assert, would leave the CUDA context unusable,
+    which the next call then shows (and which must not reach this worker's other tests)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    code = _EMPTY_POOL.format(root=str(tests.parent), tests=str(tests))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ", 1)[0] in ("EMPTY", "AFTER"))
+    assert lines["EMPTY"].split()[1] == "0", r.stdout + r.stderr[-2000:]  # no kernel launched on the empty pool
+    assert lines["AFTER"] == "True 1", r.stdout + r.stderr[-2000:]  # the next call's kernel ran and was right
