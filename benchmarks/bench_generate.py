@@ -61,12 +61,16 @@ class _Stamps:
 
 
 def _generate(model, ids: torch.Tensor, n: int, stamps: _Stamps | None = None):
-    from transformers import GenerationConfig, LogitsProcessorList
+    from transformers import LogitsProcessorList
+    return _generate_with(model, ids, n, LogitsProcessorList([stamps] if stamps is not None else []))
+
+
+def _generate_with(model, ids: torch.Tensor, n: int, processors):
+    from transformers import GenerationConfig
     gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, output_logits=True,
-                             return_dict_in_generate=True,
-                             logits_processor=LogitsProcessorList([stamps] if stamps is not None else []))
+                             return_dict_in_generate=True, logits_processor=processors)
     torch.cuda.synchronize()
     return out
 
@@ -103,6 +107,56 @@ def _time_round(model, row: dict, ids: torch.Tensor) -> None:
     row["decode_tokens_per_s_median"] = rates[len(rates) // 2]
 
 
+class _Alternate:
+    """A logits processor that switches the model between two attention implementations every step, and
+    times each step under the one it ran: synchronised at every call, the switch made between two stamps,
+    so a step's interval (the next token's sampling, the forward, its logits) holds no switch. Both read
+    the one cache, so a host-bound step's drift, which moves whole rounds by 20-50%, moves both alike."""
+
+    def __init__(self, model, impls: tuple[str, str], parity: int):
+        self.model, self.impls, self.parity = model, impls, parity
+        self.calls, self.cur, self.t0 = 0, None, 0.0
+        self.steps: list[tuple[str, float]] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        if self.cur is not None:
+            self.steps.append((self.cur, now - self.t0))
+        self.calls += 1
+        self.cur = self.impls[(self.calls + self.parity) % 2]
+        self.model.set_attn_implementation(self.cur)
+        self.t0 = time.perf_counter()
+        return scores
+
+
+def alternating(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
+    """Steps of one generate alternating between SDPA and ours, `rounds` generates (the parity flipped each
+    round, so each implementation runs every cache length): each one's median step, and the median over
+    neighbouring steps of SDPA's step time over ours (above 1: ours is faster)."""
+    from transformers import LogitsProcessorList
+    impls = ("sdpa", tcx.NAME)
+    steps: list[tuple[str, float]] = []
+    before = _served()
+    for r in range(rounds):
+        alt = _Alternate(model, impls, r % 2)
+        model.set_attn_implementation(impls[r % 2])
+        _generate_with(model, ids, new + 1, LogitsProcessorList([alt]))
+        steps += alt.steps
+    served = _served() - before
+    pairs = sorted(a[1] / b[1] if a[0] == "sdpa" else b[1] / a[1]
+                   for a, b in zip(steps, steps[1:]) if a[0] != b[0])
+    med = {i: _median([t for j, t in steps if j == i]) * 1e3 for i in impls}
+    return {"B": ids.shape[0], "ctx": ids.shape[1], "new": new, "rounds": rounds,
+            "sdpa_median_step_ms": med["sdpa"], "ours_median_step_ms": med[tcx.NAME],
+            "ours_over_sdpa_tokens_per_s": med["sdpa"] / med[tcx.NAME],
+            "neighbour_ratio_median": _median(pairs), "neighbour_pairs": len(pairs),
+            "ours_steps": sum(1 for j, _ in steps if j == tcx.NAME), "served": dict(served),
+            # every attention call of ours: each of its decode steps, and the prefills of the odd rounds
+            "ours_attention_calls": model.config.num_hidden_layers * (sum(1 for j, _ in steps if j == tcx.NAME)
+                                                                      + rounds // 2)}
+
+
 def _median(xs: list) -> float:
     return sorted(xs)[len(xs) // 2]
 
@@ -116,13 +170,14 @@ def main() -> None:
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds per row, the implementations interleaved")
+    ap.add_argument("--alt-rounds", type=int, default=4, help="generates alternating the two every step, per row")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     tcx.register()
     model = model_8_layers()
-    rows = []
+    rows, alts = [], []
     for spec in a.rows.split(","):
         B, ctx = (int(x) for x in spec.split("x"))
         pair = []
@@ -141,6 +196,9 @@ def main() -> None:
             paired = sorted(a / b for a, b in zip(pair[0]["median_step_ms_rounds"], pair[1]["median_step_ms_rounds"]))
             pair[1]["paired_step_ratio_rounds"] = paired
             pair[1]["paired_step_ratio_median"] = paired[len(paired) // 2]
+        if a.alt_rounds and all("ids" in r for r in pair):
+            alts.append(alternating(model, pair[0]["ids"], a.new, a.alt_rounds))
+            print(json.dumps(alts[-1]), flush=True)
         if all("prefill_logits" in r for r in pair):
             ref, ours = (r["prefill_logits"] for r in pair)
             pair[1]["prefill_logits_rel_err"] = float((ours - ref).norm() / ref.norm())
@@ -151,7 +209,8 @@ def main() -> None:
         rows += pair
         Path(a.out).mkdir(parents=True, exist_ok=True)  # after every row: a call cut short keeps the rest
         (Path(a.out) / "generate.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                               "torch": torch.__version__, "rows": rows}, indent=1))
+                                                               "torch": torch.__version__, "rows": rows,
+                                                               "alternating": alts}, indent=1))
     print(f"{'B':>2} {'ctx':>6} {'impl':>8} {'prefill s':>9} {'best tok/s':>10} {'median':>8} {'ours/sdpa best':>14} "
           f"{'median':>6} {'step ms':>7} {'paired':>6}")
     by = {(r["B"], r["ctx"], r["impl"]): r for r in rows}
@@ -161,7 +220,16 @@ def main() -> None:
         print(f"{r['B']:2d} {r['ctx']:6d} {r['impl']:>8} {r.get('prefill_s', 0):9.3f} "
               f"{r.get('decode_tokens_per_s', 0):10.1f} {r.get('decode_tokens_per_s_median', 0):8.1f} {ratio[0]:14.3f} "
               f"{ratio[1]:6.3f} {_median(r.get('median_step_ms_rounds', [0])):7.3f} {r.get('paired_step_ratio_median', 0):6.3f}")
+    if alts:
+        print("steps alternating in one generate (ours/sdpa: SDPA's median step over ours; neighbours: the median of "
+              "neighbouring steps' ratios)")
+        print(f"{'B':>2} {'ctx':>6} {'sdpa ms':>7} {'ours ms':>7} {'ours/sdpa':>9} {'neighbours':>10} {'served':>14}")
+        for x in alts:
+            print(f"{x['B']:2d} {x['ctx']:6d} {x['sdpa_median_step_ms']:7.3f} {x['ours_median_step_ms']:7.3f} "
+                  f"{x['ours_over_sdpa_tokens_per_s']:9.3f} {x['neighbour_ratio_median']:10.3f} "
+                  f"{x['served'].get('kernel', 0):>6}/{x['ours_attention_calls']:<7}")
 
 
 if __name__ == "__main__":
     main()
+
