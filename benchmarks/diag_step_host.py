@@ -1,17 +1,21 @@
 """Where the host time of a generate decode step goes, SDPA against the drop-in, measured inside generate
-itself: per step, the attention functions' own host time (each layer's call, timed around it), the mask
-function's, the garbage collector's (gc.callbacks), and the rest; then one cProfile'd round of each
-(the top functions by own time, written as text).
+itself: the attention functions' own host time per call (timed around it), the mask function's, the
+garbage collector's (gc.callbacks), and the rest of a step; then one cProfile'd generate of each (the top
+functions by own time, written as text).
 
 bench_generate's 8-layer llama at B 1 runs about 10 ms a step on the H100 machines' host, of which the
 GPU needs about 1.3: a few per cent between the two there is host time, and this says whose.
 
-Usage: python benchmarks/diag_step_host.py [--B 1] [--ctx 4096] [--new 64] [--rounds 5] [--out DIR]
+Both run in the same generates, alternating every step (bench_generate's `_Alternate`): rounds of whole
+generates drift by 20-50% on these hosts.
+
+Usage: python benchmarks/diag_step_host.py [--B 1] [--ctx 4096] [--new 64] [--rounds 4] [--out DIR]
 (writes step_host.json, profile_sdpa.txt, profile_cubridge.txt)
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import gc
 import io
@@ -26,33 +30,32 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import _generate, _Stamps, model_8_layers, tcx  # noqa: E402
+from bench_generate import _Alternate, _generate, _generate_with, _median, model_8_layers, tcx  # noqa: E402
 
 
 class _Clock:
-    """Host time spent inside wrapped functions, and in the garbage collector."""
+    """Each call's host time inside the wrapped functions, by implementation, and the garbage collector's."""
 
     def __init__(self) -> None:
-        self.t = {"attention": 0.0, "mask": 0.0, "gc": 0.0}
-        self.n = {"attention": 0, "mask": 0, "gc": 0}
-        self._gc0 = 0.0
+        self.calls: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+        self.gc, self._gc0 = 0.0, 0.0
 
-    def wrap(self, what: str, fn):
+    def wrap(self, impl: str, what: str, fn):
+        calls = self.calls[impl, what]
+
         def timed(*a, **k):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                self.t[what] += time.perf_counter() - t0
-                self.n[what] += 1
+                calls.append(time.perf_counter() - t0)
         return timed
 
     def on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc0 = time.perf_counter()
         else:
-            self.t["gc"] += time.perf_counter() - self._gc0
-            self.n["gc"] += 1
+            self.gc += time.perf_counter() - self._gc0
 
 
 def _interfaces():
@@ -61,43 +64,53 @@ def _interfaces():
     return AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping
 
 
-def round_of(model, impl: str, ids: torch.Tensor, new: int, profile: bool = False) -> dict:
-    model.set_attn_implementation(impl)
+def measure(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
+    """Generates alternating the two every step (bench_generate.alternating), each attention and mask
+    call of each timed."""
+    from transformers import LogitsProcessorList
+    impls = ("sdpa", tcx.NAME)
     clock = _Clock()
     attn, mask = _interfaces()
-    saved = attn[impl], mask.get(impl)
-    attn[impl] = clock.wrap("attention", saved[0])
-    if saved[1] is not None:
-        mask[impl] = clock.wrap("mask", saved[1])
+    saved = {i: (attn[i], mask.get(i)) for i in impls}
+    for i in impls:
+        attn[i] = clock.wrap(i, "attention", saved[i][0])
+        if saved[i][1] is not None:
+            mask[i] = clock.wrap(i, "mask", saved[i][1])
     gc.callbacks.append(clock.on_gc)
-    stamps = _Stamps(new + 1)
-    prof = cProfile.Profile() if profile else None
+    steps = []
     try:
-        if prof:
-            prof.enable()
-        _generate(model, ids, new + 1, stamps)
+        for r in range(rounds):
+            alt = _Alternate(model, impls, r % 2)
+            model.set_attn_implementation(impls[r % 2])
+            _generate_with(model, ids, new + 1, LogitsProcessorList([alt]))
+            steps += alt.steps
     finally:
-        if prof:
-            prof.disable()
         gc.callbacks.remove(clock.on_gc)
-        attn[impl] = saved[0]
-        if saved[1] is not None:
-            mask[impl] = saved[1]
-    steps = sorted(b - a for a, b in zip(stamps.t, stamps.t[1:]))
-    span = stamps.t[-1] - stamps.t[0]
-    # the prefill's calls (one attention call a layer, one mask) are in the totals: taken out by count
-    per = {k: clock.t[k] / max(1, clock.n[k]) for k in ("attention", "mask")}
-    row = {"impl": impl, "median_step_ms": 1e3 * steps[len(steps) // 2], "mean_step_ms": 1e3 * span / new,
-           "attention_us_per_call": 1e6 * per["attention"], "attention_calls": clock.n["attention"],
-           "mask_us_per_call": 1e6 * per["mask"], "mask_calls": clock.n["mask"],
-           "gc_ms_total": 1e3 * clock.t["gc"], "gc_collections": clock.n["gc"]}
+        for i in impls:
+            attn[i] = saved[i][0]
+            if saved[i][1] is not None:
+                mask[i] = saved[i][1]
     layers = model.config.num_hidden_layers
-    row["attention_us_per_step"] = row["attention_us_per_call"] * layers
-    if prof:
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
-        row["profile"] = s.getvalue()
-    return row
+    out = {"B": ids.shape[0], "ctx": ids.shape[1], "new": new, "rounds": rounds, "gc_ms_total": 1e3 * clock.gc}
+    for i in impls:
+        step = _median([t for j, t in steps if j == i]) * 1e3
+        att = _median(clock.calls[i, "attention"]) * 1e6
+        msk = _median(clock.calls[i, "mask"] or [0.0]) * 1e6
+        out[i] = {"median_step_ms": step, "attention_us_per_call": att, "attention_calls": len(clock.calls[i, "attention"]),
+                  "mask_us_per_call": msk, "mask_calls": len(clock.calls[i, "mask"]),
+                  "rest_ms_per_step": step - (layers * att + msk) / 1e3}
+    return out
+
+
+def profiled(model, impl: str, ids: torch.Tensor, new: int) -> str:
+    model.set_attn_implementation(impl)
+    prof = cProfile.Profile()
+    prof.enable()
+    _generate(model, ids, new + 1)
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(60)
+    return s.getvalue()
 
 
 def main() -> None:
@@ -105,7 +118,7 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -114,26 +127,21 @@ def main() -> None:
     model = model_8_layers()
     ids = torch.randint(1, model.config.vocab_size, (a.B, a.ctx), generator=torch.Generator().manual_seed(0)).cuda()
     impls = ("sdpa", tcx.NAME)
-    for impl in impls:  # ours captures and builds; SDPA's cuDNN plans
-        round_of(model, impl, ids, 2)
-        round_of(model, impl, ids, a.new)
-    rows = []
-    for i in range(a.rounds):
-        for impl in impls:
-            rows.append(round_of(model, impl, ids, a.new))
-            print(json.dumps(rows[-1]), flush=True)
+    for impl in impls:  # ours captures and builds; SDPA's cuDNN plans for every length
+        model.set_attn_implementation(impl)
+        _generate(model, ids, a.new + 1)
+    res = measure(model, ids, a.new, a.rounds)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for impl in impls:
-        (out / f"profile_{impl}.txt").write_text(round_of(model, impl, ids, a.new, profile=True)["profile"])
-    (out / "step_host.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "B": a.B, "ctx": a.ctx,
-                                                     "rows": rows}, indent=1))
-    print(f"{'impl':>8} {'step ms':>7} {'attn us/call':>12} {'attn us/step':>12} {'mask us':>7} {'gc ms':>6}")
+        (out / f"profile_{impl}.txt").write_text(profiled(model, impl, ids, a.new))
+    (out / "step_host.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), **res}, indent=1))
+    print(json.dumps(res))
+    print(f"{'impl':>8} {'step ms':>7} {'attn us/call':>12} {'mask us':>7} {'rest ms':>7}")
     for impl in impls:
-        rs = [r for r in rows if r["impl"] == impl]
-        med = lambda k: sorted(r[k] for r in rs)[len(rs) // 2]  # noqa: E731
-        print(f"{impl:>8} {med('median_step_ms'):7.3f} {med('attention_us_per_call'):12.1f} "
-              f"{med('attention_us_per_step'):12.0f} {med('mask_us_per_call'):7.1f} {med('gc_ms_total'):6.1f}")
+        r = res[impl]
+        print(f"{impl:>8} {r['median_step_ms']:7.3f} {r['attention_us_per_call']:12.1f} {r['mask_us_per_call']:7.1f} "
+              f"{r['rest_ms_per_step']:7.3f}")
 
 
 if __name__ == "__main__":
