@@ -8,7 +8,7 @@
    patch one record's blocks at once. No torch headers: tensors are read through their Python methods.
    `launch` is the Python runner's own launch (ops/launch.py): its parameter blocks as bytes, one
    cuLaunchKernel, for the calls that miss every record. A Decoder (decoder.h) launches the decode
-   kernel for any sizes. */
+   kernel for any sizes. `signature` is capture/signature.py's call_signature (signature.h). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -333,6 +333,7 @@ static PyObject *fire(Record *r, PyObject *args) {
 }
 
 #include "decoder.h"
+#include "signature.h"
 
 /* Whether every global binding and closure cell the spec read still holds the object it held at capture
    (capture/codekey.py GlobalsWatch.held: (namespaces, cells, missing)); a rebinding is a miss, and the
@@ -462,6 +463,9 @@ static PyMethodDef methods[] = {
     {"serve", (PyCFunction)(void (*)(void))serve, METH_FASTCALL, "the first matching record's launch, or None"},
     {"holds", (PyCFunction)holds, METH_O, "whether a GlobalsWatch.held() still holds (serve's own check)"},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel of bytes parameter blocks"},
+    {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL, "capture/signature.py's call_signature"},
+    {"configure_signature", (PyCFunction)configure_signature, METH_VARARGS,
+     "signature.py's kinds table, its _kind, _same and _ONE, and the kinds' numbers (tensor, module, plain, seq)"},
     {NULL},
 };
 

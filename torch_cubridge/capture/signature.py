@@ -85,11 +85,33 @@ def _meta(v: Any) -> Any:
     return (type(v).__name__, _same(v))
 
 
+_c_signature: Any = None  # the host fast path module's build of python_signature, once loaded (adopt_c)
+
+
 def call_signature(args: tuple, kwargs: dict) -> tuple:
+    c = _c_signature
+    if c is not None:
+        return c(args, kwargs)
+    return python_signature(args, kwargs)
+
+
+def python_signature(args: tuple, kwargs: dict) -> tuple:
     key = tuple(map(_meta, args))
     if kwargs:
         key += tuple((k, _meta(v)) for k, v in sorted(kwargs.items()))
     return key
+
+
+def adopt_c(module: Any) -> bool:
+    """Serve call_signature from the host fast path's C module (csrc/host/signature.h: this file's rule
+    for each kind, key for key, on this file's kinds table) where it has one; returns whether it does."""
+    global _c_signature
+    fn, configure = getattr(module, "signature", None), getattr(module, "configure_signature", None)
+    if fn is None or configure is None:
+        return False
+    configure(_KIND, _kind, _same, _ONE, (_TENSOR, _MODULE, _PLAIN, _SEQ))
+    _c_signature = fn
+    return True
 
 
 def _meta_traceable(v: Any) -> Any:

@@ -169,16 +169,24 @@ def clear_tables() -> None:
 _own_attention_types: set[str] = set()  # model types whose attention code is their own (own_attention.py)
 
 
+@functools.lru_cache(maxsize=None)
+def _sdpa_mask() -> Callable:
+    from transformers.masking_utils import sdpa_mask
+    return sdpa_mask
+
+
 def skipping_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
     """eager's 4-D float mask, or None where transformers' SDPA mask is None (the caller allows the
     causal skip, no token is padded, and the pattern is torch's causal one: see causal_spec). A model
     whose attention code is its own reads the mask itself (mpt: `create_causal_mask(...).to(torch.bool)`),
     so it always gets eager's."""
-    from transformers.masking_utils import eager_mask, sdpa_mask
-    if getattr(kwargs.get("config"), "model_type", None) in _own_attention_types:
+    # once a forward, on the decode step's host path: no import statement, no config read unless needed
+    if _own_attention_types and getattr(kwargs.get("config"), "model_type", None) in _own_attention_types:
+        from transformers.masking_utils import eager_mask
         return eager_mask(*args, dtype=dtype, **kwargs)
-    kwargs.setdefault("allow_is_causal_skip", True)
-    mask = sdpa_mask(*args, **kwargs)
+    if "allow_is_causal_skip" not in kwargs:
+        kwargs["allow_is_causal_skip"] = True
+    mask = _sdpa_mask()(*args, **kwargs)
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)

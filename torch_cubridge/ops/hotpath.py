@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..build.host import load_module
+from ..capture import signature
 
 _PLAIN = (int, float, bool, str, type(None))
 MAX_RECORDS = 8  # per compiled function; past it the oldest goes
@@ -61,7 +62,9 @@ def wait(timeout: float | None = None) -> ModuleType | None:
 def _load() -> None:
     global _module, failure
     try:
-        _module = load_module()
+        mod = load_module()
+        signature.adopt_c(mod)  # before the module is published: call keys come from C from then on
+        _module = mod
     except Exception as e:  # no compiler, no headers, read-only without a built module: Python serves
         failure = f"{type(e).__name__}: {e}"
 
