@@ -165,6 +165,14 @@ def _served() -> collections.Counter:
     return sum((c.served for c in tcx.tables()), start=collections.Counter())
 
 
+def start():
+    """Warnings off, the device printed, the drop-in registered; the 8-layer model (this and the diag_* scripts)."""
+    warnings.filterwarnings("ignore")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    tcx.register()
+    return model_8_layers()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1x4096,8x4096,1x32768,8x32768")
@@ -173,10 +181,7 @@ def main() -> None:
     ap.add_argument("--alt-rounds", type=int, default=4, help="generates alternating the two every step, per row")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    tcx.register()
-    model = model_8_layers()
+    model = start()
     rows, alts = [], []
     for spec in a.rows.split(","):
         B, ctx = (int(x) for x in spec.split("x"))

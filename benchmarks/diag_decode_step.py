@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import model_8_layers, tcx  # noqa: E402
+from bench_generate import start, tcx  # noqa: E402
 
 
 def _prefill(model, B: int, ctx: int):
@@ -111,10 +111,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    tcx.register()
-    model = model_8_layers()
+    model = start()
     rows = []
     for impl in ("sdpa", tcx.NAME, "sdpa", tcx.NAME):
         rows.append(measure(model, impl, a.B, a.ctx, a.steps))

@@ -24,13 +24,12 @@ import os
 import pstats
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import _Alternate, _generate, _generate_with, _median, model_8_layers, tcx  # noqa: E402
+from bench_generate import _Alternate, _generate, _generate_with, _median, start, tcx  # noqa: E402
 
 
 class _Clock:
@@ -121,10 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    tcx.register()
-    model = model_8_layers()
+    model = start()
     ids = torch.randint(1, model.config.vocab_size, (a.B, a.ctx), generator=torch.Generator().manual_seed(0)).cuda()
     impls = ("sdpa", tcx.NAME)
     for impl in impls:  # ours captures and builds; SDPA's cuDNN plans for every length
