@@ -130,3 +130,62 @@ def test_kernel_key_asks_no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     for which in ("nvcc", "nvrtc"):
         monkeypatch.setenv("CUBRIDGE_COMPILER", which)
         assert kernel.kernel_key(low, "sm_90a") == before
+
+
+def _c_write(buf, data: bytes) -> None:
+    """What a C function does with the `char*` it is handed: writes into the object's memory, immutable or not."""
+    import ctypes
+    assert len(data) <= len(buf)
+    if isinstance(buf, bytearray):
+        addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    else:
+        addr = id(buf) + bytes.__basicsize__ - 1  # a bytes object's characters
+    ctypes.memmove(addr, data, len(data))
+
+
+class _NvrtcAsC:
+    """cuda.bindings.nvrtc's calls as its C library behaves in them (no libnvrtc on this machine): the log and
+    cubin calls write into the buffers they are handed."""
+
+    class nvrtcResult:
+        NVRTC_SUCCESS = 0
+
+    def __init__(self, log: bytes, cubin: bytes) -> None:
+        self.log, self.cubin = log, cubin
+
+    def nvrtcCreateProgram(self, *args):
+        return 0, "program"
+
+    def nvrtcCompileProgram(self, prog, n, opts):
+        return (0,)
+
+    def nvrtcGetProgramLogSize(self, prog):
+        return 0, len(self.log) + 1  # its NUL: an empty log's size is 1
+
+    def nvrtcGetProgramLog(self, prog, buf):
+        _c_write(buf, self.log + b"\0")
+        return (0,)
+
+    def nvrtcGetCUBINSize(self, prog):
+        return 0, len(self.cubin)
+
+    def nvrtcGetCUBIN(self, prog, buf):
+        _c_write(buf, self.cubin)
+        return (0,)
+
+    def nvrtcDestroyProgram(self, prog):
+        return (0,)
+
+
+@pytest.mark.parametrize("log", [b"", b"x", b"a warning"])
+def test_the_cuda_python_nvrtc_path_writes_into_buffers_of_its_own(log: bytes) -> None:
+    """An empty log is one byte: a buffer made as `b" " * size` is then the interpreter's shared b" ", and NVRTC's
+    NUL turned every later b" " of the process into a NUL byte (a print's separators came out as NULs; s1127k)."""
+    import ctypes
+    cubin = b"\x7fELF" + bytes(range(60))
+    try:
+        ok, got, text = nvrtc._CudaPythonNvrtc(_NvrtcAsC(log, cubin)).compile(b"src", [])
+        assert ok and got == cubin and type(got) is bytes and text == log.decode()
+        assert " ".encode()[0] == 32, "NVRTC wrote into the interpreter's b' '"  # (b" "[0] is folded at compile time)
+    finally:
+        ctypes.memset(id(b" ") + bytes.__basicsize__ - 1, 32, 1)  # whatever happened, the next test gets b" " back

@@ -85,16 +85,19 @@ class _CudaPythonNvrtc:
         )
         try:
             (err,) = self.m.nvrtcCompileProgram(prog, len(opts), opts)
+            # NVRTC writes into the buffer it is handed: a bytearray of our own. `b" " * size`, cuda-python's
+            # sample, is the interpreter's shared b" " when the log is empty (size 1), and NVRTC's NUL then
+            # made every later b" " (a print separator, encoded) a NUL byte in this process (s1127k runs 1-2)
             (size,) = self._check(self.m.nvrtcGetProgramLogSize(prog), "log size")
-            log_buf = b" " * size
+            log_buf = bytearray(size)
             self._check(self.m.nvrtcGetProgramLog(prog, log_buf), "get log")
-            log = log_buf.rstrip(b"\0 ").decode(errors="replace")
+            log = bytes(log_buf).rstrip(b"\0 ").decode(errors="replace")
             if err != self.m.nvrtcResult.NVRTC_SUCCESS:
                 return False, b"", log
             (size,) = self._check(self.m.nvrtcGetCUBINSize(prog), "cubin size")
-            cubin = b" " * size
+            cubin = bytearray(size)
             self._check(self.m.nvrtcGetCUBIN(prog, cubin), "get cubin")
-            return True, cubin, log
+            return True, bytes(cubin), log
         finally:
             self.m.nvrtcDestroyProgram(prog)
 
