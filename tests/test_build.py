@@ -150,8 +150,12 @@ class _NvrtcAsC:
     class nvrtcResult:
         NVRTC_SUCCESS = 0
 
-    def __init__(self, log: bytes, cubin: bytes) -> None:
-        self.log, self.cubin = log, cubin
+    def __init__(self, log: bytes, cubin: bytes, bytes_only: bool = False) -> None:
+        self.log, self.cubin, self.bytes_only = log, cubin, bytes_only
+
+    def _take(self, buf) -> None:
+        if self.bytes_only and type(buf) is not bytes:  # a binding whose char* takes bytes alone
+            raise TypeError(f"expected bytes, {type(buf).__name__} found")
 
     def nvrtcCreateProgram(self, *args):
         return 0, "program"
@@ -163,6 +167,7 @@ class _NvrtcAsC:
         return 0, len(self.log) + 1  # its NUL: an empty log's size is 1
 
     def nvrtcGetProgramLog(self, prog, buf):
+        self._take(buf)
         _c_write(buf, self.log + b"\0")
         return (0,)
 
@@ -170,6 +175,7 @@ class _NvrtcAsC:
         return 0, len(self.cubin)
 
     def nvrtcGetCUBIN(self, prog, buf):
+        self._take(buf)
         _c_write(buf, self.cubin)
         return (0,)
 
@@ -177,14 +183,15 @@ class _NvrtcAsC:
         return (0,)
 
 
+@pytest.mark.parametrize("bytes_only", [False, True])
 @pytest.mark.parametrize("log", [b"", b"x", b"a warning"])
-def test_the_cuda_python_nvrtc_path_writes_into_buffers_of_its_own(log: bytes) -> None:
+def test_the_cuda_python_nvrtc_path_writes_into_buffers_of_its_own(log: bytes, bytes_only: bool) -> None:
     """An empty log is one byte: a buffer made as `b" " * size` is then the interpreter's shared b" ", and NVRTC's
     NUL turned every later b" " of the process into a NUL byte (a print's separators came out as NULs; s1127k)."""
     import ctypes
     cubin = b"\x7fELF" + bytes(range(60))
     try:
-        ok, got, text = nvrtc._CudaPythonNvrtc(_NvrtcAsC(log, cubin)).compile(b"src", [])
+        ok, got, text = nvrtc._CudaPythonNvrtc(_NvrtcAsC(log, cubin, bytes_only)).compile(b"src", [])
         assert ok and got == cubin and type(got) is bytes and text == log.decode()
         assert " ".encode()[0] == 32, "NVRTC wrote into the interpreter's b' '"  # (b" "[0] is folded at compile time)
     finally:

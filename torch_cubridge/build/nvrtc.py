@@ -79,6 +79,17 @@ class _CudaPythonNvrtc:
         major, minor = self._check(self.m.nvrtcVersion(), "nvrtcVersion")
         return int(major), int(minor)
 
+    def _into(self, call, prog, size: int, what: str) -> bytes:
+        """`call(prog, buffer)` into a buffer of our own, NVRTC writing into it: a bytearray, or where a binding
+        takes bytes only, a fresh bytes (bytes(n) is never a shared object; `b" " * 1` is)."""
+        buf: bytearray | bytes = bytearray(size)
+        try:
+            self._check(call(prog, buf), what)
+        except TypeError:
+            buf = bytes(max(size, 1))
+            self._check(call(prog, buf), what)
+        return bytes(buf)
+
     def compile(self, source: bytes, opts: list[bytes]) -> tuple[bool, bytes, str]:
         (prog,) = self._check(
             self.m.nvrtcCreateProgram(source, b"kernel.cu", 0, [], []), "nvrtcCreateProgram"
@@ -89,15 +100,11 @@ class _CudaPythonNvrtc:
             # sample, is the interpreter's shared b" " when the log is empty (size 1), and NVRTC's NUL then
             # made every later b" " (a print separator, encoded) a NUL byte in this process (s1127k runs 1-2)
             (size,) = self._check(self.m.nvrtcGetProgramLogSize(prog), "log size")
-            log_buf = bytearray(size)
-            self._check(self.m.nvrtcGetProgramLog(prog, log_buf), "get log")
-            log = bytes(log_buf).rstrip(b"\0 ").decode(errors="replace")
+            log = self._into(self.m.nvrtcGetProgramLog, prog, size, "get log").rstrip(b"\0 ").decode(errors="replace")
             if err != self.m.nvrtcResult.NVRTC_SUCCESS:
                 return False, b"", log
             (size,) = self._check(self.m.nvrtcGetCUBINSize(prog), "cubin size")
-            cubin = bytearray(size)
-            self._check(self.m.nvrtcGetCUBIN(prog, cubin), "get cubin")
-            return True, bytes(cubin), log
+            return True, self._into(self.m.nvrtcGetCUBIN, prog, size, "get cubin"), log
         finally:
             self.m.nvrtcDestroyProgram(prog)
 
