@@ -130,19 +130,27 @@ class _Alternate:
         return scores
 
 
-def alternating(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
-    """Steps of one generate alternating between SDPA and ours, `rounds` generates (the parity flipped each
-    round, so each implementation runs every cache length): each one's median step, and the median over
-    neighbouring steps of SDPA's step time over ours (above 1: ours is faster)."""
+def alternating_steps(model, ids: torch.Tensor, new: int, rounds: int, impls: tuple[str, str]
+                      ) -> list[tuple[str, float]]:
+    """(implementation, seconds) of every step of `rounds` generates alternating `impls`, the parity flipped
+    each round (the prefill runs under the first step's other one)."""
     from transformers import LogitsProcessorList
-    impls = ("sdpa", tcx.NAME)
     steps: list[tuple[str, float]] = []
-    before = _served()
     for r in range(rounds):
         alt = _Alternate(model, impls, r % 2)
         model.set_attn_implementation(impls[r % 2])
         _generate_with(model, ids, new + 1, LogitsProcessorList([alt]))
         steps += alt.steps
+    return steps
+
+
+def alternating(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
+    """Steps of one generate alternating between SDPA and ours, `rounds` generates (the parity flipped each
+    round, so each implementation runs every cache length): each one's median step, and the median over
+    neighbouring steps of SDPA's step time over ours (above 1: ours is faster)."""
+    impls = ("sdpa", tcx.NAME)
+    before = _served()
+    steps = alternating_steps(model, ids, new, rounds, impls)
     served = _served() - before
     pairs = sorted(a[1] / b[1] if a[0] == "sdpa" else b[1] / a[1]
                    for a, b in zip(steps, steps[1:]) if a[0] != b[0])

@@ -6,7 +6,7 @@ functions by own time, written as text).
 bench_generate's 8-layer llama at B 1 runs about 10 ms a step on the H100 machines' host, of which the
 GPU needs about 1.3: a few per cent between the two there is host time, and this says whose.
 
-Both run in the same generates, alternating every step (bench_generate's `_Alternate`): rounds of whole
+Both run in the same generates, alternating every step (bench_generate's `alternating_steps`): rounds of whole
 generates drift by 20-50% on these hosts.
 
 Usage: python benchmarks/diag_step_host.py [--B 1] [--ctx 4096] [--new 64] [--rounds 4] [--out DIR]
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import _Alternate, _generate, _generate_with, _median, start, tcx  # noqa: E402
+from bench_generate import _generate, _median, alternating_steps, start, tcx  # noqa: E402
 
 
 class _Clock:
@@ -66,7 +66,6 @@ def _interfaces():
 def measure(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
     """Generates alternating the two every step (bench_generate.alternating), each attention and mask
     call of each timed."""
-    from transformers import LogitsProcessorList
     impls = ("sdpa", tcx.NAME)
     clock = _Clock()
     attn, mask = _interfaces()
@@ -76,13 +75,8 @@ def measure(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
         if saved[i][1] is not None:
             mask[i] = clock.wrap(i, "mask", saved[i][1])
     gc.callbacks.append(clock.on_gc)
-    steps = []
     try:
-        for r in range(rounds):
-            alt = _Alternate(model, impls, r % 2)
-            model.set_attn_implementation(impls[r % 2])
-            _generate_with(model, ids, new + 1, LogitsProcessorList([alt]))
-            steps += alt.steps
+        steps = alternating_steps(model, ids, new, rounds, impls)
     finally:
         gc.callbacks.remove(clock.on_gc)
         for i in impls:

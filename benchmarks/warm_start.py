@@ -72,33 +72,26 @@ def dropin_first_generate(cache: str, bytecode: bool = False) -> dict:
     from cold_start import child_env
     code = DROPIN_CHILD.format(root=str(ROOT))
     env = child_env(cache, bytecode)
-    out = {}
     # SDPA's first child pays what any first process does (cold page cache, bytecode): its second is the figure
-    for run, impl in (("sdpa", "sdpa"), ("cold", "cubridge"), ("warm", "cubridge"), ("sdpa2", "sdpa"),
-                      ("warm2", "cubridge")):
-        t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-c", code, impl], env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode:
-            out[run] = {"error": r.stderr[-400:]}
-            continue
-        out[run] = json.loads(r.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
-    return out
+    return {run: _child(code, [impl], env) for run, impl in (("sdpa", "sdpa"), ("cold", "cubridge"),
+                                                             ("warm", "cubridge"), ("sdpa2", "sdpa"),
+                                                             ("warm2", "cubridge"))}
+
+
+def _child(code: str, argv: list[str], env: dict) -> dict:
+    """One new process running `code`: the JSON of its last line and its whole time, or its error."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        return {"error": r.stderr[-400:]}
+    return json.loads(r.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
 
 
 def warm_start(name: str, S: int, cache: str, bytecode: bool = False) -> dict:
     from cold_start import child_env
     code = CHILD.format(root=str(ROOT), bench=str(ROOT / "benchmarks"))
     env = child_env(cache, bytecode)
-    out = {}
-    for run in ("cold", "warm"):
-        t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-c", code, name, str(S)], env=env, capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode:
-            out[run] = {"error": r.stderr[-400:]}
-            continue
-        out[run] = json.loads(r.stdout.strip().splitlines()[-1]) | {"process_s": time.perf_counter() - t0}
-    return out
+    return {run: _child(code, [name, str(S)], env) for run in ("cold", "warm")}
 
 
 def host_times() -> list[dict]:
