@@ -465,7 +465,7 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "cuLaunchKernel of bytes parameter blocks"},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL, "capture/signature.py's call_signature"},
     {"configure_signature", (PyCFunction)configure_signature, METH_VARARGS,
-     "signature.py's kinds table, its _kind, _same and _ONE, and the kinds' numbers (tensor, module, plain, seq)"},
+     "signature.py's kinds table, its _kind, _same and _ONE, and the kinds' numbers (tensor, plain, seq)"},
     {NULL},
 };
 

@@ -5,12 +5,12 @@
    _kind, and an object kept by identity is its _same's. Included by hotpath.c. */
 
 static PyObject *sig_kinds, *sig_kind_fn, *sig_same, *sig_one, *s_name;
-static long sig_tensor, sig_module, sig_plain, sig_seq;
+static long sig_tensor, sig_plain, sig_seq; /* every other kind is kept by identity */
 
 static PyObject *configure_signature(PyObject *self, PyObject *args) {
     PyObject *kinds, *kind_fn, *same, *one;
-    if (!PyArg_ParseTuple(args, "O!OOO(llll)", &PyDict_Type, &kinds, &kind_fn, &same, &one, &sig_tensor, &sig_module,
-                          &sig_plain, &sig_seq))
+    if (!PyArg_ParseTuple(args, "O!OOO(lll)", &PyDict_Type, &kinds, &kind_fn, &same, &one, &sig_tensor, &sig_plain,
+                          &sig_seq))
         return NULL;
     Py_XSETREF(sig_kinds, Py_NewRef(kinds));
     Py_XSETREF(sig_kind_fn, Py_NewRef(kind_fn));

@@ -109,7 +109,7 @@ def adopt_c(module: Any) -> bool:
     fn, configure = getattr(module, "signature", None), getattr(module, "configure_signature", None)
     if fn is None or configure is None:
         return False
-    configure(_KIND, _kind, _same, _ONE, (_TENSOR, _MODULE, _PLAIN, _SEQ))
+    configure(_KIND, _kind, _same, _ONE, (_TENSOR, _PLAIN, _SEQ))  # modules and the rest: by identity
     _c_signature = fn
     return True
 

@@ -184,8 +184,7 @@ def skipping_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any)
     if _own_attention_types and getattr(kwargs.get("config"), "model_type", None) in _own_attention_types:
         from transformers.masking_utils import eager_mask
         return eager_mask(*args, dtype=dtype, **kwargs)
-    if "allow_is_causal_skip" not in kwargs:
-        kwargs["allow_is_causal_skip"] = True
+    kwargs.setdefault("allow_is_causal_skip", True)
     mask = _sdpa_mask()(*args, **kwargs)
     if mask is None or mask.dtype != torch.bool:
         return mask
