@@ -9,9 +9,11 @@ steps are timed apart from the prefill (the rate of v28 and before, B * N / (tim
 up to 40%). Best and median of --rounds rounds, the two implementations interleaved; the prefill's time is
 the first stamp's. Each round also gives its median step time (every step is stamped; a hiccup of the host
 moves a round's total and not its median step), and rounds i of the two ran back to back, so the ratio of
-their median steps (SDPA's over ours: above 1, ours is faster) cancels the drift between rounds; the median
-of those paired ratios is the figure least moved by a host-bound step's noise. Every attention call of the timed cubridge runs is counted: the kernel must serve them all.
-The prefill's logits of the two are compared.
+their median steps (SDPA's over ours: above 1, ours is faster) cancels some of the drift between rounds. The
+figure that ranks the two is --alt-rounds': generates that alternate SDPA and ours every step over one cache
+(`alternating`), where rounds of whole generates drift by 20-50% on a host-bound step (NOTES v38). Every
+attention call of the timed cubridge runs is counted: the kernel must serve them all. The prefill's logits of
+the two are compared.
 
 Usage: python benchmarks/bench_generate.py [--rows 1x4096,8x4096,1x32768,8x32768] [--new 64] [--out DIR]
 """
@@ -232,7 +234,8 @@ def main() -> None:
         ratio = [r.get(k, 0) / base[k] if base.get(k) else 0 for k in ("decode_tokens_per_s", "decode_tokens_per_s_median")]
         print(f"{r['B']:2d} {r['ctx']:6d} {r['impl']:>8} {r.get('prefill_s', 0):9.3f} "
               f"{r.get('decode_tokens_per_s', 0):10.1f} {r.get('decode_tokens_per_s_median', 0):8.1f} {ratio[0]:14.3f} "
-              f"{ratio[1]:6.3f} {_median(r.get('median_step_ms_rounds', [0])):7.3f} {r.get('paired_step_ratio_median', 0):6.3f}")
+              f"{ratio[1]:6.3f} {_median(r.get('median_step_ms_rounds', [0])):7.3f} "
+              f"{r.get('paired_step_ratio_median', 0):6.3f}")
     if alts:
         print("steps alternating in one generate (ours/sdpa: SDPA's median step over ours; neighbours: the median of "
               "neighbouring steps' ratios)")
