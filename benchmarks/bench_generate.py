@@ -33,6 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge.integrations.transformers as tcx  # noqa: E402
 
+IMPLS = ("sdpa", tcx.NAME)  # the two a generate compares, SDPA's first
+
 
 def model_8_layers(vocab: int = 32000):
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -98,15 +100,14 @@ def _time_round(model, row: dict, ids: torch.Tensor) -> None:
     t0 = time.perf_counter()
     _generate(model, ids, row["new"] + 1, stamps)
     first, last = stamps.t[0], stamps.t[-1]
-    steps = sorted(b - a for a, b in zip(stamps.t, stamps.t[1:]))
+    steps = [b - a for a, b in zip(stamps.t, stamps.t[1:])]
     row.setdefault("prefill_s_rounds", []).append(first - t0)
     row.setdefault("decode_tokens_per_s_rounds", []).append(row["B"] * row["new"] / (last - first))
     # a step's median time: a hiccup of the host (a collection, another process) moves the round's total, not this
-    row.setdefault("median_step_ms_rounds", []).append(1e3 * steps[len(steps) // 2])
+    row.setdefault("median_step_ms_rounds", []).append(1e3 * _median(steps))
     row["prefill_s"] = min(row["prefill_s_rounds"])
     row["decode_tokens_per_s"] = max(row["decode_tokens_per_s_rounds"])
-    rates = sorted(row["decode_tokens_per_s_rounds"])
-    row["decode_tokens_per_s_median"] = rates[len(rates) // 2]
+    row["decode_tokens_per_s_median"] = _median(row["decode_tokens_per_s_rounds"])
 
 
 class _Alternate:
@@ -150,13 +151,11 @@ def alternating(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
     """Steps of one generate alternating between SDPA and ours, `rounds` generates (the parity flipped each
     round, so each implementation runs every cache length): each one's median step, and the median over
     neighbouring steps of SDPA's step time over ours (above 1: ours is faster)."""
-    impls = ("sdpa", tcx.NAME)
     before = _served()
-    steps = alternating_steps(model, ids, new, rounds, impls)
+    steps = alternating_steps(model, ids, new, rounds, IMPLS)
     served = _served() - before
-    pairs = sorted(a[1] / b[1] if a[0] == "sdpa" else b[1] / a[1]
-                   for a, b in zip(steps, steps[1:]) if a[0] != b[0])
-    med = {i: _median([t for j, t in steps if j == i]) * 1e3 for i in impls}
+    pairs = [a[1] / b[1] if a[0] == "sdpa" else b[1] / a[1] for a, b in zip(steps, steps[1:]) if a[0] != b[0]]
+    med = {i: _median([t for j, t in steps if j == i]) * 1e3 for i in IMPLS}
     return {"B": ids.shape[0], "ctx": ids.shape[1], "new": new, "rounds": rounds,
             "sdpa_median_step_ms": med["sdpa"], "ours_median_step_ms": med[tcx.NAME],
             "ours_over_sdpa_tokens_per_s": med["sdpa"] / med[tcx.NAME],
@@ -210,7 +209,7 @@ def main() -> None:
             # round i of each ran back to back (interleaved): their ratio cancels the drift between rounds
             paired = sorted(a / b for a, b in zip(pair[0]["median_step_ms_rounds"], pair[1]["median_step_ms_rounds"]))
             pair[1]["paired_step_ratio_rounds"] = paired
-            pair[1]["paired_step_ratio_median"] = paired[len(paired) // 2]
+            pair[1]["paired_step_ratio_median"] = _median(paired)
         if a.alt_rounds and all("ids" in r for r in pair):
             alts.append(alternating(model, pair[0]["ids"], a.new, a.alt_rounds))
             print(json.dumps(alts[-1]), flush=True)
@@ -248,4 +247,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

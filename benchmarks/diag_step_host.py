@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import _generate, _median, alternating_steps, start, tcx  # noqa: E402
+from bench_generate import IMPLS, _generate, _median, alternating_steps, start  # noqa: E402
 
 
 class _Clock:
@@ -66,26 +66,25 @@ def _interfaces():
 def measure(model, ids: torch.Tensor, new: int, rounds: int) -> dict:
     """Generates alternating the two every step (bench_generate.alternating), each attention and mask
     call of each timed."""
-    impls = ("sdpa", tcx.NAME)
     clock = _Clock()
     attn, mask = _interfaces()
-    saved = {i: (attn[i], mask.get(i)) for i in impls}
-    for i in impls:
+    saved = {i: (attn[i], mask.get(i)) for i in IMPLS}
+    for i in IMPLS:
         attn[i] = clock.wrap(i, "attention", saved[i][0])
         if saved[i][1] is not None:
             mask[i] = clock.wrap(i, "mask", saved[i][1])
     gc.callbacks.append(clock.on_gc)
     try:
-        steps = alternating_steps(model, ids, new, rounds, impls)
+        steps = alternating_steps(model, ids, new, rounds, IMPLS)
     finally:
         gc.callbacks.remove(clock.on_gc)
-        for i in impls:
+        for i in IMPLS:
             attn[i] = saved[i][0]
             if saved[i][1] is not None:
                 mask[i] = saved[i][1]
     layers = model.config.num_hidden_layers
     out = {"B": ids.shape[0], "ctx": ids.shape[1], "new": new, "rounds": rounds, "gc_ms_total": 1e3 * clock.gc}
-    for i in impls:
+    for i in IMPLS:
         step = _median([t for j, t in steps if j == i]) * 1e3
         att = _median(clock.calls[i, "attention"]) * 1e6
         msk = _median(clock.calls[i, "mask"] or [0.0]) * 1e6
@@ -116,19 +115,18 @@ def main() -> None:
     a = ap.parse_args()
     model = start()
     ids = torch.randint(1, model.config.vocab_size, (a.B, a.ctx), generator=torch.Generator().manual_seed(0)).cuda()
-    impls = ("sdpa", tcx.NAME)
-    for impl in impls:  # ours captures and builds; SDPA's cuDNN plans for every length
+    for impl in IMPLS:  # ours captures and builds; SDPA's cuDNN plans for every length
         model.set_attn_implementation(impl)
         _generate(model, ids, a.new + 1)
     res = measure(model, ids, a.new, a.rounds)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for impl in impls:
+    for impl in IMPLS:
         (out / f"profile_{impl}.txt").write_text(profiled(model, impl, ids, a.new))
     (out / "step_host.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), **res}, indent=1))
     print(json.dumps(res))
     print(f"{'impl':>8} {'step ms':>7} {'attn us/call':>12} {'mask us':>7} {'rest ms':>7}")
-    for impl in impls:
+    for impl in IMPLS:
         r = res[impl]
         print(f"{impl:>8} {r['median_step_ms']:7.3f} {r['attention_us_per_call']:12.1f} {r['mask_us_per_call']:7.1f} "
               f"{r['rest_ms_per_step']:7.3f}")
