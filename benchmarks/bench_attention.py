@@ -2,7 +2,7 @@
 (torch.compile) and the eager spec, in one run. TFLOP/s over unmasked pairs only.
 
 Usage: python benchmarks/bench_attention.py [--quick] [--out DIR]
-Writes bench.json (and bench.png when matplotlib is there) to DIR or $OUT.
+Writes bench_attention.json to DIR or $OUT (record.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_cubridge as tc  # noqa: E402
+from record import save  # noqa: E402
 from timing import backend_times, host_us  # noqa: E402
 from variants import SPECS, flex_mods, pair_count  # noqa: E402
 
@@ -149,9 +150,7 @@ def main() -> None:
               f"cudnn {r.get('sdpa_cudnn_tflops') or 0:6.1f}  eager {r.get('eager_tflops') or 0:6.1f}", flush=True)
         (out / "bench_partial.json").write_text(json.dumps(results, indent=1))
     oh = host_overhead()
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results,
-              "host_overhead": oh}
-    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    save(out, "bench_attention", {"results": results, "host_overhead": oh})
     full4k = {(r["S"], r["D"]): r["ours_tflops"] for r in results if r["variant"] == "full"}
     print("\nvariant          S     D   ours TF/s  /cudnn  /flash  /flex  /own-full  fp64  first-call s")
     for r in results:

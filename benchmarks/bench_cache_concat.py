@@ -5,12 +5,11 @@ one run; then a loop of steps over a cache growing by one key each, counting pro
 for every length, since the computed K/V's length is tied to the cache's, transfer/lengths.py).
 
 Usage: python benchmarks/bench_cache_concat.py [--out DIR] [--lengths 4096,32768]
-Writes cache_concat.json to DIR or $OUT.
+Writes bench_cache_concat.json to DIR or $OUT.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
+from record import save  # noqa: E402
 from bench_decode import bench, sdpa  # noqa: E402
 from timing import graph_replay  # noqa: E402
 
@@ -76,8 +76,7 @@ def main() -> None:
     a = ap.parse_args()
     print(torch.cuda.get_device_name())
     rows = [run(8, 32, 8, n, 128, a.steps) for n in (int(x) for x in a.lengths.split(","))]
-    (Path(a.out) / "cache_concat.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                               "rows": rows}, indent=1))
+    save(a.out, "bench_cache_concat", {"rows": rows})
     print(f"{'cached':>7} {'ours ms':>8} {'spec ms':>8} {'flash*':>8} {'/spec':>6} {'/flash*':>7} "
           f"{'graph/flash*':>12} {'loop ms':>8} {'progs':>5} {'kernel':>6} {'spec':>5}")
     for r in rows:

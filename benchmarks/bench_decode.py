@@ -4,7 +4,7 @@ implementations of a row are timed in turn, three passes, the best of each (timi
 before, one after the other, so the first timed after a first call's idle stretch could read low).
 
 Usage: python benchmarks/bench_decode.py [--out DIR] [--lengths 4096,32768] [--sq 1,4]
-Writes decode.json to DIR or $OUT.
+Writes bench_decode.json to DIR or $OUT.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
+from record import save  # noqa: E402
 from timing import best_host_us, clean_flush_ms, interleaved_ms  # noqa: E402
 
 
@@ -238,9 +239,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if a.ab:
         res = [r for B in map(int, a.batch.split(",")) for r in ab(a.ab, [int(x) for x in a.lengths.split(",")], B)]
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "decode_ab.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                                "rows": res}, indent=1))
+        save(a.out, "bench_decode_ab", {"rows": res})
         for r in res:
             what = r.get("impl") or (f"stages {r['stages']} block_n {r.get('block_n')} ctas/SM {r['ctas_per_sm']} "
                                      f"splits {r['splits']}")
@@ -258,10 +257,7 @@ def main() -> None:
             for B in map(int, a.paged_batch.split(",")):
                 paged.append(run_paged(B, 32, 8, Skv, 128, P))
             print(json.dumps(paged[-1]), flush=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "decode.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                         "torch": torch.__version__, "rows": rows,
-                                                         "paged": paged}, indent=1))
+    save(a.out, "bench_decode", {"rows": rows, "paged": paged})
     print(f"{'B':>2} {'Sq':>3} {'Skv':>6} {'kernel':>7} {'ours TB/s':>9} {'flash':>6} {'cudnn':>6} {'flex':>6} {'/flash':>6} {'/flex':>6}"
           "  clean flush: ours /flash  /flex")
     for r in rows:

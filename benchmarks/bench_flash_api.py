@@ -10,11 +10,11 @@ import argparse
 import json
 import os
 import warnings
-from pathlib import Path
 
 import torch
 
 import torch_cubridge.integrations.flash_api as tfa
+from record import save
 from bench_decode import flex_call, sdpa
 from timing import graph_replay, interleaved_ms
 
@@ -85,9 +85,7 @@ def main() -> None:
             B, Skv = map(int, spec.split("x"))
             rows.append(run(B, Skv, P, fill=a.fill, window=a.window))
             print(json.dumps(rows[-1]), flush=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "flash_api.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                            "torch": torch.__version__, "rows": rows}, indent=1))
+    save(a.out, "bench_flash_api", {"rows": rows})
     print(f"{'B':>2} {'Skv':>6} {'P':>4} {'ours':>6} {'kernel':>6} {'graph':>6} {'flash':>6} {'cudnn':>6} "
           f"{'flex':>6} {'graph/flash':>11} {'graph/flex':>10}  (TB/s)")
     for r in rows:

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge.integrations.transformers as tcx  # noqa: E402
+from record import save  # noqa: E402
 
 IMPLS = ("sdpa", tcx.NAME)  # the two a generate compares, SDPA's first
 
@@ -221,10 +222,7 @@ def main() -> None:
             r.pop("ids", None)
             print(json.dumps(r), flush=True)
         rows += pair
-        Path(a.out).mkdir(parents=True, exist_ok=True)  # after every row: a call cut short keeps the rest
-        (Path(a.out) / "generate.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                               "torch": torch.__version__, "rows": rows,
-                                                               "alternating": alts}, indent=1))
+        save(a.out, "bench_generate", {"rows": rows, "alternating": alts})  # after every row: a call cut short keeps the rest
     print(f"{'B':>2} {'ctx':>6} {'impl':>8} {'prefill s':>9} {'best tok/s':>10} {'median':>8} {'ours/sdpa best':>14} "
           f"{'median':>6} {'step ms':>7} {'paired':>6}")
     by = {(r["B"], r["ctx"], r["impl"]): r for r in rows}

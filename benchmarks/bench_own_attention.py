@@ -21,6 +21,8 @@ from typing import Iterator
 
 import torch
 
+from record import save
+
 
 def build(family: str, hidden: int, heads: int, layers: int) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -54,9 +56,7 @@ def models(a: argparse.Namespace) -> Iterator[tuple[str, torch.nn.Module, torch.
 
 def write_rows(rows: list[dict], out: str | None, name: str) -> None:
     if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, name), "w") as f:
-            json.dump(rows, f, indent=1)
+        save(out, name, {"rows": rows})
 
 
 def generate_rates(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[float, float]:
@@ -94,7 +94,7 @@ def generate_main(a: argparse.Namespace) -> None:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
         eager = ours = None  # the loop's references too, before models() builds the next family
-    write_rows(rows, a.out, "own_attention_generate.json")
+    write_rows(rows, a.out, "bench_own_attention_generate")
     print(f"{'family':18s} {'B':>3s} {'ours tok/s':>10s} {'own tok/s':>10s} {'x':>6s} {'prefill s ours/own':>20s} served")
     for r in rows:
         print(f"{r['family']:18s} {r['B']:3d} {r['ours_decode_tok_s']:10.1f} {r['eager_decode_tok_s']:10.1f} "
@@ -151,7 +151,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         eager = ours = None  # the loop's references too, before models() builds the next family
-    write_rows(rows, a.out, "own_attention.json")
+    write_rows(rows, a.out, "bench_own_attention")
     print(f"{'family':14s} {'ours ms':>8s} {'eager ms':>8s} {'x':>6s} {'first s':>7s} served")
     for r in rows:
         print(f"{r['family']:14s} {r['ours_ms']:8.2f} {r['eager_ms']:8.2f} {r['speedup']:6.2f} {r['first_call_s']:7.1f} "

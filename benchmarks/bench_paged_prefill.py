@@ -8,7 +8,7 @@ block table, GQA, bf16. In one process:
 TFLOP/s count the unmasked (query, key) pairs only.
 
 Usage: python benchmarks/bench_paged_prefill.py [--out DIR] [--rows 4x512x8192,...] [--pages 16,256]
-Writes paged_prefill.json to DIR or $OUT.
+Writes bench_paged_prefill.json to DIR or $OUT.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch_cubridge as tc  # noqa: E402
 import torch_cubridge.ir.paged as paged_ir  # noqa: E402
+from record import save  # noqa: E402
 from bench_decode import bench, first_call  # noqa: E402
 from timing import backend_times  # noqa: E402
 
@@ -123,8 +124,7 @@ def main() -> None:
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()
                               if not k.endswith("_error")}), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "paged_prefill.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows},
-                                                               indent=1))
+    save(a.out, "bench_paged_prefill", {"rows": rows})
     print("\nB  Sq    Skv    page kernel      ours TF/s  /contig  /gathered  /flash  /cudnn  /flex  fp32")
     for r in rows:
         ratio = lambda k: f"{r[k] / r['ours_ms']:6.2f}" if r.get(k) else "   n/a"  # noqa: E731

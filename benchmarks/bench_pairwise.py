@@ -3,7 +3,7 @@ types or segments): the kernel reading through the ids against the same spec wit
 prologue (PyTorch builds a [B, Sq, Skv] table per call), against SDPA given that table as a float mask,
 and the spec itself. bf16, milliseconds per call (do_bench, median).
 
-Usage: python benchmarks/bench_pairwise.py [--out DIR]   (writes pairwise.json)
+Usage: python benchmarks/bench_pairwise.py [--out DIR]   (writes bench_pairwise.json)
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 import torch_cubridge as tc  # noqa: E402
+from record import save  # noqa: E402
 from test_data_indexed import make, type_bias  # noqa: E402
 
 
@@ -65,7 +66,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "pairwise.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    save(a.out, "bench_pairwise", {"rows": rows})
     for r in rows:
         print(f"B {r['B']} H {r['H']} S {r['S']}: ids {r['ids_ms']:.2f} ms, prologue table {r['prologue_table_ms']:.2f}, "
               f"SDPA given the table {r['sdpa_given_table_ms']:.2f}, spec {r['spec_ms'] or 0:.2f}")

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from record import save  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("causal", "softcap_causal", "sliding_1024")
 CHILD = r"""
@@ -86,10 +88,7 @@ def main() -> None:
         for name, root in roots.items():
             runs[name].append(child(root, a.bytecode))
             print(name, json.dumps(runs[name][-1]), flush=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "cold_start.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                             "variants": VARIANTS, "bytecode": a.bytecode,
-                                                             "runs": runs}, indent=1))
+    save(a.out, "cold_start", {"variants": VARIANTS, "bytecode": a.bytecode, "runs": runs})
     print(f"{'':8}" + "".join(f"{v:>16}" for v in VARIANTS))
     for name, rs in runs.items():
         ok = [r for r in rs if "calls" in r]

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import save  # noqa: E402
 import torch_cubridge as tc  # noqa: E402
 from variants import SPECS  # noqa: E402
 
@@ -87,7 +88,7 @@ def main() -> None:
             rows.append(profile_case(name, S, D, ncu=a.ncu, cudnn=a.cudnn))
             print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "profile_kernels.json").write_text(json.dumps(rows, indent=1))
+    save(a.out, "profile_kernels", {"rows": rows})
     for r in rows:
         print(f"{r['variant']:12s} S={r['S']:5d} D={r['D']:3d} " +
               "  ".join(f"{k[:28]} {v:8.1f}us" for k, v in r["us_per_call"].items()))

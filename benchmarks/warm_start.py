@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import save  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, time, torch
@@ -163,8 +165,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as dcache:
                 res["dropin_first_generate"] = dropin_first_generate(dcache, a.bytecode)
     res["host"] = host_times()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "warm_start.json").write_text(json.dumps(res, indent=2))
+    save(out_dir, "warm_start", res)
     print(f"{'variant':16s} {'cold s':>8s} {'warm s':>8s} {'warm process s':>15s}")
     for name, r in res["warm_start"].items():
         c, w = r.get("cold", {}), r.get("warm", {})
