@@ -11,7 +11,7 @@ the first stamp's. Each round also gives its median step time (every step is sta
 moves a round's total and not its median step), and rounds i of the two ran back to back, so the ratio of
 their median steps (SDPA's over ours: above 1, ours is faster) cancels some of the drift between rounds. The
 figure that ranks the two is --alt-rounds': generates that alternate SDPA and ours every step over one cache
-(`alternating`), where rounds of whole generates drift by 20-50% on a host-bound step (NOTES v38). Every
+(`alternating`), where rounds of whole generates drift by 20-50% on a host-bound step. Every
 attention call of the timed cubridge runs is counted: the kernel must serve them all. The prefill's logits of
 the two are compared.
 

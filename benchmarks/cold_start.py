@@ -8,7 +8,7 @@ are timed on one machine in one session.
 
 With --bytecode the children may write Python bytecode (under a cache prefix in /tmp), as any
 installed Python does: the device machine sets PYTHONDONTWRITEBYTECODE=1, so each of its processes
-compiled ~950 of torch's modules from source (2.4 s of a 5.5 s first call, NOTES v18 and v20). One
+compiled ~950 of torch's modules from source (2.4 s of a 5.5 s first call). One
 child runs first to write the bytecode and is not counted.
 
 Usage: python benchmarks/cold_start.py [--out DIR] [--against OTHER_CHECKOUT] [--rounds N] [--bytecode]

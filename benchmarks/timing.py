@@ -53,7 +53,7 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 3) -> tup
     median; the best pass of each. ({name: ms, None where it raised}, {name: error}). In turn, so a clock
     still low after an idle stretch (a first call's CPU verification) does not land on whichever is timed
     first: timed one after the other, the first row of a process read 0.68-0.74 of contiguous where the same
-    paged kernel read 0.93-0.95 in later rows (H100, NOTES v29)."""
+    paged kernel read 0.93-0.95 in later rows (H100)."""
     from triton.testing import do_bench
     best: dict[str, float | None] = {}
     errors: dict[str, str] = {}
@@ -76,7 +76,7 @@ FLUSH_BYTES = 256 * 1024 * 1024
 def read_flush() -> Callable[[], object]:
     """A call that empties L2 by reading a 256 MB buffer, so the lines it leaves are clean. triton's do_bench
     empties L2 by writing one, and the timed call's first reads then write ~50 MB of dirty lines back inside
-    its own time: ~10 us a call for every implementation (H100, NOTES v34)."""
+    its own time: ~10 us a call for every implementation (H100)."""
     import torch
     buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     sink = torch.empty((), dtype=torch.int32, device="cuda")

@@ -187,7 +187,7 @@ class _NvrtcAsC:
 @pytest.mark.parametrize("log", [b"", b"x", b"a warning"])
 def test_the_cuda_python_nvrtc_path_writes_into_buffers_of_its_own(log: bytes, bytes_only: bool) -> None:
     """An empty log is one byte: a buffer made as `b" " * size` is then the interpreter's shared b" ", and NVRTC's
-    NUL turned every later b" " of the process into a NUL byte (a print's separators came out as NULs; s1127k)."""
+    NUL turned every later b" " of the process into a NUL byte (a print's separators came out as NULs)."""
     import ctypes
     cubin = b"\x7fELF" + bytes(range(60))
     try:

@@ -370,7 +370,7 @@ def test_paged_decode_kernel_builds_without_spills(D, DV, tmp_path):
     swizzled at head dims 64 and 128 (copy.cuh tile_chunk) and padded otherwise; pages of 16, the per-row
     walk, slots-first pages with an int32 table (the most words a row). D 256 (Gemma) holds 16 rows' table entries
     a thread a block ahead: one register an entry (paged.cuh Entry), Q read from shared memory (it spilled 344
-    bytes with two an entry and Q in registers; NOTES v37)."""
+    bytes with two an entry and Q in registers)."""
     import paged_specs as ps
     from torch_cubridge.capture.trace import bind_example
     from torch_cubridge.pipeline import transfer_stage

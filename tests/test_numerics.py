@@ -34,7 +34,7 @@ def _case(S=160, W=40, fill=torch.finfo(torch.float32).min):
 def test_whether_structured_cases_apply_is_read_without_drawing(monkeypatch):
     """has_structured answers from the arguments themselves: a mask over (query, key) yes, a paged
     cache's pools and table no; and no argument is drawn (it once drew a 2 x 268M-element page pool
-    twice per verification, 12 s of a 32k paged decode's first call, NOTES v25)."""
+    twice per verification, 12 s of a 32k paged decode's first call)."""
     import paged_specs as ps
     from torch_cubridge.verify import inputs
 

@@ -98,7 +98,7 @@ class _CudaPythonNvrtc:
             (err,) = self.m.nvrtcCompileProgram(prog, len(opts), opts)
             # NVRTC writes into the buffer it is handed: a bytearray of our own. `b" " * size`, cuda-python's
             # sample, is the interpreter's shared b" " when the log is empty (size 1), and NVRTC's NUL then
-            # made every later b" " (a print separator, encoded) a NUL byte in this process (s1127k runs 1-2)
+            # made every later b" " (a print separator, encoded) a NUL byte in this process
             (size,) = self._check(self.m.nvrtcGetProgramLogSize(prog), "log size")
             log = self._into(self.m.nvrtcGetProgramLog, prog, size, "get log").rstrip(b"\0 ").decode(errors="replace")
             if err != self.m.nvrtcResult.NVRTC_SUCCESS:

@@ -18,7 +18,7 @@ layers call one function on the same shapes, with modules whose read attributes 
 
 The stand-in is a single class of this module, not a subclass made per trace: dynamo guards on
 `cls.__subclasses__()`, and classes born and collected between its tracing and its guard building
-broke a model's torch.compile (benchmarks/NOTES.md v16).
+broke a model's torch.compile.
 """
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ _CACHE_KW, _PAST_K, _PAST_V = "cubridge_cache_keyword", "cubridge_past_keys", "c
 # Decode steps (a few new tokens against a past) through the cached spec too. Off: measured at 0.62-0.72x the
 # model's own code in decode tokens/s (H100, 2-layer models of hidden 2048, a 2k prompt, B 1 and 8: the step
 # is bound by the host, and the compiled call's host path is longer than the module's own), while the prefill
-# through it is up to 1.8x faster (benchmarks/NOTES.md v22). Tests turn it on to check that path.
+# through it is up to 1.8x faster. Tests turn it on to check that path.
 CACHED_DECODE = False
 
 

@@ -86,7 +86,7 @@ def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dt
         for i, (sizes, mag, pattern) in enumerate(trials(p, example, gpu_shapes(p, example), (1.0, 4.0), 333)):
             # drawn where they run: a pool drawn once per verification (verify/inputs.py) is then one device
             # tensor, converted to float64 once, where drawing it on the CPU copied 1 GB to the device and
-            # converted it again for every trial (a 32k paged first call, H100, NOTES v25)
+            # converted it again for every trial (a 32k paged first call, H100)
             drawn = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
                                 pattern=pattern, device=device)
             raw.append((_to(drawn, device), sizes, mag, pattern))

@@ -278,7 +278,7 @@ def snap(p: Program, sizes: dict[str, int]) -> dict[str, int]:
 def has_structured(p: Program, example: dict[str, Any]) -> bool:
     """Whether some tensor argument is a mask over (query, key) that structured cases can shape: the rule
     make_inputs applies, asked of the arguments without drawing any (drawing them redrew a paged decode's
-    2 x 268M-element page pool twice: 12 s of a 32k first call, H100, NOTES v25)."""
+    2 x 268M-element page pool twice: 12 s of a 32k first call, H100)."""
     ex_sizes = example_sizes(p, example)
     loaded = _loaded(p)
     return any(_mask_axes(ex, _arg_follow(p, loaded, ex_sizes, path, ex)) is not None for path, ex in example.items()
