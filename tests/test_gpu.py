@@ -299,7 +299,7 @@ def test_a_sink_projected_from_each_token_served_by_kernel():
     """inkling2 (transformers 5.2x): a sink logit projected from every token, served as a row scale over
     the kernel's LSE; the sink layers' calls of a bf16 prefill by a GPU-verified kernel, logits against a
     bf16 eager model built from a config of its own. (Against a float32 eager model both the kernel and the
-    spec itself differ by O(1) on the H100 under transformers 5.24, 0.005 on the CPU: benchmarks/diag_inkling2.py.)"""
+    spec itself differ by O(1) on the H100 under transformers 5.24, 0.005 on the CPU.)"""
     import collections
     import warnings
     import torch_cubridge.integrations.transformers as tcx
