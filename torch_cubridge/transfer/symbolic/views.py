@@ -1,4 +1,4 @@
-"""View and layout ops on symbolic tensors: reshape, permute, expand, slice."""
+"""View and layout ops on symbolic tensors: reshape, permute, expand, repeat, slice."""
 from __future__ import annotations
 
 from ...errors import UnsupportedSpec
@@ -140,6 +140,23 @@ def expand(ctx: Ctx, x: Sym, sizes: list[int], op: str) -> Sym:
     y = ctx.subst(x, sub, op)
     return Sym(tuple(out), y.expr, x.dtype, x.kind, x.payload)
 
+
+def repeat(ctx: Ctx, x: Sym, reps: list[int], op: str) -> Sym:
+    """x.repeat(reps): each repeated dim gains an atom for the copy, outermost (index = copy * n + i)."""
+    axes = [()] * (len(reps) - len(x.axes)) + list(x.axes)
+    out, sub = [], {}
+    for d, r in zip(axes, reps):
+        if r == 1:
+            out.append(d)
+            continue
+        g = ctx.atom(r)
+        if ctx.dim_size(d) == 1:
+            sub.update({a: const(0) for a in d})
+            out.append((g,))
+        else:
+            out.append((g,) + d)
+    y = ctx.subst(x, sub, op)
+    return Sym(tuple(out), y.expr, x.dtype, x.kind, x.payload)
 
 def slice_(ctx: Ctx, x: Sym, dim: int, start: int | None, end: int | None, step: int, op: str) -> Sym:
     r = len(x.axes)
