@@ -15,10 +15,14 @@
    pages' dims described as operands with no batch dim, the PagedKV words packed per call (the runner's
    _pages). Extra tensors (sequence lengths, a padding mask) are call arguments whose pointers, strides and
    sizes are patched into a Params template; where the program reads them at computed indices, the
-   runner's bounds check runs for every new (sizes, extra shapes) and its yes is kept. */
+   runner's bounds check runs for every new (sizes, extra shapes) and its yes is kept.
 
-#define DEC_FWD_WORDS 23 /* FwdArgs: 5 pointers, 12 strides, 5 sizes, a double (csrc/cubridge/variant.cuh) */
-#define DEC_PAGED_WORDS 13 /* PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh, ops/pack.py) */
+   What the Python runner and this path share is not written here: the FwdArgs and PagedKV structs and the
+   launch rules (rows_aligned, shapes_fit, pool_fits, page_div, decode_split) come from host_rules.h, which
+   build/host.py generates from the kernel headers and torch_cubridge/ops/rules.py (ops/host_header.py). */
+
+#include "host_rules.h"
+
 #define DEC_MAX_EXTRAS 6
 #define DEC_MAX_PATCHES 24
 #define DEC_KEY_LEN (6 + 4 * DEC_MAX_EXTRAS)
@@ -300,11 +304,6 @@ static void canonical(const Operand *o, const int *perm, long long *n, long long
     }
 }
 
-/* As runner._ok: the rows 16-byte aligned and contiguous, so the kernel's 16-byte copies read them. */
-static int aligned(const Operand *o, const long long *st) {
-    return st[3] == 1 && o->ptr % 16 == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
-}
-
 static PyObject *ll_shape(const long long *v, int n) {
     PyObject *t = PyTuple_New(n);
     if (!t) return NULL;
@@ -350,24 +349,6 @@ static int bounds_hold(Decoder *d, const long long *sizes, const Operand *ex) {
     return ok;
 }
 
-/* Key blocks per split where `ctas` CTAs share `sms` multiprocessors, `per_sm` at most on each
-   (ops/splitkv.py decode_split, which tests/test_decoder_gpu.py holds this rule to bit for bit). */
-static long long split_blocks(long long ctas, long long n_blk, long long sms, long long per_sm) {
-    long long ns = per_sm * sms / ctas;
-    if (ns > n_blk) ns = n_blk;
-    if (ns < 1) ns = 1;
-    return (n_blk + ns - 1) / ns;
-}
-
-/* PagedKV::page_div for pages of P keys, as ops/pack.py page_div_word makes it: the multiplier
-   2^32 (2^l - P) / P + 1 in the low 32 bits, l = ceil(log2(P)) above (0 < P < 2^31). */
-static long long page_div_word(long long P) {
-    int l = 0;
-    while ((1LL << l) < P) l++;
-    const unsigned long long m = (((1ULL << 32) * (unsigned long long)((1LL << l) - P)) / (unsigned long long)P + 1) & 0xffffffffULL;
-    return (long long)(m | ((unsigned long long)l << 32));
-}
-
 /* serve(q, k, v, extras...) or, paged, serve(q, k_pages, v_pages, k_table, v_table, extras...): the output of
    one launch, or None where the Python runner must serve the call. */
 static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
@@ -385,9 +366,10 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
             return NULL;
         }
         canonical(&op[i], d->perm[i], cn[i], cs[i]);
-        if (!aligned(&op[i], cs[i])) Py_RETURN_NONE;
+        const long long st[4] = {d->paged && i ? op[i].stride[0] : cs[i][0], cs[i][1], cs[i][2], cs[i][3]};
+        if (!rows_aligned((long long)op[i].ptr, st)) Py_RETURN_NONE;  /* pages: their own first stride */
     }
-    long long paged_words[DEC_PAGED_WORDS];
+    PagedKV pk;
     long long hkv_spec = cn[1][1];
     if (d->paged) {  /* as runner._pages: key s of sequence b is row s % P of page table[b, s / P] */
         Operand t[2];
@@ -401,15 +383,13 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
         }
         const long long P = cn[1][2];
         if (tdt[0] != tdt[1] || t[0].shape[0] != t[1].shape[0] || t[0].shape[1] != t[1].shape[1] || cn[2][2] != P ||
-            op[1].stride[0] % 8 || op[2].stride[0] % 8 || P <= 0 || t[0].shape[1] > (1LL << 40) / P ||
-            op[1].shape[0] >= (1LL << 31) || op[2].shape[0] >= (1LL << 31) ||  /* entries read in 32 bits (paged.cuh) */
-            op[1].shape[0] <= 0 || op[2].shape[0] <= 0)  /* no page to clamp an entry into: the runner refuses */
+            P <= 0 || P >= (1LL << 31) || t[0].shape[1] > (1LL << 40) / P ||  /* page_div's domain */
+            !pool_fits(op[1].shape[0], op[2].shape[0]))  /* the runner refuses such pools */
             Py_RETURN_NONE;
-        const long long w[DEC_PAGED_WORDS] = {(long long)t[0].ptr, (long long)t[1].ptr, t[0].stride[0], t[0].stride[1],
-                                              t[1].stride[0], t[1].stride[1], op[1].stride[0], op[2].stride[0],
-                                              op[1].shape[0], op[2].shape[0], P, page_div_word(P),
-                                              tdt[0] == d->i64};
-        memcpy(paged_words, w, sizeof(w));
+        pk = (PagedKV){.k_table = t[0].ptr, .v_table = t[1].ptr, .kt_sb = t[0].stride[0], .kt_sp = t[0].stride[1],
+                       .vt_sb = t[1].stride[0], .vt_sp = t[1].stride[1], .k_sp = op[1].stride[0],
+                       .v_sp = op[2].stride[0], .k_pages = op[1].shape[0], .v_pages = op[2].shape[0], .page = P,
+                       .page_div = page_div(P), .table64 = tdt[0] == d->i64};
         for (int i = 1; i < 3; i++) {  /* the pages' canonical sizes: every sequence's keys in a row */
             cn[i][0] = t[0].shape[0];
             cn[i][2] = t[0].shape[1] * P;
@@ -418,9 +398,8 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     }
     const long long B = cn[0][0], H = cn[0][1], Sq = cn[0][2], D = cn[0][3];
     const long long Hkv = cn[1][1], Skv = cn[1][2];
-    if (D != d->head_dim || cn[1][3] != d->head_dim || cn[2][3] != d->value_dim || cn[1][0] != B || cn[2][0] != B ||
-        cn[2][1] != Hkv || cn[2][2] != Skv || Hkv <= 0 || H % Hkv || Sq <= 0 || Skv <= 0 || B <= 0)
-        Py_RETURN_NONE;
+    if (!shapes_fit(cn[0], cn[1], cn[2], d->head_dim, d->value_dim) || Sq <= 0 || Skv <= 0 || B <= 0)
+        Py_RETURN_NONE;  /* shapes the kernel does not take (the runner raises), or no keys or queries (it fills) */
     Operand ex[DEC_MAX_EXTRAS];
     int grad = op[0].grad || op[1].grad || op[2].grad;
     for (int i = 0; i < d->nextra; i++) {
@@ -460,14 +439,11 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
     Py_DECREF(st);
     if (PyErr_Occurred()) return NULL;
 
-    /* the split rule (ops/splitkv.py decode_split) */
     const long long row_tiles = ((H / Hkv) * Sq + d->block_m - 1) / d->block_m;
     const long long n_blk = (Skv + d->block_n - 1) / d->block_n;
     const long long ctas = Hkv * row_tiles * B;
-    long long per = split_blocks(ctas, n_blk, d->sm_count, d->ctas_per_sm);
-    if (per < d->min_blocks && d->ctas_per_sm > 1)  /* short splits: one CTA per multiprocessor */
-        per = split_blocks(ctas, n_blk, d->sm_count, 1);
-    const long long n_split = (n_blk + per - 1) / per;
+    long long n_split, per;
+    decode_split(ctas, n_blk, d->sm_count, d->ctas_per_sm, d->min_blocks, &n_split, &per);
     static const unsigned char no_scratch[24] = {0};
     const unsigned char *words = no_scratch;
     if (n_split > 1) {
@@ -510,25 +486,17 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
 
     /* FwdArgs, then Params, the three scratch words, the chunk of keys per split, the (unused) pages */
     _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];
-    long long fwd[DEC_FWD_WORDS];
-    unsigned long long ptrs[5] = {op[0].ptr, op[1].ptr, op[2].ptr, out_ptr, 0};
-    memcpy(fwd, ptrs, sizeof(ptrs));
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) fwd[5 + 3 * i + j] = cs[i][j];
-    fwd[14] = ostride[0];
-    fwd[15] = ostride[1];
-    fwd[16] = ostride[2];
-    fwd[17] = B;
-    fwd[18] = H;
-    fwd[19] = Hkv;
-    fwd[20] = Sq;
-    fwd[21] = Skv;
-    memcpy(&fwd[22], &d->scale, 8);
+    const FwdArgs fwd = {.q = op[0].ptr, .k = op[1].ptr, .v = op[2].ptr, .o = out_ptr, .lse = 0,
+                         .q_sb = cs[0][0], .q_sh = cs[0][1], .q_ss = cs[0][2],
+                         .k_sb = cs[1][0], .k_sh = cs[1][1], .k_ss = cs[1][2],
+                         .v_sb = cs[2][0], .v_sh = cs[2][1], .v_ss = cs[2][2],
+                         .o_sb = ostride[0], .o_sh = ostride[1], .o_ss = ostride[2],
+                         .B = B, .Hq = H, .Hkv = Hkv, .Sq = Sq, .Skv = Skv, .scale = d->scale};
     const long long chunk = per * d->block_n;
-    const void *src[7] = {fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk,
-                          d->paged ? (const void *)paged_words : PyBytes_AS_STRING(d->pages)};
+    const void *src[7] = {&fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk,
+                          d->paged ? (const void *)&pk : PyBytes_AS_STRING(d->pages)};
     size_t len[7] = {sizeof(fwd), (size_t)PyBytes_GET_SIZE(d->params), 8, 8, 8, 8,
-                     d->paged ? sizeof(paged_words) : (size_t)PyBytes_GET_SIZE(d->pages)};
+                     d->paged ? sizeof(pk) : (size_t)PyBytes_GET_SIZE(d->pages)};
     void *kparams[7];
     size_t off = 0;
     for (int i = 0; i < 7; i++) {

@@ -4,6 +4,10 @@ Built once per machine and Python against this interpreter's own headers, as Tri
 stubs, into the private cache (`<cache>/host/`), named by the source's and the interpreter's digest so an
 edit or another Python never loads a stale one. Read-only mode loads a module already there and never
 compiles. Nothing here needs CUDA.
+
+Beside the handwritten sources the build writes one generated header (ops/host_header.py: the kernel
+argument structs as csrc/cubridge declares them, and the launch rules of ops/rules.py rendered to C), and
+the module's name covers its text too, so an edit of a struct or a rule rebuilds the module.
 """
 from __future__ import annotations
 
@@ -37,15 +41,26 @@ def _compiler() -> str | None:
     return None
 
 
-def module_path() -> Path:
+def generated() -> dict[str, str]:
+    """The generated headers the module is built with: {file name: text}."""
+    from ..ops import host_header
+    return {host_header.NAME: host_header.text()}
+
+
+def module_path(headers: dict[str, str] | None = None) -> Path:
+    """Where the module built from today's sources (and `headers`, generated() by default) lives."""
+    headers = generated() if headers is None else headers
     src = b"".join(f.read_bytes() for f in sorted(source_path().parent.iterdir()) if f.suffix in (".c", ".h"))
+    src += b"".join(name.encode() + b"\0" + text.encode() for name, text in sorted(headers.items()))
     tag = hashlib.sha256(src + sys.version.encode() + sysconfig.get_paths()["include"].encode()).hexdigest()[:16]
     ext = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return config.cache_root() / "host" / f"{NAME}-{sys.implementation.cache_tag}-{tag}{ext}"
 
 
-def build_module(path: Path) -> None:
-    """Compile the module to `path` (atomically: a reader sees no half-written library)."""
+def build_module(path: Path, headers: dict[str, str] | None = None) -> None:
+    """Compile the module to `path` (atomically: a reader sees no half-written library), with the generated
+    `headers` (generated() by default) written beside the build."""
+    headers = generated() if headers is None else headers
     cc = _compiler()
     include = sysconfig.get_paths()["include"]
     if cc is None:
@@ -55,8 +70,10 @@ def build_module(path: Path) -> None:
     config.ensure_private_dir(path.parent)
     with tempfile.TemporaryDirectory(prefix="cubridge-host-", dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE", f"-I{include}", str(source_path()),
-               "-o", str(out), "-ldl"]
+        for name, text in headers.items():
+            (Path(tmp) / name).write_text(text)
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE", f"-I{include}", f"-I{tmp}",
+               str(source_path()), "-o", str(out), "-ldl"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
         if res.returncode != 0:
             raise BuildError("the host fast path did not compile", res.stdout + res.stderr, compiler="cc")
@@ -83,11 +100,12 @@ def install_module(name: str, data: bytes) -> bool:
 
 def load_module() -> ModuleType:
     """The C module: loaded from the cache, built first where it is not there (never in read-only mode)."""
-    path = module_path()
+    headers = generated()
+    path = module_path(headers)
     if not path.is_file():
         if config.is_readonly():
             raise CompilerUnavailable("read-only mode and no host fast path module in the cache", compiler="cc")
-        build_module(path)
+        build_module(path, headers)
     spec = importlib.util.spec_from_file_location(f"torch_cubridge.{NAME}", path)
     if spec is None or spec.loader is None:
         raise BuildError(f"cannot load {path}", "", compiler="cc")

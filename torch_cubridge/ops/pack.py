@@ -1,6 +1,12 @@
-"""Packing kernel arguments: FwdArgs and Params as flat arrays of 8-byte words."""
+"""Packing kernel arguments: FwdArgs, PagedKV, SegKV and Params as flat arrays of 8-byte words.
+
+The structs' layouts are the kernel headers' own (ops/layout.py reads them); each packer here takes the
+words in the order named beside it, by field name, so a reordered struct still packs right and a field
+added to one is an error at import, not a shifted word.
+"""
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
 
@@ -8,37 +14,47 @@ import torch
 
 from ..ir.segments import MAX_PIECES
 from ..lower.variant import ParamField
+from . import layout
+from .rules import page_div
 
-# FwdArgs: 5 pointers, 12 strides, 5 sizes, 1 double (csrc/cubridge/variant.cuh)
-FWD_FORMAT = struct.Struct("<5Q12q5qd")
+_FWD = layout.read("FwdArgs")
+FWD_FORMAT = _FWD.format
+_pack_fwd = _FWD.packer(("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh",
+                         "v_ss", "o_sb", "o_sh", "o_ss", "B", "Hq", "Hkv", "Sq", "Skv", "scale"))
 
-
-# PagedKV: 2 table pointers, 11 integers (csrc/cubridge/paged.cuh); all zero where unpaged. Packed here by
-# runner._pages and in C by the Decoder (csrc/host/decoder.h): a change to the struct changes all three;
+# PagedKV, all zero where unpaged. Packed here for the Python runner (runner._pages) and in C by the Decoder
+# (csrc/host/decoder.h) into the struct rendered from the same header (ops/host_header.py);
 # tests/test_decoder_gpu.py holds the two packings' launches equal bit for bit
-PAGED_FORMAT = struct.Struct("<2Q11q")
-NO_PAGES = PAGED_FORMAT.pack(*([0] * 13))
+_PAGED = layout.read("PagedKV")
+PAGED_FORMAT = _PAGED.format
+pack_paged = _PAGED.packer(("k_table", "v_table", "kt_sb", "kt_sp", "vt_sb", "vt_sp", "k_sp", "v_sp", "k_pages",
+                            "v_pages", "page", "page_div", "table64"))
+NO_PAGES = PAGED_FORMAT.pack(*([0] * len(_PAGED.words)))
 
 
+@functools.lru_cache(maxsize=None)
 def page_div_word(page: int) -> int:
-    """PagedKV::page_div for pages of `page` keys (paged.cuh PageDiv): n // page == (umulhi(n, m) + n) >> l for
-    0 <= n < 2^31, with l = ceil(log2(page)) and m = 2^32 (2^l - page) // page + 1 (below 2^32), as m | l << 32.
-    The C Decoder (csrc/host/decoder.h) makes the same word."""
+    """PagedKV::page_div for pages of `page` keys (rules.page_div, which the C Decoder shares); kept per
+    page size, so a call pays a cache lookup."""
     if page < 1:
         raise ValueError(f"pages of {page} keys")
-    log = (page - 1).bit_length()
-    return ((1 << 32) * ((1 << log) - page) // page + 1) | log << 32
+    return page_div(page)
 
 
 # SegKV: K's and V's piece pointers, their b/h/s strides, their cumulative ends (decode_kernel.cuh)
-SEG_PIECES = MAX_PIECES
-SEG_FORMAT = struct.Struct(f"<{2 * SEG_PIECES}Q{8 * SEG_PIECES}q")
+_SEG = layout.read("SegKV")
+SEG_PIECES = _SEG.fields[0].count
+if SEG_PIECES != MAX_PIECES:
+    raise layout.LayoutError(f"SegKV holds {SEG_PIECES} pieces; ir/segments.py MAX_PIECES is {MAX_PIECES}")
+SEG_FORMAT = _SEG.format
+pack_seg = _SEG.packer(tuple(f"{name}[{i}]" for name in ("k", "v", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss",
+                                                         "k_end", "v_end") for i in range(SEG_PIECES)))
 
 
 def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple, v_st: tuple, o_st: tuple,
                  sizes: tuple[int, int, int, int, int], scale: float) -> bytes:
     """The same FwdArgs from plain ints (the per-call fast path builds no views)."""
-    return FWD_FORMAT.pack(*ptrs, *q_st, *k_st, *v_st, *o_st, *sizes, scale)
+    return _pack_fwd(*ptrs, *q_st, *k_st, *v_st, *o_st, *sizes, scale)
 
 
 def params_format(fields: tuple[ParamField, ...]) -> struct.Struct:

@@ -31,8 +31,9 @@ from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
 from .splitkv import NO_SCRATCH, PAGED_SPLIT_MIN_BLOCKS, Scratch, decode_split, sm_count
-from .pack import NO_PAGES, PAGED_FORMAT, SEG_FORMAT, SEG_PIECES, pack_fwd_raw, pack_params, page_div_word, params_format, \
+from .pack import NO_PAGES, SEG_PIECES, pack_fwd_raw, pack_paged, pack_params, pack_seg, page_div_word, params_format, \
     per_call_words
+from .rules import pool_fits, rows_aligned, shapes_fit
 from .tma import no_broadcast, tensor_map
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
@@ -199,10 +200,10 @@ class KernelRunner:
         ke, ve = ends(ck), ends(cv)
         pad = lambda xs, fill: xs + [fill] * (n - len(xs))  # noqa: E731
         st = lambda ts, i: pad([t.stride(i) for t in ts], 0)  # noqa: E731
-        words = SEG_FORMAT.pack(*pad([t.data_ptr() for t in ck], ck[0].data_ptr()),
-                                *pad([t.data_ptr() for t in cv], cv[0].data_ptr()),
-                                *st(ck, 0), *st(ck, 1), *st(ck, 2), *st(cv, 0), *st(cv, 1), *st(cv, 2),
-                                *pad(ke, ke[-1]), *pad(ve, ve[-1]))
+        words = pack_seg(*pad([t.data_ptr() for t in ck], ck[0].data_ptr()),
+                         *pad([t.data_ptr() for t in cv], cv[0].data_ptr()),
+                         *st(ck, 0), *st(ck, 1), *st(ck, 2), *st(cv, 0), *st(cv, 1), *st(cv, 2),
+                         *pad(ke, ke[-1]), *pad(ve, ve[-1]))
         (B, H, _, D), (_, _, _, Dv) = ck[0].shape, cv[0].shape
         return ck[0], cv[0], ((B, H, ke[-1], D), ck[0].stride()), ((B, cv[0].shape[1], ve[-1], Dv), cv[0].stride()), words
 
@@ -224,21 +225,20 @@ class KernelRunner:
             raise SpecServes("the block tables differ in dtype or lie on another device than the pages")
         B, per = kt.shape
         P = kp.shape[kr.slot_dim]
-        if max(kp.shape[0], vp.shape[0]) >= 2 ** 31:  # paged.cuh reads table entries in 32 bits
-            raise SpecServes("a pool of 2^31 pages or more: the kernels read table entries in 32 bits")
-        if min(kp.shape[0], vp.shape[0]) == 0:  # no page to clamp an entry into (the spec's own gather raises)
-            raise SpecServes("an empty pool of pages")
+        if not pool_fits(kp.shape[0], vp.shape[0]):  # an empty pool: the spec's own gather raises
+            raise SpecServes("a pool of 2^31 pages or more: the kernels read table entries in 32 bits"
+                             if max(kp.shape[0], vp.shape[0]) >= 2 ** 31 else "an empty pool of pages")
 
         def layout(t: torch.Tensor, r: PagedRead) -> tuple:
             st = t.stride()
             hkv, sh = (t.shape[r.head_dim], st[r.head_dim]) if r.head_dim is not None else (1, 0)
-            if st[-1] != 1 or t.data_ptr() % 16 or st[0] % 8 or sh % 8 or st[r.slot_dim] % 8:
+            if not rows_aligned(t.data_ptr(), (st[0], sh, st[r.slot_dim], st[-1])):
                 raise SpecServes("the pages' rows are not 16-byte aligned for the paged kernel")
             return (B, hkv, per * P, t.shape[-1]), (0, sh, st[r.slot_dim], 1)
 
-        words = PAGED_FORMAT.pack(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0),
-                                  vt.stride(1), kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P, page_div_word(P),
-                                  int(kt.dtype == torch.int64))
+        words = pack_paged(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0), vt.stride(1),
+                           kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P, page_div_word(P),
+                           int(kt.dtype == torch.int64))
         kl, vl = layout(kp, kr), layout(vp, vr)
         maps = None
         if self._tma:  # [pages, Hkv, P, D] in boxes inside one page (fwd_kernel_sm90.cuh)
@@ -311,28 +311,30 @@ class KernelRunner:
         SegKV) words (k and v are then the pages, or the first pieces)."""
         p = self.p
         self._last = None
-        (B, H, Sq, D), qs = canon(q, perms[0])
+        qn, qs = canon(q, perms[0])
         if paged is not None:
-            ((Bk, Hkv, Skv, Dk), ks), ((Bv, Hv, Sv, Dv), vs) = paged[0], paged[1]
+            (kn, ks), (vn, vs) = paged[0], paged[1]
         else:
-            (Bk, Hkv, Skv, Dk), ks = canon(k, perms[1])
-            (Bv, Hv, Sv, Dv), vs = canon(v, perms[2])
+            kn, ks = canon(k, perms[1])
+            vn, vs = canon(v, perms[2])
+        (B, H, Sq, D), Hkv, Skv, Dv = qn, kn[1], kn[2], vn[3]
         dt = self.dtype
         if q.dtype != dt or k.dtype != dt or v.dtype != dt:
             raise TypeError(f"query/key/value must all be {dt}; got {q.dtype}, {k.dtype}, {v.dtype}")
         di = q.get_device()
         if di < 0 or k.get_device() != di or v.get_device() != di:
             raise ValueError("query, key and value must be CUDA tensors on one device")
-        if not (D == Dk == self.head_dim and Dv == self.value_dim):
-            raise ValueError(f"head dims must be {self.head_dim} for query and key, {self.value_dim} for value")
-        if Bk != B or Bv != B or Hv != Hkv or Sv != Skv or H % Hkv:
+        if not shapes_fit(qn, kn, vn, self.head_dim, self.value_dim):
+            if not (D == kn[3] == self.head_dim and Dv == self.value_dim):
+                raise ValueError(f"head dims must be {self.head_dim} for query and key, {self.value_dim} for value")
             raise ValueError(f"incompatible shapes: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
         tma = self._tma
         if paged is not None:  # the pages are read where they lie (checked in _pages); q may be copied
-            if not _ok(q, qs):
+            if not rows_aligned(q.data_ptr(), qs):
                 q = _readable_copy(q)
                 qs = canon(q, perms[0])[1]
-        elif not (_ok(q, qs) and _ok(k, ks) and _ok(v, vs)) or tma and not (  # cp.async/TMA need 16-byte rows
+        elif not (rows_aligned(q.data_ptr(), qs) and rows_aligned(k.data_ptr(), ks) and rows_aligned(v.data_ptr(), vs)) \
+                or tma and not (  # cp.async/TMA need 16-byte rows
                 no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
                 and no_broadcast((B, Hkv, Skv, Dv), vs)):
             q, k, v = (_readable_copy(t) for t in (q, k, v))
@@ -551,10 +553,6 @@ def _readable_copy(t: torch.Tensor) -> torch.Tensor:
     pointer is not 16-byte aligned (a slice one element in), which cp.async and TMA cannot read."""
     c = t.contiguous()
     return c if c.data_ptr() % 16 == 0 else c.clone()
-
-
-def _ok(t: torch.Tensor, st: tuple) -> bool:
-    return st[3] == 1 and t.data_ptr() % 16 == 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0
 
 
 def arch_for(device: torch.device) -> str:

@@ -22,7 +22,7 @@ _cache: dict[tuple, bytes] = {}
 
 def no_broadcast(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """What the copy engine adds to the 16-byte alignment the cp.async kernel needs already
-    (ops.runner._ok): no zero-stride dim of size > 1."""
+    (rules.rows_aligned): no zero-stride dim of size > 1."""
     return all(st > 0 or n == 1 for st, n in zip(strides[:3], sizes[:3]))
 
 

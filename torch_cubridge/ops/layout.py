@@ -1,0 +1,121 @@
+"""The kernel argument structs, read from the kernel's own headers (csrc/cubridge/*.cuh).
+
+FwdArgs (variant.cuh), PagedKV (paged.cuh) and SegKV (decode_kernel.cuh) are passed to the kernels by
+value, every field 8 bytes wide, so the host packs each as a flat array of 64-bit words in declaration
+order. The declaration is the one source of that layout: the Python runner packs with the `struct.Struct`
+derived here, and the C host module fills the C struct rendered here (ops/host_header.py), both by field
+name. A field added to a struct that a host does not fill is an error when its packing is made
+(`Layout.order`), not a silently shifted word.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Callable
+
+from .. import config
+
+# the header each struct is declared in; another header of csrc/cubridge is searched where it moved
+HOME = {"FwdArgs": "variant.cuh", "PagedKV": "paged.cuh", "SegKV": "decode_kernel.cuh"}
+
+_TYPES = {"const void*": "ptr", "void*": "ptr", "float*": "ptr", "int*": "ptr", "long long": "i64", "double": "f64"}
+_CODE = {"ptr": "Q", "i64": "q", "f64": "d"}
+_C = {"ptr": "unsigned long long", "i64": "long long", "f64": "double"}
+
+
+class LayoutError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # "ptr", "i64" or "f64": 8 bytes each
+    count: int = 1  # an array field's length
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One struct's fields in declaration order."""
+    name: str
+    fields: tuple[Field, ...]
+
+    @cached_property
+    def words(self) -> tuple[str, ...]:
+        """One name per 8-byte word: a field's own, or name[i] for an array's elements."""
+        return tuple(f.name if f.count == 1 else f"{f.name}[{i}]" for f in self.fields for i in range(f.count))
+
+    @cached_property
+    def format(self) -> struct.Struct:
+        return struct.Struct("<" + "".join(f"{f.count if f.count > 1 else ''}{_CODE[f.kind]}" for f in self.fields))
+
+    def offset(self, word: str) -> int:
+        return 8 * self.words.index(word)
+
+    def order(self, words: tuple[str, ...]) -> tuple[int, ...] | None:
+        """Where each of the struct's words is in `words` (the order a host supplies them in), or None
+        where that is the struct's own order; raises where the two name different words."""
+        if set(words) != set(self.words) or len(words) != len(self.words):
+            raise LayoutError(f"{self.name} holds {self.words}; the host fills {words}")
+        at = tuple(words.index(w) for w in self.words)
+        return None if at == tuple(range(len(at))) else at
+
+    def packer(self, words: tuple[str, ...]) -> Callable[..., bytes]:
+        """A function of the struct's words given in the order of `words` (by name) to the struct's bytes:
+        the format's own pack where that is the declaration order (no work per call beyond it)."""
+        fmt, at = self.format, self.order(words)
+        if at is None:
+            return fmt.pack
+        return lambda *vals: fmt.pack(*(vals[i] for i in at))
+
+    def c_struct(self) -> str:
+        """The struct for C host code: the same words, addresses as unsigned 64-bit integers."""
+        body = "".join(f"    {_C[f.kind]} {f.name}{'' if f.count == 1 else f'[{f.count}]'};\n" for f in self.fields)
+        return (f"typedef struct {{\n{body}}} {self.name};\n"
+                f"_Static_assert(sizeof({self.name}) == {8 * len(self.words)}, \"{self.name}: 8-byte words\");\n")
+
+
+def parse(text: str, name: str) -> Layout:
+    """The layout of `struct name { ... };` in header text: fields `type a, b;` or `type a[N];` (N a literal
+    or a `static constexpr int` of the struct), every type 8 bytes wide; static members are not fields."""
+    m = re.search(r"\bstruct\s+" + name + r"\s*\{(.*?)\n\};", text, re.S)
+    if m is None:
+        raise LayoutError(f"no struct {name}")
+    body = re.sub(r"//[^\n]*", "", m.group(1))
+    consts = {k: int(v) for k, v in re.findall(r"static\s+constexpr\s+int\s+(\w+)\s*=\s*(\d+)\s*;", body)}
+    fields = []
+    for decl in body.split(";"):
+        decl = " ".join(decl.split())
+        if not decl or decl.startswith("static "):
+            continue
+        decl = decl.replace(" *", "*")
+        ctype = next((t for t in _TYPES if re.match(re.escape(t) + r"(?![\w*])", decl)), None)
+        if ctype is None:
+            raise LayoutError(f"{name}: a field the host cannot pack as 8-byte words: {decl}")
+        kind = _TYPES[ctype]
+        for var in decl[len(ctype):].split(","):
+            a = re.fullmatch(r"\s*(\w+)\s*(?:\[\s*(\w+)\s*\])?\s*", var)
+            if a is None:
+                raise LayoutError(f"{name}: cannot read {var!r}")
+            n = a.group(2)
+            count = 1 if n is None else int(n) if n.isdigit() else consts.get(n, 0)
+            if count < 1:
+                raise LayoutError(f"{name}: array length {n!r} is not a literal or a constant of the struct")
+            fields.append(Field(a.group(1), kind, count))
+    return Layout(name, tuple(fields))
+
+
+@lru_cache(maxsize=None)
+def read(name: str, root: Path | None = None) -> Layout:
+    """`name`'s layout from the kernel headers under `root` (config.csrc_dir()/cubridge by default)."""
+    root = root or Path(config.csrc_dir()) / "cubridge"
+    home = root / HOME[name]
+    for f in [home] + sorted(p for p in root.glob("*.cuh") if p != home):
+        if f.is_file():
+            text = f.read_text()
+            if re.search(r"\bstruct\s+" + name + r"\s*\{", text):
+                return parse(text, name)
+    raise LayoutError(f"no header under {root} declares struct {name}")
