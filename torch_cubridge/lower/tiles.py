@@ -80,11 +80,11 @@ def sm90_tile(head_dim: int, value_dim: int | None = None, plain_scores: bool = 
     byte of K and V, and a third warpgroup's GEMMs fill the tensor cores while the other two run their
     softmax (+12% at D 64, +20% at D 32, full, 4k, H100). With a mask or a score hook, two: the
     consumers' 160 registers a thread then spill, and 192-row tiles have more partial blocks (-5 to
-    -21% on causal, sliding, softcap, ALiBi, document; benchmarks/NOTES.md v14). Keys per block: 128, or 80 where a padded head dim passes 128 (the O
-    accumulator and the scores share 240 registers a thread). An O buffer where shared memory has
-    room (not D 256). Persistent only where O is at most 128 wide: ptxas spills 88-248 bytes in the
-    tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the next
-    tile's Q waits for the epilogue anyway."""
+    -21% on causal, sliding, softcap, ALiBi, document). Keys per block: 128, or 80 where a padded head
+    dim passes 128 (the O accumulator and the scores share 240 registers a thread). An O buffer where
+    shared memory has room (not D 256). Persistent only where O is at most 128 wide: ptxas spills 88-248
+    bytes in the tile loop past that (sm_90a, -Xptxas -v: Dv 160, 192, 256), and without an O buffer the
+    next tile's Q waits for the epilogue anyway."""
     dv = value_dim_of(head_dim, value_dim)
     if not all(head_dim_ok(n) for n in (head_dim, dv)):
         return None
@@ -123,7 +123,7 @@ def fwd_band(head_dim: int, value_dim: int) -> int:
 # The fewest rows a TMA box of paged K/V may have in the Hopper kernel; smaller pieces are gathered by the
 # prologue. A box costs its issuing thread about the same however few rows it holds: with the producer warp's
 # lanes issuing them, boxes of 16 rows ran at 0.73-0.75 of contiguous K/V and beat gathering (1.05-1.92x),
-# boxes of 8 at 0.53, below gathering at Sq 2048 (0.76x; H100, NOTES v26).
+# boxes of 8 at 0.53, below gathering at Sq 2048 (0.76x; H100).
 PAGED_TMA_ROWS = 16
 
 
@@ -141,7 +141,7 @@ def pages_in_place(page: int, tile: Tile) -> bool:
     blocks. Every CTA of a key block's queries and heads reads the block, so the FA2 kernel's row-by-row walk
     of smaller pages repeats its table reads where one gather pays them once (H100 under
     CUBRIDGE_KERNEL=sm80, B 4, Sq 512, 32k keys: pages of 8 and 16 at 0.95-0.96x the gathered kernel, 256 at
-    1.71x; NOTES v27)."""
+    1.71x)."""
     if tile.kernel == "sm90":
         return paged_tma_rows(page, tile.block_n) is not None
     return page % tile.block_n == 0
@@ -150,13 +150,12 @@ def pages_in_place(page: int, tile: Tile) -> bool:
 # Decode (decode_kernel.cuh, DecodeTile): 16 packed (query head, query) rows per CTA, 64-key blocks,
 # 4 warps, split-KV, head dims in steps of 8. Three K/V blocks in the ring, with the split rule's one CTA
 # per multiprocessor (ops/splitkv.py): against two stages and two CTAs, +1.5% to +14% at batch 1, 4, 8 and
-# 16, 4k and 32k keys (H100, D 128, benchmarks/NOTES.md v24). Two past a padded head dim of 160, where the
-# third stage's addressing spilled registers (192 and 224, -Xptxas -v), and for K/V read through pages,
-# whose page lookups want two CTAs per multiprocessor to hide them (0.745 of contiguous with three stages
-# and one CTA against 0.949-0.959 with two and two, pages of 16, 4k, H100 runs 15, 16 and 19; one CTA is what
-# costs it, NOTES v24; with the lookups loaded a block ahead, still 0.62-0.81, v29), except where the splits are
-# too short for a second CTA to help (ops/splitkv.py PAGED_SPLIT_MIN_BLOCKS). Chosen for calls with at most this
-# many queries:
+# 16, 4k and 32k keys (H100, D 128). Two past a padded head dim of 160, where the third stage's addressing
+# spilled registers (192 and 224, -Xptxas -v), and for K/V read through pages, whose page lookups want two
+# CTAs per multiprocessor to hide them (0.745 of contiguous with three stages and one CTA against
+# 0.949-0.959 with two and two, pages of 16, 4k, H100; one CTA is what costs it; with the lookups loaded a
+# block ahead, still 0.62-0.81), except where the splits are too short for a second CTA to help
+# (ops/splitkv.py PAGED_SPLIT_MIN_BLOCKS). Chosen for calls with at most this many queries:
 DECODE_MAX_QUERIES = 16
 
 
