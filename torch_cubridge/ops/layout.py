@@ -24,6 +24,11 @@ HOME = {"FwdArgs": "variant.cuh", "PagedKV": "paged.cuh", "SegKV": "decode_kerne
 _TYPES = {"const void*": "ptr", "void*": "ptr", "float*": "ptr", "int*": "ptr", "long long": "i64", "double": "f64"}
 _CODE = {"ptr": "Q", "i64": "q", "f64": "d"}
 _C = {"ptr": "unsigned long long", "i64": "long long", "f64": "double"}
+# few patterns, compiled once: a struct body, a line comment, a constant of the struct, a declared name
+_STRUCT = re.compile(r"\bstruct\s+(\w+)\s*\{(.*?)\n\};", re.S)
+_COMMENT = re.compile(r"//[^\n]*")
+_CONST = re.compile(r"static\s+constexpr\s+int\s+(\w+)\s*=\s*(\d+)\s*;")
+_VAR = re.compile(r"\s*(\w+)\s*(?:\[\s*(\w+)\s*\])?\s*")
 
 
 class LayoutError(ValueError):
@@ -81,23 +86,24 @@ class Layout:
 def parse(text: str, name: str) -> Layout:
     """The layout of `struct name { ... };` in header text: fields `type a, b;` or `type a[N];` (N a literal
     or a `static constexpr int` of the struct), every type 8 bytes wide; static members are not fields."""
-    m = re.search(r"\bstruct\s+" + name + r"\s*\{(.*?)\n\};", text, re.S)
+    m = next((m for m in _STRUCT.finditer(text) if m.group(1) == name), None)
     if m is None:
         raise LayoutError(f"no struct {name}")
-    body = re.sub(r"//[^\n]*", "", m.group(1))
-    consts = {k: int(v) for k, v in re.findall(r"static\s+constexpr\s+int\s+(\w+)\s*=\s*(\d+)\s*;", body)}
+    body = _COMMENT.sub("", m.group(2))
+    consts = {k: int(v) for k, v in _CONST.findall(body)}
     fields = []
     for decl in body.split(";"):
         decl = " ".join(decl.split())
         if not decl or decl.startswith("static "):
             continue
         decl = decl.replace(" *", "*")
-        ctype = next((t for t in _TYPES if re.match(re.escape(t) + r"(?![\w*])", decl)), None)
+        ctype = next((t for t in _TYPES if decl.startswith(t) and not (decl[len(t):len(t) + 1].isalnum()
+                                                                     or decl[len(t):len(t) + 1] in "_*")), None)
         if ctype is None:
             raise LayoutError(f"{name}: a field the host cannot pack as 8-byte words: {decl}")
         kind = _TYPES[ctype]
         for var in decl[len(ctype):].split(","):
-            a = re.fullmatch(r"\s*(\w+)\s*(?:\[\s*(\w+)\s*\])?\s*", var)
+            a = _VAR.fullmatch(var)
             if a is None:
                 raise LayoutError(f"{name}: cannot read {var!r}")
             n = a.group(2)
@@ -116,6 +122,6 @@ def read(name: str, root: Path | None = None) -> Layout:
     for f in [home] + sorted(p for p in root.glob("*.cuh") if p != home):
         if f.is_file():
             text = f.read_text()
-            if re.search(r"\bstruct\s+" + name + r"\s*\{", text):
+            if f"struct {name}" in text and any(m.group(1) == name for m in _STRUCT.finditer(text)):
                 return parse(text, name)
     raise LayoutError(f"no header under {root} declares struct {name}")
