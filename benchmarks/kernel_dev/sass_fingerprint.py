@@ -18,7 +18,9 @@ Builds run one after another (a few seconds each). Typical use, around a refacto
     ... edit the headers ...
     python benchmarks/kernel_dev/sass_fingerprint.py --out /tmp/sass_after.txt --compare /tmp/sass_before.txt
 
-`--only a,b` runs the named builds; `--keep DIR` keeps each build's .cu, .cubin and .sass there (diff two
+`--only a,b` runs the named builds; `--sources DIR` compiles the translation units an earlier `--keep DIR`
+saved instead of lowering them again (so a change to torch_cubridge/lower beside the headers' does not move
+the hashes); `--keep DIR` keeps each build's .cu, .cubin and .sass there (diff two
 .sass files to see where code moved); `--list` prints the names. cuobjdump: $CUOBJDUMP, else the one on PATH
 or under CUDA_HOME, else the copy that ships with triton (site-packages/triton/backends/nvidia/bin/).
 The SASS text is hashed after dropping cuobjdump's header lines (file names), so the hash depends on the code only.
@@ -247,11 +249,12 @@ def sass_functions(sass: str) -> dict[str, list[str]]:
     return out
 
 
-def fingerprint(b: Build, keep: Path | None) -> str:
+def fingerprint(b: Build, keep: Path | None, sources: Path | None = None) -> str:
     low = lowered(b)
+    text = (sources / f"{b.name}.cu").read_text() if sources is not None else low.source
     with tempfile.TemporaryDirectory(prefix="cubridge-sass-") as tmp:
         src, cub = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
-        src.write_text(low.source)
+        src.write_text(text)
         t0 = time.time()
         res = subprocess.run(nvcc_cmd(b.arch) + ["-o", str(cub), str(src)], capture_output=True, text=True)
         secs = time.time() - t0
@@ -261,7 +264,7 @@ def fingerprint(b: Build, keep: Path | None) -> str:
         sass = subprocess.run([cuobjdump(), "-sass", str(cub)], capture_output=True, text=True, check=True).stdout
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            for ext, data in ((".cu", low.source), (".sass", sass), (".ptxas", res.stderr + res.stdout)):
+            for ext, data in ((".cu", text), (".sass", sass), (".ptxas", res.stderr + res.stdout)):
                 (keep / f"{b.name}{ext}").write_text(data)
             shutil.copy(cub, keep / f"{b.name}.cubin")
     regs = ptxas_report(res.stderr + res.stdout)
@@ -296,6 +299,8 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated build names")
     ap.add_argument("--keep", type=Path, help="keep each build's .cu, .cubin, .sass and ptxas report here")
     ap.add_argument("--compare", type=Path, help="an earlier --out file: report the builds that differ")
+    ap.add_argument("--sources", type=Path, help="compile the .cu files an earlier --keep left here, not today's "
+                    "lowering: the headers' effect alone, while torch_cubridge/lower changes beside them")
     ap.add_argument("--list", action="store_true", help="print the build names and exit")
     args = ap.parse_args()
     if args.list:
@@ -305,7 +310,7 @@ def main() -> int:
     lines = []
     for b in BUILDS:
         if names is None or b.name in names:
-            lines.append(fingerprint(b, args.keep))
+            lines.append(fingerprint(b, args.keep, args.sources))
             print(lines[-1], flush=True)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

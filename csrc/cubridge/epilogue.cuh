@@ -3,6 +3,9 @@
 #pragma once
 #include "mma.cuh"
 #include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
 
 namespace cubridge {
 
@@ -91,5 +94,63 @@ __device__ __forceinline__ void store_rows(T* g, long long ld, const T* s, int r
     *reinterpret_cast<uint4*>(g + (long long)(row0 + r) * ld + c * 8) = val;
   }
 }
+
+// Hopper: a consumer warpgroup's 64 rows of O, normalised, staged in a 128B-swizzled [BM][DVP] tile (the O
+// buffer, or Q's rows once every Q K^T that read them has completed), then stored 16 bytes a thread; the
+// padded columns stay in shared memory. kEmptyRowMeanV: a row with every key masked takes V's mean, flagged in
+// row_info while staging.
+template <class Cfg, class Variant, class T>
+struct SwizzledEpilogue {
+  static constexpr int BM = Cfg::kBlockM, DV = Cfg::kValueDim, DVP = Cfg::kPadDv, DT = DVP / 8;
+  unsigned char* o_stage;
+  int* row_info;
+  int cw;
+  int et = 0, elane = 0, er0 = 0;  // set by stage(): thread in the warpgroup, lane, first row
+
+  // Between two barriers of the warpgroup: the first orders the writes after the last tile's reads of these
+  // rows, the second the stores' reads after every warp's writes. The addresses come from a fresh read of the
+  // thread index: hoisted out of the tile loop they would be held across it, and at 160 registers a thread
+  // (three consumers) spilled.
+  __device__ __forceinline__ void stage(const float (&o)[1][DT][4], const float (&o_scale)[2], const float (&m)[2],
+                                        int wg) {
+    named_sync(1 + cw, 128);
+    et = fresh_thread_index() - 128 * wg, elane = et % 32, er0 = cw * 64 + et / 32 * 16 + elane / 4;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = er0 + hf * 8;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        *reinterpret_cast<unsigned*>(o_stage + sw128_offset<BM>(r, dt * 8 + (elane % 4) * 2)) =
+            pack2<T>(o[0][dt][2 * hf] * o_scale[hf], o[0][dt][2 * hf + 1] * o_scale[hf]);
+      if constexpr (Variant::kEmptyRowMeanV)
+        if (elane % 4 == 0) row_info[r] = m[hf] == neg_inf();
+    }
+    named_sync(1 + cw, 128);
+  }
+
+  __device__ __forceinline__ void store_o(const FwdArgs& a, const QueryTile& t, int sq, int skv) const {
+    T* gO = static_cast<T*>(a.o) + t.b * a.o_sb + t.h * a.o_sh;
+    const T* gV = static_cast<const T*>(a.v) + t.b * a.v_sb + t.hk * a.v_sh;
+#pragma unroll
+    for (int rep = 0; rep < 64 * DT / 128; ++rep) {
+      const int idx = et + 128 * rep;
+      const int r = cw * 64 + idx / DT, c = (idx % DT) * 8;
+      if (t.q_lo + r >= sq || (DV < DVP && c >= DV)) continue;  // padded columns stay in shared memory
+      uint4 val = *reinterpret_cast<const uint4*>(o_stage + sw128_offset<BM>(r, c));
+      if (Variant::kEmptyRowMeanV && row_info[r]) val = mean_v_chunk(gV, a.v_ss, skv, c / 8);
+      *reinterpret_cast<uint4*>(gO + (long long)(t.q_lo + r) * a.o_ss + c) = val;
+    }
+  }
+
+  // The rows' natural-log LSE, where the caller asked for it (a.lse).
+  __device__ __forceinline__ void store_lse(const FwdArgs& a, const QueryTile& t, const float (&lse)[2],
+                                            int sq) const {
+    if (a.lse != nullptr && elane % 4 == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        if (t.q_lo + er0 + hf * 8 < sq) a.lse[(t.b * a.Hq + t.h) * a.Sq + t.q_lo + er0 + hf * 8] = lse[hf];
+    }
+  }
+};
 
 }  // namespace cubridge

@@ -22,6 +22,12 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
          ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// Byte offset of element (r, c) of a 128B-swizzled [ROWS][D] 2-byte tile in this layout.
+template <int ROWS>
+__device__ __forceinline__ unsigned sw128_offset(int r, int c) {
+  return (c / 64) * (ROWS * 128) + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

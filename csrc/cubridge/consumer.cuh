@@ -1,0 +1,96 @@
+// Consumers: the math of one key block against the resident query rows, S = Q K^T, the score and mask hooks,
+// the online softmax, O += P V; the loop that orders these steps is the kernel's own.
+//
+// WgmmaConsumer (Hopper): a warpgroup of 64 query rows; both GEMMs asynchronous on the tensor cores (wgmma),
+// Q and K from the shared ring, P from registers. The FA2-class and decode kernels' mma.sync GEMMs are
+// gemm.cuh's; all three share the hooks (score_tile.cuh) and the softmax (softmax.cuh).
+#pragma once
+
+#include "mma.cuh"
+#include "pipeline.cuh"
+#include "score_tile.cuh"
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "wgmma.cuh"
+
+namespace cubridge {
+
+template <class Cfg, class Variant, class T>
+struct WgmmaConsumer {
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, DVP = Cfg::kPadDv;
+  // Q K^T steps stop at the last 16 columns holding data (the copy engine zero-fills past D); O is computed
+  // over the padded width.
+  static constexpr int NT = BN / 8, DT = DVP / 8, KC = (Cfg::kHeadDim + 15) / 16, PK = BN / 16;
+  static constexpr unsigned kKBytes = BN * Cfg::kPadD * 2, kVBytes = BN * DVP * 2;
+  static constexpr bool kRaw = score_is_default<Variant>(0);  // s * scale folded into the exp2 factor
+  int cw, lane, r0;  // warpgroup among the consumers, lane, this thread's first row in the tile (+8: second)
+  unsigned q_tile, sK, sV;
+
+  __device__ __forceinline__ WgmmaConsumer(int wg, int tid, unsigned sQ, unsigned k_ring, unsigned v_ring) {
+    cw = wg - 1;
+    const int t = tid - 128 * wg, warp = t / 32;
+    lane = t % 32;
+    r0 = cw * 64 + warp * 16 + lane / 4;
+    q_tile = sQ + cw * 64 * 128;
+    sK = k_ring;
+    sV = v_ring;
+  }
+
+  // S = Q K^T of the block in stage s (asynchronous: wgmma_wait before reading sc).
+  __device__ __forceinline__ void qk(float (&sc)[1][NT][4], int s) const {
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      const unsigned off = (kc % 4) * 32;  // 16 columns further inside the 128-byte row
+      Wgmma<BN, T>::ss(&sc[0][0][0], sw128_desc(q_tile + (kc / 4) * BM * 128 + off, 16, 1024),
+                       sw128_desc(sK + s * kKBytes + (kc / 4) * BN * 128 + off, 16, 1024), kc > 0);
+    }
+    wgmma_commit();
+  }
+
+  // O += P V of the block in stage s, P as the A operand (asynchronous; the caller waited for V).
+  __device__ __forceinline__ void pv(float (&o)[1][DT][4], const unsigned (&pa)[PK][4], int s) const {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+      Wgmma<DVP, T>::rs(&o[0][0][0], pa[kk], sw128_desc(sV + s * kVBytes + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+  }
+
+  // The mask of block j (the mask reads no score: computed before the wait for them, its loads overlap it).
+  __device__ __forceinline__ void mask(unsigned long long (&keep)[1][2], const FwdArgs& a,
+                                       const typename Variant::Params& p, const QueryTile& t, int j, int cls,
+                                       int sq, int skv) const {
+    mask_bits<Variant, 1, NT>(keep, a, p, t.b, t.h, t.q_lo + r0, j * BN + (lane % 4) * 2, sq, skv,
+                              Variant::kHasMask && cls == kPartial);
+  }
+
+  // The score hook, the mask and the key bound, then the online softmax: sc becomes P (unnormalised), and
+  // alpha the factor O's rows must be rescaled by.
+  __device__ __forceinline__ void score_softmax(float (&sc)[1][NT][4], const unsigned long long (&keep)[1][2],
+                                                const FwdArgs& a, const typename Variant::Params& p,
+                                                const QueryTile& t, int j, int cls, int sq, int skv, float factor,
+                                                float (&m)[2], float (&l)[2], float (&alpha)[2]) const {
+    const int kv0 = j * BN + (lane % 4) * 2;
+    if ((Variant::kHasMask && cls == kPartial) || j * BN + BN > skv)
+      apply_score<Variant, kRaw, true>(sc, keep, a, p, t.b, t.h, t.q_lo + r0, kv0, sq, skv);
+    else
+      apply_score<Variant, kRaw, false>(sc, keep, a, p, t.b, t.h, t.q_lo + r0, kv0, sq, skv);
+    softmax_rows<1, NT>(sc, m, l, factor, alpha);
+  }
+
+  // P in registers as the A operand of the next P V.
+  __device__ __forceinline__ static void p_operand(unsigned (&pa)[PK][4], const float (&sc)[1][NT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk) {
+      pa[kk][0] = pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+      pa[kk][1] = pack2<T>(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+      pa[kk][2] = pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
+    }
+  }
+
+  __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }
+};
+
+}  // namespace cubridge

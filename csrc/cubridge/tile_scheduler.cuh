@@ -1,0 +1,79 @@
+// Tile schedulers: which query tile (or, in the decode kernel, which packed rows and which split of the keys)
+// a CTA works on, and in which order. Each kernel's entry asks one of these for its work; the kernels' loops
+// over key blocks start from what they return.
+#pragma once
+
+#include "block_span.cuh"
+#include "score_tile.cuh"
+#include "variant.cuh"
+
+namespace cubridge {
+
+// One query tile: rows [q_lo, q_hi) of query head h of sequence b, which reads K/V head hk.
+struct QueryTile {
+  int b, h, hk, q_lo, q_hi;
+};
+
+// FA2-class kernel: one CTA per tile, grid (query tiles, Hq, B). blockIdx.x is reversed: CTA 0 takes the last
+// query tile, which under a causal mask is the heaviest, so the long tiles start first.
+template <class Variant, int BM>
+__device__ __forceinline__ QueryTile cta_tile(const FwdArgs& a) {
+  QueryTile t;
+  const int m_blk = gridDim.x - 1 - blockIdx.x;
+  t.h = blockIdx.y;
+  t.b = blockIdx.z;
+  t.hk = Variant::kv_head(a, t.h);  // GQA/MQA: shared K/V head, by the variant's head map
+  t.q_lo = m_blk * BM;
+  t.q_hi = imin(t.q_lo + BM, static_cast<int>(a.Sq));
+  return t;
+}
+
+// Hopper kernel: tiles numbered as (batch, head) pairs in groups whose K and V fit in L2 together (the CTAs
+// running at one time share them), and within a group the heaviest (last) query tiles first. CTA c takes tiles
+// c, c + grid, ... where the kernel is persistent (grid = min(tiles, SMs)), else tile c only (grid = tiles):
+//   for (int tile = first(); tile < n_tiles; tile = next(tile)) { ...; if (!persistent) break; }
+template <int BM, int D, int DV>
+struct GroupedTiles {
+  int n_m, n_hb, n_tiles, group;
+
+  __device__ __forceinline__ explicit GroupedTiles(const FwdArgs& a) {
+    const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+    n_m = (sq + BM - 1) / BM;
+    n_hb = static_cast<int>(a.Hq * a.B);
+    n_tiles = n_m * n_hb;
+    constexpr long long kL2Budget = 24ll << 20;  // bytes of K and V one group may keep in L2
+    const long long fit = kL2Budget / (2ll * (D + DV) * (skv > 0 ? skv : 1));
+    group = fit < 1 ? 1 : fit > n_hb ? n_hb : static_cast<int>(fit);
+  }
+  __device__ __forceinline__ static int first() { return blockIdx.x; }
+  __device__ __forceinline__ static int next(int tile) { return tile + gridDim.x; }
+
+  template <class Variant>
+  __device__ __forceinline__ QueryTile tile(const FwdArgs& a, int tile) const {
+    QueryTile t;
+    const int first = tile / (group * n_m) * group, size = imin(group, n_hb - first);
+    const int in = tile - first * n_m;
+    const int m_blk = n_m - 1 - in / size, hb = first + in % size;
+    t.h = hb % static_cast<int>(a.Hq);
+    t.b = hb / static_cast<int>(a.Hq);
+    t.hk = Variant::kv_head(a, t.h);
+    t.q_lo = m_blk * BM;
+    t.q_hi = imin(t.q_lo + BM, static_cast<int>(a.Sq));
+    return t;
+  }
+};
+
+// The class of key blocks [j0, j1) (BN keys each, the last cut at the keys' end) against one query tile's
+// rows: the variant's block_class hook. block_span.cuh's searches and LiveBlocks walk over it.
+template <class Variant, int BN>
+struct TileSpan {
+  const FwdArgs& a;
+  const typename Variant::Params& p;
+  const QueryTile& t;
+  int skv;
+  __device__ __forceinline__ int operator()(int j0, int j1) const {
+    return Hook<Variant>::block_class(a, p, t.b, t.h, t.q_lo, t.q_hi, j0 * BN, imin(j1 * BN, skv));
+  }
+};
+
+}  // namespace cubridge
