@@ -33,155 +33,10 @@
 #include "score_tile.cuh"
 #include "softmax.cuh"
 #include "variant.cuh"
+#include "decode_loads.cuh"
+#include "decode_merge.cuh"
 
 namespace cubridge {
-
-// K and V kept as up to kMax pieces one after another along the keys (a KV cache and the new keys
-// concatenated inside the spec, memory key/values before the sequence's), read where they lie where the
-// kernel is built segmented: key s lies in the first piece whose cumulative end exceeds it, at row
-// s - (the previous end). Each piece has its own strides (a batch stride of 0: one piece for every
-// sequence). Pieces past the last have the last's end, so no key falls in them.
-struct SegKV {
-  static constexpr bool kSegmented = true;
-  static constexpr int kMax = 4;
-  const void* k[kMax];
-  const void* v[kMax];
-  long long k_sb[kMax], k_sh[kMax], k_ss[kMax];
-  long long v_sb[kMax], v_sh[kMax], v_ss[kMax];
-  long long k_end[kMax], v_end[kMax];
-};
-
-// Where key `row` of one (sequence, KV head) starts among the pieces; base[i]: piece i at (b, head).
-template <class T>
-__device__ __forceinline__ const T* segment_row(const T* const (&base)[SegKV::kMax], const long long* end,
-                                                const long long* ss, int row) {
-  const T* p = base[0];
-  long long lo = 0, st = ss[0];
-#pragma unroll
-  for (int i = 1; i < SegKV::kMax; ++i)
-    if (row >= end[i - 1]) {
-      p = base[i];
-      lo = end[i - 1];
-      st = ss[i];
-    }
-  return p + (row - lo) * st;
-}
-
-// Rows [r0, r0 + BN) of one (sequence, KV head) from the pieces into a shared tile. A block that lies in
-// one piece (all but the block where two pieces meet) is that piece's plain strided copy; the other looks
-// up each row's piece.
-template <int BN, int D, int LDS, int NTH, bool SWZ, class T>
-__device__ __forceinline__ void load_tile_pieces(T* s, const T* const (&base)[SegKV::kMax], const long long* end,
-                                                 const long long* ss, int r0, int nrows, int tid) {
-  const int last = imin(r0 + BN, nrows) - 1;
-  const T* p = base[0];
-  long long lo = 0, st = ss[0];
-  bool one = true;
-#pragma unroll
-  for (int i = 1; i < SegKV::kMax; ++i) {
-    if (r0 >= end[i - 1]) {
-      p = base[i];
-      lo = end[i - 1];
-      st = ss[i];
-    } else if (last >= end[i - 1]) {
-      one = false;
-    }
-  }
-  if (one) {
-    load_tile<BN, D, LDS, NTH, T, SWZ>(s, p, st, static_cast<int>(r0 - lo), static_cast<int>(nrows - lo), tid);
-  } else {
-    load_tile_at<BN, D, LDS, NTH, SWZ>(s, base[0], [&](int row) { return segment_row<T>(base, end, ss, row); }, r0, nrows, tid);
-  }
-}
-
-__device__ __forceinline__ bool pages_shared(const PagedKV& pg) {
-  return pg.k_table == pg.v_table && pg.kt_sb == pg.vt_sb && pg.kt_sp == pg.vt_sp && pg.k_pages == pg.v_pages;
-}
-
-// The per-row walk over a block's rows: a thread keeps one 16-byte column and walks rows kStep apart
-// (r0 + kStep * i, r0 = tid / kChunks), where the thread count is a multiple of a row's chunks.
-template <int BN, int D, int NTH>
-struct RowWalk {
-  static constexpr int kChunks = D / 8;
-  static constexpr bool kOk = NTH % kChunks == 0 && BN % (NTH / kChunks) == 0;
-  static constexpr int kStep = kOk ? NTH / kChunks : 1;
-  static constexpr int kRows = kOk ? BN / kStep : 1;
-};
-
-// The table entries of one thread's rows of a paged block (for K, and for V where it reads its own table),
-// loaded a block ahead of the block's copies: a lookup is a dependent load, and looked up at the copy it sat in
-// front of every block's copies (B 8, 32k, pages of 16: 0.944 of contiguous K/V looked up at the copy, 0.962
-// loaded ahead; 4k and B 1 unchanged; with three stages and one CTA per SM still 0.62-0.70: H100, NOTES v29).
-// Where the block lies in one page, entry 0 is its page.
-template <int N>
-struct BlockEntries {
-  int blk;  // the block they are for (-1: none)
-  Entry k[N], v[N];
-};
-
-template <int BN, int D, int NTH, int N>
-__device__ __forceinline__ void load_block_entries(BlockEntries<N>& en, const PagedKV& pg, const PageDiv& pd, int b,
-                                                   int blk, int nrows, int tid) {
-  using W = RowWalk<BN, D, NTH>;
-  const bool t64 = pg.table64 != 0, shared = pages_shared(pg);
-  const bool in_page = pd.page % BN == 0;
-  const int r0 = tid / W::kChunks;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if (in_page && i > 0) continue;
-    const int row = imin(blk * BN + r0 + W::kStep * i, nrows - 1);  // a row past the end: the last one's page
-    const int pi = pd.div(row);
-    en.k[i] = load_entry(pg.k_table, t64, b * pg.kt_sb + pi * pg.kt_sp);
-    if (!shared) en.v[i] = load_entry(pg.v_table, t64, b * pg.vt_sb + pi * pg.vt_sp);
-  }
-  en.blk = blk;
-}
-
-// One K/V block's rows [row0, row0 + BN) from their pages into the ring, through the entries
-// load_block_entries loaded for it: a block inside one page by copy.cuh's load_block_in_page, else the
-// per-row walk, each row at its own entry, V at K's where both read one table (a lookup per row per tensor
-// at the copy cost 18% at 4k keys, pages of 16). Tried at pages of 16 on the H100 and not kept: the split's
-// entries staged in shared memory, whole pages copied with running pointers (NOTES v25), 32-bit addresses
-// with no division per row (v29: pages of 24 +9%, pages of 16 at 32k -1.7%).
-template <int BN, int D, int LDS, int NTH, bool SWZ, int N, class T>
-__device__ __forceinline__ void load_kv_paged(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
-                                              const PagedKV& pg, const PageDiv& pd, const BlockEntries<N>& en,
-                                              int row0, int nrows, int tid) {
-  using W = RowWalk<BN, D, NTH>;
-  const bool shared = pages_shared(pg);
-  auto k_at = [&](int i) { return entry_index(en.k[i], pg.k_pages); };
-  auto v_at = [&](int i) { return entry_index(shared ? en.k[i] : en.v[i], pg.v_pages); };
-  if (load_block_in_page<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, [&](int) { return k_at(0); }, row0,
-                                               nrows, tid)) {
-    load_block_in_page<BN, D, LDS, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, [&](int) { return v_at(0); }, row0, nrows,
-                                             tid);
-    return;
-  }
-  const int r0 = tid / W::kChunks, c = tid % W::kChunks;
-  static_assert(!SWZ || W::kStep % 8 == 0, "a thread's swizzled column is the same in each of its rows");
-  const unsigned k0 = smem_u32(sK) + tile_chunk<LDS, SWZ>(r0, c) * 2, v0 = smem_u32(sV) + tile_chunk<LDS, SWZ>(r0, c) * 2;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int row = row0 + r0 + W::kStep * i;
-    const bool ok = row < nrows;
-    const int slot = row - pd.div(row) * pd.page;  // (row < 2^31)
-    cp_async16(k0 + i * W::kStep * LDS * 2, ok ? gK + k_at(i) * pg.k_sp + slot * a.k_ss + c * 8 : gK, ok);
-    cp_async16(v0 + i * W::kStep * LDS * 2, ok ? gV + v_at(i) * pg.v_sp + slot * a.v_ss + c * 8 : gV, ok);
-  }
-}
-
-// The same block where V has another head dim (multi-head latent attention) or the threads do not split a
-// row's chunks evenly: each operand by its own page's strided copy, or row by row with a lookup per row.
-template <int BN, int D, int DV, int LDS, int LDSV, int NTH, bool SWZ, class T>
-__device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, const T* gV, const FwdArgs& a,
-                                                   const PagedKV& pg, const PageDiv& pd, int b, int row0, int nrows,
-                                                   int tid) {
-  const bool t64 = pg.table64 != 0;
-  auto k_page = [&](int i) { return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages); };
-  auto v_page = [&](int i) { return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages); };
-  load_block_paged<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, k_page, row0, nrows, tid);
-  load_block_paged<BN, DV, LDSV, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
-}
 
 // The K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their 128-byte group by the
 // row (copy.cuh tile_chunk): the copies fill whole 128-byte lines and the ldmatrix rows still fall in distinct
@@ -238,40 +93,6 @@ __device__ __forceinline__ void trace_at(int slot) {
 #define CUBRIDGE_TRACE_AT(slot)
 #endif
 
-// A row's output from this thread's 8-column chunks k0, k0 + 8, ... of acc, unnormalised, with the row's max m
-// (score units) and sum l: normalised with the sink, stored as T 16 bytes a chunk, and the row's LSE from its
-// first thread. kMeanV: a row with every key masked takes V's mean where the variant asks (V in one piece).
-template <class Variant, class T, int DV, bool kMeanV>
-__device__ __forceinline__ void store_row(const FwdArgs& a, const typename Variant::Params& p,
-                                          const float (&acc)[(DV / 8 + 7) / 8][8], float m, float l, float factor,
-                                          int b, int h, long long q, long long row, int k0, int skv) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int CT = DV / 8, CH = (CT + 7) / 8;
-  const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
-  float o_scale, lse;
-  finish_stats(m * factor, l, sink2, o_scale, lse);  // o_scale = 1 / (l + sink)
-  T* gO = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + q * a.o_ss;
-  const T* gV = static_cast<const T*>(a.v) + b * a.v_sb + Variant::kv_head(a, h) * a.v_sh;
-#pragma unroll
-  for (int i = 0; i < CH; ++i) {
-    const int ch = k0 + 8 * i;
-    if (ch >= CT) continue;
-    uint4 val;
-    val.x = pack2<T>(acc[i][0] * o_scale, acc[i][1] * o_scale);
-    val.y = pack2<T>(acc[i][2] * o_scale, acc[i][3] * o_scale);
-    val.z = pack2<T>(acc[i][4] * o_scale, acc[i][5] * o_scale);
-    val.w = pack2<T>(acc[i][6] * o_scale, acc[i][7] * o_scale);
-    if (kMeanV && Variant::kEmptyRowMeanV && m == neg_inf()) val = mean_v_chunk(gV, a.v_ss, skv, ch);
-    *reinterpret_cast<uint4*>(gO + ch * 8) = val;
-  }
-  if (a.lse != nullptr && k0 == 0) a.lse[row] = lse;
-}
-
-template <class Variant, class T, int DV>
-__device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
-                                             const float* part_o, const float* part_lse, int n_split, float factor,
-                                             long long row, int b, int h, int q, int k0);
-
 template <class Cfg, class Variant, class T, bool kPaged = false, class KV = PagedKV>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
                                                  float* part_o, float* part_lse, int* counters, int chunk,
@@ -291,7 +112,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
   // split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart (D 256): its
-  // pages of 16 read 10-17% slower swizzled, with or without each row's own place (NOTES v37)
+  // pages of 16 read 10-17% slower swizzled, with or without each row's own place
   constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 &&
                         NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (!kPaged || (NTH / (D / 8)) % 8 == 0);
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
@@ -373,7 +194,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // Each block's class is evaluated once, where prefetch reaches it; the blocks loaded and not yet used wait
   // in `ahead` (block << 2 | class, oldest first; -1: none), so the loop takes its next block and class with
   // no load of its own (a mask reading a sequence length, evaluated again in the loop, cost 16% at pages of
-  // 16 against the same kernel without it: H100, NOTES v31).
+  // 16 against the same kernel without it: H100).
   static_assert(ST >= 2, "a ring of at least two blocks");
   int ahead[ST - 1];
   auto prefetch = [&](int stage) {
@@ -491,71 +312,24 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   __syncthreads();
   CUBRIDGE_TRACE_AT(2);
 
-  // Merge the four warps: O and m, l per row through shared memory (the ring is free now).
-  float* mo = reinterpret_cast<float*>(smem_raw);  // [warp][row][PDV]
-  float* mm = mo + Cfg::kWarps * R * PDV;          // [warp][row]
-  float* ml = mm + Cfg::kWarps * R;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = lane / 4 + hf * 8;
-    const float lw = quad_sum(l[hf]);
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      float* dst = mo + (warp * R + r) * PDV + dt * 8 + (lane % 4) * 2;
-      dst[0] = o[0][dt][2 * hf];
-      dst[1] = o[0][dt][2 * hf + 1];
-    }
-    if (lane % 4 == 0) {
-      mm[warp * R + r] = m[hf];  // score units: scaled only after a difference, as softmax_rows does
-      ml[warp * R + r] = lw;
-    }
-  }
+  // The four warps' O, m and l per row through shared memory (the ring is free now).
+  float* mo = reinterpret_cast<float*>(smem_raw);
+  stage_warp_rows<Cfg::kWarps, R, PDV, DT>(mo, o, m, l, warp, lane);
   __syncthreads();
 
   // @cuir hook name=sink
   // @cuir epilogue kind=normalise
   // Thread t: row t / 8, and the row's 8-column chunks t % 8, t % 8 + 8, ...: every store is 16 bytes
   // at a 16-byte offset whatever DV is (a thread's own span of DV / 8 columns was not, at DV 48 or 96).
-  constexpr int CT = DV / 8;  // O's own 8-column chunks (the padded ones are not stored)
-  constexpr int CH = (CT + 7) / 8;
+  constexpr int CH = (DV / 8 + 7) / 8;
   const int r = tid / 8, k0 = tid % 8;
   const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
   const int h = head_of(r), q = query_of(r);
-  float m2 = neg_inf();
-#pragma unroll
-  for (int w = 0; w < Cfg::kWarps; ++w) m2 = fmaxf(m2, mm[w * R + r]);
-  float wgt[Cfg::kWarps], lsum = 0.f;
-#pragma unroll
-  for (int w = 0; w < Cfg::kWarps; ++w) {
-    wgt[w] = m2 == neg_inf() ? 0.f : fast_exp2((mm[w * R + r] - m2) * factor);
-    lsum = fmaf(ml[w * R + r], wgt[w], lsum);
-  }
-  float acc[CH][8];
-#pragma unroll
-  for (int i = 0; i < CH; ++i)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      acc[i][c] = 0.f;
-      if (k0 + 8 * i < CT)
-#pragma unroll
-        for (int w = 0; w < Cfg::kWarps; ++w) acc[i][c] = fmaf(mo[(w * R + r) * PDV + (k0 + 8 * i) * 8 + c], wgt[w], acc[i][c]);
-    }
+  float m2, lsum, acc[CH][8];
+  merge_warp_rows<Cfg::kWarps, R, PDV, DV>(acc, m2, lsum, mo, r, k0, factor);
   const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
-    if (valid) {
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      float4* dst = reinterpret_cast<float4*>(part_o + (row * n_split + split) * DV);  // DV % 8 == 0: aligned
-#pragma unroll
-      for (int i = 0; i < CH; ++i)
-        if (k0 + 8 * i < CT) {
-          dst[(k0 + 8 * i) * 2] = make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
-          dst[(k0 + 8 * i) * 2 + 1] = make_float4(acc[i][4] * inv, acc[i][5] * inv, acc[i][6] * inv, acc[i][7] * inv);
-        }
-      if (tid % 8 == 0) {
-        part_lse[2 * (row * n_split + split)] = lsum > 0.f ? m2 : neg_inf();
-        part_lse[2 * (row * n_split + split) + 1] = lsum;
-      }
-    }
+    if (valid) store_partial<DV>(part_o, part_lse, acc, m2, lsum, row, n_split, split, k0, tid % 8 == 0);
     // The last split of this tile to finish merges all of them: the partials are made visible
     // before the count, and read after it past L1 (merge_splits' __ldcg).
     __shared__ int last;
@@ -581,66 +355,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir store tensor=o
   // @cuir store tensor=lse when=requested
   store_row<Variant, T, DV, !kPaged && !kSeg>(a, p, acc, m2, lsum, factor, b, h, q, row, k0, skv);
-}
-
-// Merge the splits of one (b, h, q) row, in the thread that finished it: the row's eight threads take its
-// 8-column chunks k0, k0 + 8, ... as in the partial's store. Online over the splits in their order (so the
-// result does not depend on which split came last), kBatch splits at a time with all their loads in flight:
-// one trip to L2 a batch. With M the largest split max and w_i = l_i 2^((m_i - M) factor),
-// O = sum_i w_i o_i / (sum_i w_i + sink). (A warp a row, four rows a warp, took three dependent trips a row:
-// 4.6 us from the last block to the end at B 8, 4k, H100, NOTES v35.)
-template <class Variant, class T, int DV>
-__device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Variant::Params& p,
-                                             const float* part_o, const float* part_lse, int n_split, float factor,
-                                             long long row, int b, int h, int q, int k0) {
-  constexpr int CT = DV / 8, CH = (CT + 7) / 8, kBatch = 4;
-  const float2* ml = reinterpret_cast<const float2*>(part_lse) + row * n_split;  // (max, sum) per split
-  const float4* po = reinterpret_cast<const float4*>(part_o + row * n_split * DV);
-  float M = neg_inf(), L = 0.f, acc[CH][8];
-#pragma unroll
-  for (int i = 0; i < CH; ++i)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) acc[i][c] = 0.f;
-  for (int s0 = 0; s0 < n_split; s0 += kBatch) {
-    float2 st[kBatch];
-    float4 v[kBatch][CH][2];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const bool ok = s0 + j < n_split;
-      st[j] = ok ? __ldcg(ml + s0 + j) : make_float2(neg_inf(), 0.f);
-#pragma unroll
-      for (int i = 0; i < CH; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          v[j][i][e] = ok && k0 + 8 * i < CT ? __ldcg(po + (s0 + j) * (DV / 4) + (k0 + 8 * i) * 2 + e)
-                                             : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float mn = M;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) mn = fmaxf(mn, st[j].x);
-    if (mn == neg_inf()) continue;  // every split so far masked whole: nothing to add
-    const float c0 = fast_exp2((M - mn) * factor);  // 0 where M is still -inf (acc and L are 0)
-    L *= c0;
-#pragma unroll
-    for (int i = 0; i < CH; ++i)
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[i][c] *= c0;
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const float w = st[j].x == neg_inf() ? 0.f : st[j].y * fast_exp2((st[j].x - mn) * factor);  // masked: 0
-      L += w;
-#pragma unroll
-      for (int i = 0; i < CH; ++i) {
-        const float4 x = v[j][i][0], y = v[j][i][1];
-        acc[i][0] = fmaf(x.x, w, acc[i][0]), acc[i][1] = fmaf(x.y, w, acc[i][1]);
-        acc[i][2] = fmaf(x.z, w, acc[i][2]), acc[i][3] = fmaf(x.w, w, acc[i][3]);
-        acc[i][4] = fmaf(y.x, w, acc[i][4]), acc[i][5] = fmaf(y.y, w, acc[i][5]);
-        acc[i][6] = fmaf(y.z, w, acc[i][6]), acc[i][7] = fmaf(y.w, w, acc[i][7]);
-      }
-    }
-    M = mn;
-  }
-  store_row<Variant, T, DV, true>(a, p, acc, M, L, factor, b, h, q, row, k0, static_cast<int>(a.Skv));
 }
 
 }  // namespace cubridge
