@@ -35,6 +35,7 @@
 #include "variant.cuh"
 #include "decode_loads.cuh"
 #include "decode_merge.cuh"
+#include "tile_scheduler.cuh"
 
 namespace cubridge {
 
@@ -161,27 +162,10 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   };
   auto tile_cls = [&](int j) { return span_cls(j, j + 1); };
 
-  // This split's blocks [j0, j1). Where a mask can empty blocks, the splits share the tile's live span, not
-  // the whole key range: a sequence shorter than its block table (continuous batching) or a window of a
-  // long cache is then read by every split, not by the few whose chunks it falls in. The span's ends are
-  // found by binary search over span_cls (block_span.cuh), as the Hopper prefill finds them.
+  // This split's blocks [j0, j1) (tile_scheduler.cuh).
   const int n_blk = (skv + BN - 1) / BN;
-  int j0 = imin(split * (chunk / BN), n_blk), j1 = imin(j0 + chunk / BN, n_blk);
-  if constexpr (Variant::kHasMask) {
-    if (n_split > 1) {
-      int lo = 0, hi = n_blk;  // [0, lo) and [hi, n_blk) proven empty
-      const int whole = span_cls(0, n_blk);  // full (every key live, the common case): no search
-      if (whole == kEmpty) {
-        hi = 0;
-      } else if (whole == kPartial) {
-        hi = live_end(span_cls, 0, n_blk);
-        lo = live_start(span_cls, 0, hi);
-      }
-      const int per = (hi - lo + n_split - 1) / n_split;
-      j0 = imin(lo + split * per, hi);
-      j1 = imin(j0 + per, hi);
-    }
-  }
+  int j0, j1;
+  split_blocks<Variant::kHasMask>(span_cls, n_blk, split, n_split, chunk / BN, j0, j1);
   const int kv_end = imin(j1 * BN, skv);
 
   int pf = j0;

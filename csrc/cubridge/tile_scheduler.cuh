@@ -76,4 +76,30 @@ struct TileSpan {
   }
 };
 
+// Decode kernel (split-KV): split `split` of `n_split` takes key blocks [j0, j1), chunks of `per_split` blocks.
+// Where a mask can empty blocks (kSpans), the splits share the tile's live span, not the whole key range: a
+// sequence shorter than its block table (continuous batching) or a window of a long cache is then read by every
+// split, not by the few whose chunks it falls in. The span's ends are found by binary search over span
+// (block_span.cuh), as the Hopper prefill finds them.
+template <bool kSpans, class Span>
+__device__ __forceinline__ void split_blocks(const Span& span, int n_blk, int split, int n_split, int per_split,
+                                             int& j0, int& j1) {
+  j0 = imin(split * per_split, n_blk), j1 = imin(j0 + per_split, n_blk);
+  if constexpr (kSpans) {
+    if (n_split > 1) {
+      int lo = 0, hi = n_blk;  // [0, lo) and [hi, n_blk) proven empty
+      const int whole = span(0, n_blk);  // full (every key live, the common case): no search
+      if (whole == kEmpty) {
+        hi = 0;
+      } else if (whole == kPartial) {
+        hi = live_end(span, 0, n_blk);
+        lo = live_start(span, 0, hi);
+      }
+      const int per = (hi - lo + n_split - 1) / n_split;
+      j0 = imin(lo + split * per, hi);
+      j1 = imin(j0 + per, hi);
+    }
+  }
+}
+
 }  // namespace cubridge
