@@ -58,15 +58,20 @@ UNARY_PATTERNS: tuple[Pattern, ...] = (
 )
 
 BINARY_PATTERNS: tuple[Pattern, ...] = (
+    # x - max(x): the shifted score
     Pattern(("sub",), lambda a, b: a in ("value", "catsink") and b == "rowmax",
             lambda c, x, m: c.walker.shift(x, m, c.op)),
     Pattern(("sub",), lambda a, b: (a, b) == ("value", "rowlse"), _logprobs),
+    # exp(x - max x) / its row sum: the softmax
     Pattern(("div",), lambda a, b: (a, b) == ("expshift", "rowsum"),
             lambda c, e, s: c.walker.manual_softmax(e, s, c.op)),
+    # logsumexp(x) - c: a sink logit c, for the sigmoid above
     Pattern(("sub",), lambda a, b: (a, b) == ("rowlse", "value"), lambda c, lse, x: c.walker.lse_minus(lse, x, c.op)),
+    # the output times sigmoid(lse - c): the sink joins the normaliser
     Pattern(("mul",), lambda a, b: {a, b} == {"attn", "sinkscale"},
             lambda c, x, y: c.walker.sink_from_scale(*_probs_first(x, y, "attn"), op=c.op)),
     Pattern(("mul",), lambda a, b: {a, b} == {"probs", "value"}, _unit_key),
+    # the probabilities times a factor per query row
     Pattern(("mul", "div"), lambda a, b: (a, b) == ("probs", "value"), _row_factor),
     Pattern(("mul",), lambda a, b: (a, b) == ("value", "probs"), lambda c, f, p: c.walker.row_scaled(p, f, c.op)),
 )
