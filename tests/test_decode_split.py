@@ -2,7 +2,7 @@
 import pytest
 
 from torch_cubridge.lower.tiles import decode_ctas_per_sm, decode_tile
-from torch_cubridge.ops.splitkv import decode_split
+from torch_cubridge.ops.rules import decode_split
 
 
 @pytest.mark.parametrize("ctas,n_blk,sms", [(64, 512, 132), (64, 64, 132), (8, 512, 132), (512, 64, 132),
@@ -31,9 +31,9 @@ def test_the_ring_depth_sets_the_ctas_per_multiprocessor():
 
 def test_short_paged_splits_take_one_cta_per_multiprocessor():
     """B 1, 4k keys, 32:8 heads: 8 tiles would split 32 ways, two blocks each; paged calls take 16 splits of
-    four (one CTA per SM, NOTES v29); 1k keys keep 16 splits of one (fewer would leave SMs idle); B 8 (16 blocks
+    four (one CTA per SM); 1k keys keep 16 splits of one (fewer would leave SMs idle); B 8 (16 blocks
     a split) and contiguous calls keep the rule."""
-    from torch_cubridge.ops.splitkv import PAGED_SPLIT_MIN_BLOCKS as MIN
+    from torch_cubridge.ops.rules import PAGED_SPLIT_MIN_BLOCKS as MIN
     assert decode_split(8, 64, 132, 2) == (32, 2) and decode_split(8, 64, 132, 2, MIN) == (16, 4)
     assert decode_split(8, 16, 132, 2, MIN) == decode_split(8, 16, 132, 2) == (16, 1)
     assert decode_split(64, 64, 132, 2, MIN) == decode_split(64, 64, 132, 2) == (4, 16)

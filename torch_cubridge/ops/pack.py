@@ -17,19 +17,19 @@ from ..lower.variant import ParamField
 from . import layout
 from .rules import page_div
 
-_FWD = layout.read("FwdArgs")
-FWD_FORMAT = _FWD.format
-_pack_fwd = _FWD.packer(("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh",
+FWD_LAYOUT = layout.read("FwdArgs")
+FWD_FORMAT = FWD_LAYOUT.format
+_pack_fwd = FWD_LAYOUT.packer(("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh",
                          "v_ss", "o_sb", "o_sh", "o_ss", "B", "Hq", "Hkv", "Sq", "Skv", "scale"))
 
 # PagedKV, all zero where unpaged. Packed here for the Python runner (runner._pages) and in C by the Decoder
 # (csrc/host/decoder.h) into the struct rendered from the same header (ops/host_header.py);
 # tests/test_decoder_gpu.py holds the two packings' launches equal bit for bit
-_PAGED = layout.read("PagedKV")
-PAGED_FORMAT = _PAGED.format
-pack_paged = _PAGED.packer(("k_table", "v_table", "kt_sb", "kt_sp", "vt_sb", "vt_sp", "k_sp", "v_sp", "k_pages",
+PAGED_LAYOUT = layout.read("PagedKV")
+PAGED_FORMAT = PAGED_LAYOUT.format
+pack_paged = PAGED_LAYOUT.packer(("k_table", "v_table", "kt_sb", "kt_sp", "vt_sb", "vt_sp", "k_sp", "v_sp", "k_pages",
                             "v_pages", "page", "page_div", "table64"))
-NO_PAGES = PAGED_FORMAT.pack(*([0] * len(_PAGED.words)))
+NO_PAGES = PAGED_FORMAT.pack(*([0] * len(PAGED_LAYOUT.words)))
 
 
 @functools.lru_cache(maxsize=None)

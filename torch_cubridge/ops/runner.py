@@ -6,7 +6,6 @@ layout, pack arguments, launch on the current stream. No host sync.
 """
 from __future__ import annotations
 
-import itertools
 import struct
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 
 from ..config import hopper_kernel_enabled
 from ..errors import UnsupportedSpec
-from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, scalar_values, to_canonical
+from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, scalar_values
 from ..ir.paged import PagedRead
 from ..ir.segments import KVSegments
 from ..ir.expr import ROW_LSE, free_vars
@@ -24,22 +23,39 @@ from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_epilogue, run_prologue
 from ..lower import Lowered
-from ..lower.tiles import decode_ctas_per_sm, paged_tma_rows, value_dim_of
-from . import decoder, hotpath
+from ..lower.tiles import value_dim_of
+from . import decoder
+from .decode_launch import DecodeLaunch
+from .hopper_launch import HopperLaunch
+from .kv_reads import KVReads
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
 from .fastpath import Plan, canon
-from .splitkv import NO_SCRATCH, PAGED_SPLIT_MIN_BLOCKS, Scratch, decode_split, sm_count
-from .pack import NO_PAGES, SEG_PIECES, pack_fwd_raw, pack_paged, pack_params, pack_seg, page_div_word, params_format, \
-    per_call_words
-from .rules import pool_fits, rows_aligned, shapes_fit
-from .tma import no_broadcast, tensor_map
+from .pack import FWD_LAYOUT, PAGED_LAYOUT, pack_fwd_raw, pack_params, params_format
+from .rules import rows_aligned, shapes_fit
+from .tma import no_broadcast
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
 
 
-class KernelRunner:
+class KernelRunner(KVReads):
+    """A compiled kernel as a callable with the spec's signature. `KernelRunner(...)` makes the runner of
+    the lowered tile's kind: the FA2-class prefill kernel (this class), the Hopper one (HopperRunner,
+    ops/hopper_launch.py) or the split-KV decode kernel (DecodeRunner, ops/decode_launch.py). The kinds
+    share the call path (binding, checks, FwdArgs and Params, pages and pieces); each has its own launch."""
+
+    _tma = False  # TMA reads (HopperLaunch): operands with broadcast dims are copied
+    decodable = False  # the C Decoder may launch its calls (DecodeLaunch)
+    per_call_ranks: dict[str, int] = {}  # the extra tensors whose Params words a call fills (DecodeLaunch)
+    per_call_words: tuple = ()
+    _decoder: Any = None
+
+    def __new__(cls, p: Program | None = None, low: Lowered | None = None, *args: Any, **kwargs: Any) -> "KernelRunner":
+        if cls is KernelRunner and low is not None:
+            cls = _KINDS.get(low.tile.kernel, KernelRunner)
+        return super().__new__(cls)
+
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
                  aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None,
                  paged: tuple[PagedRead, PagedRead] | None = None, segments: KVSegments | None = None) -> None:
@@ -68,11 +84,6 @@ class KernelRunner:
         self._extra_paths = [(x.name, x.arg) for x in p.extras if x.arg is not None]
         self._needs_sizes = bool(p.requires) or self._lit is None
         self._layouts: dict[tuple, tuple] = {}
-        # decode: per (device, stream), the partial O, partial (max, sum) and split counters, and their
-        # pointers packed as kernel words
-        self._scratch: dict[tuple, Scratch] = {}
-        self._tma = low.tile.kernel == "sm90"
-        self._decode = low.tile.kernel == "decode"
         self._sites = load_sites(p)
         self._in_bounds: set[tuple] = set()  # (sizes, scalars, extra shapes) already checked
         self._params_const = None
@@ -86,63 +97,22 @@ class KernelRunner:
             and not self._row_lse and not self._lse_out and paged is None and segments is None and p.out.dtype == "q"
         if low.scale is not None and not (free_vars(low.scale) or scalars_of(low.scale) - set(self._lit or {})):
             self._scale_const = self._scale({}, self._lit or {})
-        # the C Decoder (ops/decoder.py) launches a decode call for any sizes where the scale is fixed and the
-        # call's arguments are all it reads (q, K and V or their pages and tables, extra tensors); sizes the
-        # program holds, such as Sq = 1, it checks itself; made at the first call it may serve
-        self._c_args = decoder.arguments(self) if self._decode else None
-        self.decodable = self._c_args is not None
-        self._c_at: tuple[int, ...] | None = None  # their positions, where all are named parameters
-        self._c_last = 0  # the last of them
-        if self._c_args is not None and all(n in self.plan.positions for n in self._c_args):
-            self._c_at = tuple(self.plan.positions[n] for n in self._c_args)
-            self._c_last = max(self._c_at)
-        self._decoder_ok = self.decodable and hotpath.enabled()
-        self._decoder: Any = None
-        # Params words of the extra tensors the Decoder reads (and a record patches): their pointers, strides, sizes
-        self.per_call_ranks = {x.name: x.rank for x in decoder.per_call_extras(p)} if self.decodable else {}
-        self.per_call_words = per_call_words(low.params, self.per_call_ranks) if self.decodable else ()
         # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
-        # returns the output alone): a decode launch the Decoder could make, whose only per-call words are
-        # the arguments' pointers at that layout; _last holds the latest such launch
+        # returns the output alone); _last holds the latest such launch
         qkv = self.plan.qkv_at
-        self._replay_at = self._c_at if self.decodable else qkv[:3] if one_launch and qkv is not None else None
+        self._replay_at = qkv[:3] if one_launch and qkv is not None else None
+        self._init_kind()
         self.replayable = self._replay_at is not None and not p.out.tuple_len
         self._last: tuple | None = None
+
+    def _init_kind(self) -> None:
+        """The kind's own state, made last (DecodeLaunch: the split scratch, the C Decoder's arguments)."""
 
     # -- calls -----------------------------------------------------------------
     def serve(self, args: tuple, kwargs: dict, record: bool = False) -> Any:
         """A call of the compiled function. `record`: the caller may record this launch for the host fast
-        path (a positional call while records pay), so the Python runner makes it; otherwise a decode call
-        launches from C where the Decoder takes it."""
-        if self._decoder_ok and not record:
-            at = self._c_at
-            if at is not None and len(args) > self._c_last:
-                vals = [args[i] for i in at]
-            else:
-                try:
-                    vals = [self.plan.get(args, kwargs, name) for name in self._c_args]  # type: ignore[union-attr]
-                except (KeyError, IndexError):
-                    return self(*args, **kwargs)
-            d = self._decoder
-            if d is None and type(vals[0]) is torch.Tensor and vals[0].is_cuda:
-                d = self._decoder = self._make_decoder(vals[0].get_device())
-            if d is not None:
-                out = d.serve(*vals)
-                if out is not None:
-                    return as_result(self.p, out) if self.p.out.tuple_len else out
+        path (DecodeLaunch.serve otherwise launches from C where it can)."""
         return self(*args, **kwargs)
-
-    def _make_decoder(self, device: int) -> Any:
-        try:
-            return decoder.make(self, device, _capturing, sm_count(device), self._ctas_per_sm(), self._split_min_blocks())
-        except ValueError:  # a program the Decoder's tables cannot describe (too many extras): Python serves
-            self._decoder_ok = False
-            return None
-
-    def reads_in_bounds(self, sizes: tuple[int, int, int, int, int, int], shapes: dict[str, tuple]) -> bool:
-        """Whether every extra-tensor read is in range at these (B, H, Hkv, Sq, Skv, D) and extra shapes
-        (the Decoder asks once per new ones; _check_bounds answers the Python runner)."""
-        return out_of_bounds(self._sites, dict(zip(decoder.SIZES, sizes)), self._lit or {}, shapes) is None
 
     @property
     def decoder_hits(self) -> int:
@@ -186,69 +156,6 @@ class KernelRunner:
         made = run_prologue(p, bound, call_device(bound)) if p.prologue else {}
         q, k, v = (operand_value(bound, op, made) for op in (p.q, p.k, p.v))
         return self._execute(q, k, v, self.plan.perms, self._extras(bound, made), bound, poison)
-
-    def _pieces(self, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> tuple:
-        """(K's first piece, V's, K's and V's canonical [B, Hkv, S, D] sizes and strides, the SegKV
-        words): key s lies in the piece whose span holds it (ir/segments.py). Pieces the kernel cannot
-        read where they lie (rows not 16-byte aligned, another dtype) are joined here, as the spec does."""
-        ck = [to_canonical(t, self.p.k) for t in ks]
-        cv = [to_canonical(t, self.p.v) for t in vs]
-        if not (self._readable(ck) and self._readable(cv)):
-            ck, cv = [torch.cat(ck, 2).contiguous()], [torch.cat(cv, 2).contiguous()]
-        n = SEG_PIECES
-        ends = lambda ts: list(itertools.accumulate(t.shape[2] for t in ts))  # noqa: E731
-        ke, ve = ends(ck), ends(cv)
-        pad = lambda xs, fill: xs + [fill] * (n - len(xs))  # noqa: E731
-        st = lambda ts, i: pad([t.stride(i) for t in ts], 0)  # noqa: E731
-        words = pack_seg(*pad([t.data_ptr() for t in ck], ck[0].data_ptr()),
-                         *pad([t.data_ptr() for t in cv], cv[0].data_ptr()),
-                         *st(ck, 0), *st(ck, 1), *st(ck, 2), *st(cv, 0), *st(cv, 1), *st(cv, 2),
-                         *pad(ke, ke[-1]), *pad(ve, ve[-1]))
-        (B, H, _, D), (_, _, _, Dv) = ck[0].shape, cv[0].shape
-        return ck[0], cv[0], ((B, H, ke[-1], D), ck[0].stride()), ((B, cv[0].shape[1], ve[-1], Dv), cv[0].stride()), words
-
-    def _readable(self, ts: list[torch.Tensor]) -> bool:
-        """Pieces of one [B, Hkv, *, D] shape the decode kernel's 16-byte copies read where they lie."""
-        B, H, _, D = ts[0].shape
-        return all(t.shape[0] == B and t.shape[1] == H and t.shape[3] == D and t.dtype == self.dtype
-                   and t.device == ts[0].device and t.stride(3) == 1 and t.data_ptr() % 16 == 0
-                   and all(t.stride(i) % 8 == 0 for i in range(3)) for t in ts)
-
-    def _pages(self, bound: dict[str, Any]) -> tuple:
-        """(K pages, V pages, their canonical [B, Hkv, S, D] sizes and strides, the PagedKV words, and on
-        the Hopper kernel the tensor maps of K's and V's pages): key s of sequence b is row s % P of page
-        table[b, s // P] (ir/paged.py)."""
-        kr, vr = self.paged
-        kp, vp = lookup(bound, kr.pages), lookup(bound, vr.pages)
-        kt, vt = lookup(bound, kr.table), lookup(bound, vr.table)
-        if kt.dtype != vt.dtype or kt.device != kp.device or vt.device != vp.device:
-            raise SpecServes("the block tables differ in dtype or lie on another device than the pages")
-        B, per = kt.shape
-        P = kp.shape[kr.slot_dim]
-        if not pool_fits(kp.shape[0], vp.shape[0]):  # an empty pool: the spec's own gather raises
-            raise SpecServes("a pool of 2^31 pages or more: the kernels read table entries in 32 bits"
-                             if max(kp.shape[0], vp.shape[0]) >= 2 ** 31 else "an empty pool of pages")
-
-        def layout(t: torch.Tensor, r: PagedRead) -> tuple:
-            st = t.stride()
-            hkv, sh = (t.shape[r.head_dim], st[r.head_dim]) if r.head_dim is not None else (1, 0)
-            if not rows_aligned(t.data_ptr(), (st[0], sh, st[r.slot_dim], st[-1])):
-                raise SpecServes("the pages' rows are not 16-byte aligned for the paged kernel")
-            return (B, hkv, per * P, t.shape[-1]), (0, sh, st[r.slot_dim], 1)
-
-        words = pack_paged(kt.data_ptr(), vt.data_ptr(), kt.stride(0), kt.stride(1), vt.stride(0), vt.stride(1),
-                           kp.stride(0), vp.stride(0), kp.shape[0], vp.shape[0], P, page_div_word(P),
-                           int(kt.dtype == torch.int64))
-        kl, vl = layout(kp, kr), layout(vp, vr)
-        maps = None
-        if self._tma:  # [pages, Hkv, P, D] in boxes inside one page (fwd_kernel_sm90.cuh)
-            rows = paged_tma_rows(P, self.low.tile.block_n)
-            if rows is None:  # kernel_choice gathers such pages; a program guarded to P never meets them
-                raise SpecServes(f"pages of {P} rows are too small for the Hopper kernel's boxes")
-            maps = tuple(
-                tensor_map(t.data_ptr(), (t.shape[0], hkv, P, d), (t.stride(0), sh, ss, 1), self.dtype, rows)
-                for t, ((_, hkv, _, d), (_, sh, ss, _)) in ((kp, kl), (vp, vl)))
-        return kp, vp, kl, vl, words, maps
 
     def _extras(self, bound: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
@@ -374,34 +281,26 @@ class KernelRunner:
             else:
                 runtime = self._prepass(fwd, tensors, scal, B, H, Sq, Skv, q.device, stream) if "prepass" in self.aux else None
                 params = pack_params(self.fmt, self.low.params, tensors, scal, runtime)
-            blocks: tuple = (fwd, params)
-            if tma:
-                tile = self.low.tile
-                blocks += (tensor_map(q.data_ptr(), (B, H, Sq, D), qs, dt, tile.block_m),)
-                if paged is not None:  # K's and V's maps over their pages, then the PagedKV words
-                    blocks += paged[3] + (paged[2],)
-                else:
-                    blocks += (tensor_map(k.data_ptr(), (B, Hkv, Skv, D), ks, dt, tile.block_n),
-                               tensor_map(v.data_ptr(), (B, Hkv, Skv, Dv), vs, dt, tile.block_n))
-            if self._decode:
-                self._launch_decode(blocks, B, H, Hkv, Sq, Skv, Dv, di, q, stream,
-                                    paged[2] if paged is not None else NO_PAGES)
-            else:
-                nq = -(-Sq // self.low.tile.block_m)
-                grid = (nq, H, B)
-                if paged is not None and not tma:  # the FA2-class kernel: the PagedKV words after Params
-                    blocks += (paged[2],)
-                if tma:  # the sm90 kernel numbers tiles itself; persistent: one CTA per SM walks them
-                    grid = (min(nq * H * B, sm_count(di)) if self.low.tile.persistent else nq * H * B, 1, 1)
-                self.kernel.launch(grid, blocks, stream)
-                if self.replayable and not raw and not poison:
-                    self._last = (grid, blocks, stream, di, None)
+            self._launch((fwd, params), q, k, v, qs, ks, vs, B, H, Hkv, Sq, Skv, D, Dv, di, stream, paged,
+                         not raw and not poison)
         else:
             out.zero_()
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
                                                             "D": D}, scal, tensors, lse)
         return self._result(out, raw, lse)
+
+    def _launch(self, blocks: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qs: tuple, ks: tuple,
+                vs: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, Dv: int, di: int, stream: int,
+                paged: tuple | None, keep: bool) -> None:
+        """The FA2-class kernel: one CTA per (row tile, head, batch), the PagedKV words after Params where
+        paged; the launch kept for a record where `keep` (no raw op call, no poisoned output)."""
+        grid = (-(-Sq // self.low.tile.block_m), H, B)
+        if paged is not None:
+            blocks += (paged[2],)
+        self.kernel.launch(grid, blocks, stream)
+        if self.replayable and keep:
+            self._last = (grid, blocks, stream, di, None)
 
     def take_launch(self) -> tuple | None:
         """The latest replayable launch (grid, blocks, stream, device, what it needs kept alive), once."""
@@ -413,20 +312,20 @@ class KernelRunner:
         tables, then the extra tensors: the Decoder's order), or None where no launch replays."""
         return self._replay_at if self.replayable else None
 
+    def _pointer_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
+        """q's, k's (or K's pages'), v's and the output's pointers: FwdArgs' q, k, v and o (block 0)."""
+        n = len(self._replay_at or ())
+        return tuple((src, 0, FWD_LAYOUT.offset(w), False) for src, w in ((0, "q"), (1, "k"), (2, "v"), (n, "o")))
+
     def replay_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
         """Where a replayed launch takes each call's pointers: (source, block, byte offset, tensor map?),
-        sources numbered as replay_sources, the output last. q's, k's (or K's pages'), v's and the output's
-        go in FwdArgs' first words (pack.FWD_FORMAT); on the Hopper kernel, into the three tensor maps after
-        the Params block; the block tables' into the PagedKV words, the decode launch's last block (-1);
-        the extra tensors' into Params (block 1)."""
-        n = len(self._replay_at or ())
-        words = tuple((i, 0, 8 * i, False) for i in range(3)) + ((n, 0, 24, False),)
-        if self._tma:
-            return words + tuple((i, 2 + i, 0, True) for i in range(3))
-        tables = ((3, -1, 0, False), (4, -1, 8, False)) if self.paged is not None else ()
+        sources numbered as replay_sources, the output last: FwdArgs' pointers; the block tables' into the
+        PagedKV words, the launch's last block (-1); the extra tensors' into Params (block 1)."""
+        tables = tuple((src, -1, PAGED_LAYOUT.offset(w), False) for src, w in ((3, "k_table"), (4, "v_table"))) \
+            if self.paged is not None else ()
         first = 5 if self.paged is not None else 3
-        return words + tables + tuple((first + src, 1, off, False) for off, kind, src, _ in self.per_call_words
-                                      if kind == 0)
+        return self._pointer_patches() + tables + tuple(
+            (first + src, 1, off, False) for off, kind, src, _ in self.per_call_words if kind == 0)
 
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
                     tensors: dict, lse: torch.Tensor | None) -> None:
@@ -443,47 +342,6 @@ class KernelRunner:
         if raw:
             return (out, lse) if self._lse_out else out
         return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)), lse, self.dtype)
-
-    def _launch_decode(self, blocks: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, Dv: int, di: int,
-                       q: torch.Tensor, stream: int, pages: bytes) -> None:
-        """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the
-        last chunk of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
-        tile = self.low.tile
-        row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
-        n_blk = -(-Skv // tile.block_n)
-        n_split, per = decode_split(Hkv * row_tiles * B, n_blk, sm_count(di), self._ctas_per_sm(),
-                                    self._split_min_blocks())
-        words = NO_SCRATCH
-        if n_split > 1:  # partial O has V's head dim
-            words = self._scratch_for(B * H * Sq * n_split, Dv, B * Hkv * row_tiles, di, q.device, stream)
-            sc = self._scratch.get((di, stream))
-            if self._decoder is not None and sc is not None and sc.words == words:  # not a graph's own
-                self._decoder.set_scratch(stream, sc.o_rows, sc.l_rows, sc.n_counters, b"".join(words), sc)
-        grid, blocks = (n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages)
-        self.kernel.launch(grid, blocks, stream)
-        if self.replayable and not _capturing():  # a graph's scratch is its own: never replayed
-            # the record keeps this stream's scratch alive: a larger call may replace it in _scratch
-            self._last = (grid, blocks, stream, di, self._scratch[(di, stream)] if n_split > 1 else None)
-
-    def _ctas_per_sm(self) -> int:
-        return DECODE_CTAS_PER_SM or decode_ctas_per_sm(self.low.tile)
-
-    def _split_min_blocks(self) -> int:
-        return PAGED_SPLIT_MIN_BLOCKS if self.low.paged else 1
-
-    def _scratch_for(self, rows: int, D: int, tiles: int, di: int, dev: torch.device, stream: int) -> tuple:
-        """The words for the splits' partial O [rows, D] and (max, sum) [rows, 2] in fp32 and the split
-        counters of `stream` (zeros; the kernel leaves them zero). One set per stream, kept across calls:
-        launches on one stream run in order (an allocation per call cost two trips through the caching
-        allocator on a host-bound decode step); launches on two may overlap."""
-        if _capturing():  # a graph's own, from its pool: graphs may replay at once
-            self._graph_scratch = Scratch(rows * D, rows * 2, tiles, dev)
-            return self._graph_scratch.words
-        key = (di, stream)
-        sc = self._scratch.get(key)
-        if sc is None or sc.o_rows < rows * D or sc.l_rows < rows * 2 or sc.n_counters < tiles:
-            sc = self._scratch[key] = Scratch(rows * D, rows * 2, tiles, dev)
-        return sc.words
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,
                       tensors: dict) -> None:
@@ -541,13 +399,6 @@ class KernelRunner:
         return out
 
 
-_I64 = struct.Struct("<q").pack
-
-
-_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
-    else torch.cuda.is_current_stream_capturing  # the C call itself: this runs on every decode call
-
-
 def _readable_copy(t: torch.Tensor) -> torch.Tensor:
     """A dense copy the kernel reads: `contiguous()` returns a dense view as it is, even one whose
     pointer is not 16-byte aligned (a slice one element in), which cp.async and TMA cannot read."""
@@ -565,6 +416,12 @@ def arch_for(device: torch.device) -> str:
     return f"sm_{major}{minor}" if major == 8 else "sm_80"
 
 
-# the split rule's CTAs per multiprocessor where set; None: the tile's own (lower/tiles.py decode_ctas_per_sm).
-# benchmarks/bench_decode.py --ab sets it; the C Decoder takes the value when it is made.
-DECODE_CTAS_PER_SM: int | None = None
+class DecodeRunner(DecodeLaunch, KernelRunner):
+    """The split-KV decode kernel's runner (ops/decode_launch.py)."""
+
+
+class HopperRunner(HopperLaunch, KernelRunner):
+    """The Hopper prefill kernel's runner (ops/hopper_launch.py)."""
+
+
+_KINDS = {"decode": DecodeRunner, "sm90": HopperRunner}  # by Tile.kernel; the rest: KernelRunner (FA2-class)

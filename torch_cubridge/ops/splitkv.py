@@ -8,8 +8,6 @@ import struct
 
 import torch
 
-from .rules import PAGED_SPLIT_MIN_BLOCKS, decode_split  # noqa: F401  (the split rule's home is rules.py)
-
 _U64 = struct.Struct("<Q").pack
 
 
