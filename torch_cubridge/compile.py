@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -28,7 +31,7 @@ from .ir.prologue import operand_shapes
 from .lower.tiles import decode_call
 from .ops import hotpath
 from .ops.errors import NeedsAutograd, SpecServes
-from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer, warn_once
+from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer
 
 
 def _fake_call(args: tuple, kwargs: dict) -> bool:
@@ -40,6 +43,18 @@ def _fake_call(args: tuple, kwargs: dict) -> bool:
         if isinstance(a, torch.Tensor):
             return isinstance(a, FakeTensor)
     return False
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel for its caller that names the first frame outside torch_cubridge, torch
+    and transformers: the user's call, wherever inside them (a module's __call__, a model's forward calling
+    its attention function) the warning arose."""
+    libs = [sys.modules[n] for n in (__package__, "torch", "transformers") if n in sys.modules]
+    dirs = tuple(os.path.dirname(m.__file__) + os.sep for m in libs if getattr(m, "__file__", None))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(dirs):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
@@ -145,7 +160,14 @@ class CompiledAttention:
                 e.runners[d] = None
                 e.reasons[d] = f"the kernel failed ({type(err).__name__}: {err}); the spec serves"
                 self._warn(e.reasons[d])
-        return self._spec(e, args, kwargs)
+        out = self._spec(e, args, kwargs)
+        if runner is None:  # said once the spec has computed the call: a call the spec itself cannot take
+            # (q and k of different head dims) raises the spec's own error alone, with no warning before it
+            if e.result is not None:
+                self._warn(e.reasons[e.kernel_for(args, kwargs)])
+            elif e.bad_input is None:  # (_spec said why it computed a bad input)
+                self._warn(e.reason)
+        return out
 
     def _spec_call(self, e: Entry, why: str) -> None:
         e.spec_calls[why] += 1
@@ -176,7 +198,6 @@ class CompiledAttention:
             if e.runners[d] is None:
                 if self.options.fallback == "raise" and on_cuda(bound):
                     raise UnsupportedSpec(e.reasons[d], op="kernel")
-                self._warn(e.reasons[d])
         return e.runners[d]
 
     @property
@@ -246,9 +267,8 @@ class CompiledAttention:
             if self.options.fallback == "raise":
                 raise
             why = err if isinstance(err, UnsupportedSpec) else f"internal error: {type(err).__name__}: {err}"
-            e = Entry(f"the spec serves calls: {why}")
+            e = Entry(f"the spec serves calls: {why}")  # warned once the spec has computed a call
             entries.append(e)
-            self._warn(e.reason)
             return e
         p = res.program
         nargs = len(args)
@@ -288,8 +308,10 @@ class CompiledAttention:
         return runner.op_call(args, kwargs)
 
     def _warn(self, reason: str) -> None:
-        if self.options.fallback != "silent":
-            warn_once(self._warned, reason, f"torch_cubridge: {getattr(self.fn, '__name__', 'spec')}: {reason}")
+        if self.options.fallback != "silent" and reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"torch_cubridge: {getattr(self.fn, '__name__', 'spec')}: {reason}", RuntimeWarning,
+                          stacklevel=user_stacklevel())
 
     def serving_report(self, *args: Any, **kwargs: Any) -> str:
         key = call_signature(args, kwargs)
