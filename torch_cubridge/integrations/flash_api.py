@@ -258,7 +258,7 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
     global _building
     from ..ops.append import build as build_append
     from ..pipeline import BuildRecord
-    from .transformers import small_model
+    from .transformers import kv_cache, small_model
     register(name)
     cfg, model = small_model(path, name, dtype, progress, ", flash API")
     _building = BuildRecord(arch, progress)
@@ -267,7 +267,7 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, dtype: torch.d
         with torch.no_grad():
             ids = torch.randint(0, cfg.vocab_size, (batch, seq))
             out = model(ids, use_cache=True)                                  # dense prefill
-            model(ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)  # dense decode step
+            model(ids[:, -1:], **kv_cache(model, out), use_cache=True)  # dense decode step
             padded = torch.ones(2, seq, dtype=torch.long)
             padded[1, : seq // 2] = 0
             model(torch.randint(0, cfg.vocab_size, (2, seq)), attention_mask=padded)  # packed prefill

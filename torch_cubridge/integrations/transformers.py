@@ -324,10 +324,18 @@ def build_model_ahead(path: str, arch: str, batch: int, seq: int, queries: int, 
             ids = torch.randint(0, cfg.vocab_size, (batch, seq))
             out = model(ids, use_cache=bool(queries))
             if queries:
-                model(ids[:, :queries], past_key_values=out.past_key_values, use_cache=True)
+                model(ids[:, :queries], **kv_cache(model, out), use_cache=True)
         return _building.result()
     finally:
         _building = None
+
+
+def kv_cache(model: torch.nn.Module, out: Any) -> dict[str, Any]:
+    """A forward's KV cache as the keyword `model`'s forward takes: `cache` where it has one (the old
+    name, past_key_values, then warns FutureWarning from our own call), else past_key_values."""
+    if "cache" in inspect.signature(model.forward).parameters:
+        return {"cache": out.cache}
+    return {"past_key_values": out.past_key_values}
 
 
 def small_model(path: str, attn_implementation: str, dtype: torch.dtype, progress: Callable[[str], None],
