@@ -242,6 +242,7 @@ def import_bundle(cache: ArtifactCache, src: Path, expect_sha256: str | None = N
     written unless every file matches the manifest and every entry is sound.
     """
     entries, host = read_bundle_all(src, expect_sha256, progress)
+    manifest = manifest_sha256(src)
     written, present = [], []
     for i, e in enumerate(entries, 1):
         progress(f"importing {i}/{len(entries)}: {e.key}")
@@ -249,7 +250,8 @@ def import_bundle(cache: ArtifactCache, src: Path, expect_sha256: str | None = N
         if have is not None and have.meta.get("sha256") == e.meta["sha256"]:
             present.append(e.key)
             continue
-        cache.put(e.key, e.cubin, e.meta)  # the store re-stamps created/version, re-hashes
+        # the store re-stamps created/version, re-hashes; "bundle" lets a verdict say where it came from
+        cache.put(e.key, e.cubin, dict(e.meta, bundle=manifest))
         written.append(e.key)
     for name, data in host.items():
         took = install_host is not None and install_host(name, data)

@@ -17,6 +17,7 @@ from .. import config
 from . import default_cache
 
 _PROGRAM, _GPU, _WARM, _TRACE = "prog-", "gpuok-", "warm-", "trace-"
+_WRITTEN: set[str] = set()  # the records this process wrote: a verdict read back from one is its own
 
 
 def _digest(*parts: str) -> str:
@@ -47,10 +48,33 @@ def _remember(kind: str, record: dict[str, Any], *parts: str) -> None:
     if config.is_readonly():
         return
     try:
-        default_cache().put(kind + _digest(*parts), json.dumps(record, sort_keys=True).encode(),
-                            {"kind": kind.rstrip("-")})
+        name = kind + _digest(*parts)
+        default_cache().put(name, json.dumps(record, sort_keys=True).encode(), {"kind": kind.rstrip("-")})
+        _WRITTEN.add(name)
     except Exception:
         pass
+
+
+def _origin(name: str) -> str:
+    """Who made the record `name`, for a report: this process, a bundle `cubridge cache import` brought,
+    or an earlier process on this machine."""
+    if name in _WRITTEN:
+        return "earlier in this process"
+    try:
+        meta = default_cache().meta(name) or {}
+    except Exception:
+        meta = {}
+    return "in an imported bundle" if meta.get("bundle") else "by an earlier process"
+
+
+def program_origin(spec_key: str) -> str:
+    """Where the program recorded under `spec_key` was verified ("earlier in this process", ...)."""
+    return _origin(_PROGRAM + _digest(spec_key))
+
+
+def gpu_origin(kernel_key: str, spec_key: str, device: str) -> str:
+    """Where the GPU verdict for this kernel, program and device was reached."""
+    return _origin(_GPU + _digest(kernel_key, spec_key, device))
 
 
 def recall_program(spec_key: str) -> dict[str, Any] | None:
