@@ -19,3 +19,6 @@ def test_explain_shows_program_and_verification(module):
     assert "(q - kv) < $p" in out              # sliding window, a runtime scalar
     assert "h // (H // Hkv)" in out            # GQA head map
     assert "verification: PASS" in out
+    program = out.split("== CuIR program ==")[1].split("== verification")[0]
+    assert max(map(len, program.splitlines())) <= 100, program  # its long guards list folded
+    assert "guards : (q.shape[3] == 64)" in program and "(softcap == 50.0)" in program  # the pins first

@@ -67,6 +67,7 @@ def test_build_every_attention_variant_of_a_model_from_its_config(tmp_path):
     r = _cli(tmp_path, "build", "--model", str(tmp_path / "llama"), "--arch", "sm_90a", "--shape", "1,80",
              "--queries", "1")
     assert r.returncode == 0, r.stderr
+    assert "FutureWarning" not in r.stderr and "deprecated" not in r.stderr, r.stderr  # our calls, current names
     lines = r.stdout.splitlines()
     assert any("cubridge_fwd" in ln and "queries 80" in ln for ln in lines), r.stdout
     assert any("cubridge_decode" in ln and "queries 1" in ln for ln in lines), r.stdout
@@ -114,6 +115,7 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
     r = _cli(tmp_path, "build", "--model", str(tmp_path / "llama"), "--flash-api", "--arch", "sm_90a",
              "--shape", "1,80")
     assert r.returncode == 0, r.stderr
+    assert "FutureWarning" not in r.stderr and "deprecated" not in r.stderr, r.stderr  # our calls, current names
     for what in ("dense_attention", "varlen_attention", "paged_decode_attention", "cubridge_paged_append"):
         assert what in r.stdout, r.stdout
     keys = {ln.split()[0] for ln in r.stdout.splitlines()}

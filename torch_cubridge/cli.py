@@ -14,15 +14,18 @@
 
 The cache is the one torch_cubridge uses: CUBRIDGE_CACHE_DIR, read-only under
 CUBRIDGE_READONLY=1 (then clear and import refuse).
+
+A command that fails says why on one line of stderr and exits 2 (`cache verify`: 1
+when it found bad entries). CUBRIDGE_DEBUG=1 shows the Python traceback instead.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
 
+from .cli_checks import UsageError, arch, error_line, example, load, model_source, raised, shape
 from .version import __version__
 
 # Exit codes: 0 fine, 1 the cache had bad entries (verify), 2 refused or failed.
@@ -32,40 +35,30 @@ EXIT_BAD_ENTRIES, EXIT_ERROR = 1, 2
 # ---- explain -------------------------------------------------------------------
 
 
-def _load(target: str):
-    path, _, name = target.rpartition(":")
-    if not path or not name:
-        raise SystemExit("expected path/to/file.py:function")
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise SystemExit(f"{path} has no function {name}")
-    return mod, fn, name
-
-
-def _example(mod, name: str, shape: str):
-    import torch
-    maker = getattr(mod, f"{name}_example", None)
-    if maker is not None:
-        ex = maker()
-        return (ex, {}) if isinstance(ex, tuple) else (ex.get("args", ()), ex.get("kwargs", {}))
-    B, H, S, D = (int(x) for x in shape.split(","))
-    return tuple(torch.randn(B, H, S, D) for _ in range(3)), {}
-
-
 def _explain(args: argparse.Namespace) -> int:
-    import torch_cubridge as tc
-    mod, fn, name = _load(args.target)
-    a, kw = _example(mod, name, args.shape)
-    if args.json:
-        print(tc.transfer(fn, *a, **kw).to_json())
+    from .api import explain_call
+    from .capture.checks import check_call
+    from .capture.trace import bind_example
+    from .compile import CompiledAttention
+    from .errors import UnsupportedSpec
+    mod, fn, name = load(args.target)
+    a, kw = example(mod, name, args.shape)
+    inputs = f"{name}_example()" if hasattr(mod, f"{name}_example") else f"--shape {args.shape}"
+    try:  # the call itself: arguments the spec cannot bind, an empty tensor
+        check_call(bind_example(fn.fn if isinstance(fn, CompiledAttention) else fn, a, kw))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"the example call ({inputs}) is not one {name} takes: {e}") from e
+    ex = explain_call(fn, a, kw)
+    if ex.raised is not None:
+        raise UsageError(f"the spec raised {raised(ex.raised, mod.__file__)} on its example inputs ({inputs}); "
+                         "fix the spec or the inputs")
+    if not args.json:
+        print(ex.text)
+    elif ex.result is None:
+        why = str(ex.refusal).splitlines()[0]
+        raise UnsupportedSpec(f"{why}; so there is no program to print (the spec itself serves its calls)")
     else:
-        print(tc.explain(fn, *a, **kw))
+        print(ex.result.program.to_json())
     return 0
 
 
@@ -74,24 +67,19 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     import torch
-    from .errors import UnsupportedSpec
     from .pipeline import build_ahead
     _refuse_if_readonly("build")
     if args.model:
         return _build_model(args)
     if not args.target:
-        print("cubridge: build needs path/to/file.py:function or --model", file=sys.stderr)
-        return EXIT_ERROR
-    mod, fn, name = _load(args.target)
-    B, H, S, D = (int(x) for x in args.shape.split(","))
+        raise UsageError("build needs path/to/file.py:function, or --model CONFIG_DIR")
+    arch(args.arch)
+    mod, fn, name = load(args.target)
+    B, H, S, D = shape(args.shape, "B,H,S,D", "1,16,4096,128")
     dtype = getattr(torch, args.dtype)
     q = torch.randn(B, H, args.queries or S, D, dtype=dtype)
     k, v = (torch.randn(B, args.kv_heads or H, S, D, dtype=dtype) for _ in range(2))
-    try:
-        built = build_ahead(fn, (q, k, v), {}, args.arch, status)
-    except UnsupportedSpec as e:
-        print(f"cubridge: refused: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    built = build_ahead(fn, (q, k, v), {}, args.arch, status)
     for b in built:
         how = f"built in {b['seconds']:.2f} s" if b["built"] else "already in the cache"
         print(f"{b['key']}  {b['kernel']}  {args.arch}  {how}  (program {b['program']})")
@@ -101,11 +89,9 @@ def _build(args: argparse.Namespace) -> int:
 def _build_model(args: argparse.Namespace) -> int:
     import torch
     from .integrations.transformers import build_model_ahead
-    try:
-        B, S = (int(x) for x in args.shape.split(","))
-    except ValueError:
-        print("cubridge: with --model, --shape is B,S (batch, prompt length)", file=sys.stderr)
-        return EXIT_ERROR
+    B, S = shape(args.shape, "B,S", "1,512")  # with --model: batch and prompt length
+    arch(args.arch)
+    args.model = model_source(args.model)
     if args.flash_api:
         from .integrations.flash_api import build_model_ahead as build_flash_ahead
         res = build_flash_ahead(args.model, args.arch, B, S, getattr(torch, args.dtype), status)
@@ -124,8 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
     import json
     import torch
     from .benchmark import bench_spec, svg_bars
-    mod, fn, name = _load(args.target)
-    B, H, S, D = (int(x) for x in args.shape.split(","))
+    mod, fn, name = load(args.target)
+    B, H, S, D = shape(args.shape, "B,H,S,D", "4,16,4096,128")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
     q = torch.randn(B, H, args.queries or S, D, dtype=dtype, device=dev)
@@ -250,7 +236,8 @@ def _cache_import(args: argparse.Namespace) -> int:
 
 def _cache_parser(sub) -> None:
     cache = sub.add_parser("cache", help="list, verify, clear, export or import the kernel cache")
-    csub = cache.add_subparsers(dest="cache_cmd", required=True)
+    cache.set_defaults(help_for=cache)
+    csub = cache.add_subparsers(dest="cache_cmd")
     csub.add_parser("list", help="one line per entry: key, arch, size, kernel, build time"
                     ).set_defaults(run=_cache_list)
     csub.add_parser("verify", help="re-hash every entry, evict bad ones; exit 1 if any was bad"
@@ -275,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cubridge", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"cubridge (torch_cubridge) {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.set_defaults(help_for=ap)
+    sub = ap.add_subparsers(dest="cmd")
     ex = sub.add_parser("explain", help="print the captured graph, the CuIR program and the verification")
     ex.add_argument("target", help="path/to/file.py:function (examples from <function>_example() if defined)")
     ex.add_argument("--shape", default="2,4,128,64", help="B,H,S,D for q/k/v when no example is defined")
@@ -308,14 +296,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.cmd == "explain":
-        return args.run(args)
-    from .cache import CacheError
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:  # `cubridge` or `cubridge cache` alone: what it can do
+        (args.help_for or parser).print_help(sys.stderr)
+        return EXIT_ERROR
     try:
         return args.run(args)
-    except (CacheError, OSError) as e:  # a refusal or a bad bundle: one clear line, no traceback
-        print(f"cubridge: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("cubridge: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one line; CUBRIDGE_DEBUG=1 shows the traceback
+        from . import config
+        if config.debug():
+            raise
+        print(f"cubridge: {error_line(e)}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -4,6 +4,7 @@ Environment variables:
   CUBRIDGE_CACHE_DIR   cache root (default: <checkout>/cache or the user cache dir)
   CUBRIDGE_READONLY    "1": read the cache, never write it, never compile
   CUBRIDGE_COMPILER    "auto" (default), "nvrtc" or "nvcc"
+  CUBRIDGE_DEBUG       "1": the cubridge command shows a failure's Python traceback, not one line
   CUDA_HOME, CUDA_PATH where to look for nvcc and CUDA headers first
   XDG_CACHE_HOME       honoured for the user cache dir
 """
@@ -33,6 +34,11 @@ def is_source_checkout() -> bool:
 def is_readonly() -> bool:
     """Deployment mode: the cache may be read but never written; nothing is compiled."""
     return os.environ.get("CUBRIDGE_READONLY", "").strip().lower() in _TRUE
+
+
+def debug() -> bool:
+    """The cubridge command lets a failure's traceback through (cli.main)."""
+    return os.environ.get("CUBRIDGE_DEBUG", "").strip().lower() in _TRUE
 
 
 def hopper_kernel_enabled() -> bool:
