@@ -1,0 +1,29 @@
+"""Whether this thread is inside a pipeline stage: capture, verification, or a kernel's GPU verification.
+
+A compiled function called while this thread captures or verifies a spec (inside that spec: a model's
+attention module routed as a whole whose forward calls the attention interface, inkling2) runs its own spec
+(CompiledAttention reads `stage.depth`): the outer capture traces its ops, and the outer reference is the
+spec's own answer, never a kernel's.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class _Stage(threading.local):
+    depth = 0  # pipeline stages this thread is inside
+
+
+stage = _Stage()
+
+
+@contextmanager
+def staged() -> Iterator[None]:
+    """Count this thread as inside a stage for the block's length."""
+    stage.depth += 1
+    try:
+        yield
+    finally:
+        stage.depth -= 1
