@@ -8,8 +8,8 @@
 namespace cubridge {
 
 // CUBRIDGE_L2_PREFETCH (0, 128 or 256): the L2 prefetch hint of each copy, the bytes L2 fetches around it.
-// 128: decode +1.5-2% at 32k keys and +1-2% at 4k against none, 256 the same (H100, two A/B runs at
-// 1de8dd4, benchmarks/bench_decode.py --ab "l2=...", NOTES v18).
+// 128: decode +1.5-2% at 32k keys and +1-2% at 4k against none, 256 the same (H100, two A/B runs of
+// benchmarks/bench_decode.py --ab "l2=...").
 #ifndef CUBRIDGE_L2_PREFETCH
 #define CUBRIDGE_L2_PREFETCH 128
 #endif
@@ -35,7 +35,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // Where 16-byte chunk c of row r of a shared tile goes: at c of a row LDS elements on, or with SWZ (rows of
 // whole 128-byte groups, LDS = D) at c ^ (r & 7) within its group. The XOR keeps the 8 rows of an ldmatrix in
 // distinct banks with no pad, and a copy's 128-byte line lands in one 128-byte group: the decode kernel's
-// copies into padded rows cost 2.6x the L2 requests and 1.5x the sectors of these (H100, NOTES v36).
+// copies into padded rows cost 2.6x the L2 requests and 1.5x the sectors of these (H100).
 template <int LDS, bool SWZ>
 __device__ __forceinline__ int tile_chunk(int r, int c) {
   return r * LDS + (SWZ ? (c ^ (r & 7)) : c) * 8;
@@ -130,7 +130,7 @@ __device__ __forceinline__ void load_tile_paged(T* s, const T* g, long long ld, 
 // One operand's block of BN rows inside one page (pages a multiple of BN): that page's strided copy, with
 // the contiguous copy's running pointer. Returns false otherwise (the caller's per-row lookups). The per-row
 // page arithmetic cost the paged kernel 7-10% against the contiguous one on the very same memory at pages of
-// 256 (H100, NOTES v25).
+// 256 (H100).
 template <int BN, int D, int LDS, int NTH, bool SWZ = false, class T, class PageOf>
 __device__ __forceinline__ bool load_block_in_page(T* s, const T* g, long long ss, long long sp, const PageDiv& pd,
                                                    PageOf page_of, int row0, int nrows, int tid) {

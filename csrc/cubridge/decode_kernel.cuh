@@ -72,28 +72,6 @@ struct DecodeTile {
   static_assert(BLOCK_N % 64 == 0, "whole k16 steps of keys per warp");
 };
 
-#ifdef CUBRIDGE_TRACE
-// Diagnostics only (benchmarks/diag_decode_timeline.py defines it): per CTA, the global timer at entry, when its
-// first block's data is in, after its last block, and at its end (after the merge for the merging CTA).
-extern "C" __device__ unsigned long long cubridge_trace[4 * 65536];
-extern "C" __device__ unsigned cubridge_trace_sm[65536];  // the multiprocessor each CTA ran on
-__device__ __forceinline__ void trace_at(int slot) {
-  if (threadIdx.x != 0) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  if (cta < 65536) cubridge_trace[4 * cta + slot] = t;
-  if (cta < 65536 && slot == 0) {
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    cubridge_trace_sm[cta] = sm;
-  }
-}
-#define CUBRIDGE_TRACE_AT(slot) trace_at(slot)
-#else
-#define CUBRIDGE_TRACE_AT(slot)
-#endif
-
 template <class Cfg, class Variant, class T, bool kPaged = false, class KV = PagedKV>
 __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typename Variant::Params& p,
                                                  float* part_o, float* part_lse, int* counters, int chunk,
@@ -109,7 +87,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
   using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
-  CUBRIDGE_TRACE_AT(0);
 
   // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
   // split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart (D 256): its
@@ -259,9 +236,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     }
     cp_async_wait<ST - 1>();
     __syncthreads();
-#ifdef CUBRIDGE_TRACE
-    if (j == j0) CUBRIDGE_TRACE_AT(1);
-#endif
     // @cuir mma name=qk
     float s[1][NT][4];
     if constexpr (kQRegs)
@@ -294,7 +268,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   // @cuir endloop axis=kv
   cp_async_wait<0>();
   __syncthreads();
-  CUBRIDGE_TRACE_AT(2);
 
   // The four warps' O, m and l per row through shared memory (the ring is free now).
   float* mo = reinterpret_cast<float*>(smem_raw);
@@ -325,14 +298,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       if (last) *cnt = 0;  // ready for the next launch on this stream
     }
     __syncthreads();
-    CUBRIDGE_TRACE_AT(3);
     if (!last) return;
     __threadfence();
     if (valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, h, q, k0);
-#ifdef CUBRIDGE_TRACE
-    __syncthreads();
-    CUBRIDGE_TRACE_AT(3);
-#endif
     return;
   }
   if (!valid) return;

@@ -23,7 +23,7 @@ struct PagedKV {
 // entry torch indexing accepts fits (|entry| < pages < 2^31); one that does not is rejected by the spec, and
 // entry_index still keeps it inside the buffer. One register an entry, so a block's entries held a block ahead of
 // their use (decode_kernel.cuh) fit beside D 256's accumulators (and against two words an entry: pages of 16 and
-// 256, B 8, D 128, 4k and 32k: -0.3% to +1.6%, H100, NOTES v37).
+// 256, B 8, D 128, 4k and 32k: -0.3% to +1.6%, H100).
 using Entry = int;
 __device__ __forceinline__ Entry load_entry(const void* table, bool t64, long long off) {
   return __ldg(static_cast<const int*>(table) + (t64 ? 2 * off : off));
@@ -32,7 +32,7 @@ __device__ __forceinline__ Entry load_entry(const void* table, bool t64, long lo
 // A table entry as torch indexing reads it (a negative entry counts from the end), kept inside the
 // buffer: an entry the spec itself would reject must not become a wild read. In 32 bits: a pool holds fewer than
 // 2^31 pages (ops/runner.py _pages and the C Decoder refuse more). In 64 bits the clamp cost pages of 16 at 4k keys
-// 3% (D 128) and 24% (D 256, 16 rows a thread), H100, NOTES v37.
+// 3% (D 128) and 24% (D 256, 16 rows a thread), H100.
 __device__ __forceinline__ long long entry_index(Entry r, long long n) {
   const int m = static_cast<int>(n);
   const int e = r < 0 ? r + m : r;
@@ -46,7 +46,7 @@ __device__ __forceinline__ long long page_entry(const void* table, bool t64, lon
 // Division by the page size with no divide instruction (Granlund-Montgomery): for 0 <= n < 2^31,
 // n / page = (umulhi(n, m) + n) >> l, with l = ceil(log2(page)) and m = 2^32 (2^l - page) / page + 1. One short
 // form for every page size, power of two or not, in every paged walk (decode, FA2-class, Hopper): the per-row
-// walk's shift and divide branches were most of the paged decode kernel's extra code (NOTES v34), and cold code
+// walk's shift and divide branches were most of the paged decode kernel's extra code, and cold code
 // is fetched from DRAM on a call's first pass. m and l come with the call (PagedKV::page_div, packed by
 // ops/pack.py page_div_word and the C Decoder), so a CTA's first table read waits on no 64-bit division.
 struct PageDiv {

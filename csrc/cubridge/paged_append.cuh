@@ -2,7 +2,7 @@
 // integrations/flash_api.py): one CTA per sequence copies its token's [Hkv, D] row of K and of V in 16-byte
 // pieces to row pos % P of page table[b, pos / P]. A sequence whose position is negative (padding) or past its
 // table writes nothing, so padding needs no slot of its own and no two writes meet. One launch for K and V:
-// the same step as PyTorch ops took ~20 launches a cache (H100, s1127c run 5: 70-80 us a step in a CUDA graph).
+// the same step as PyTorch ops took ~20 launches a cache (H100: 70-80 us a step in a CUDA graph).
 #pragma once
 
 namespace cubridge {
