@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_cubridge.integrations.transformers as tcx
-from tiny_models import build
+from tiny_models import build, small_paged_cache
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,14 +26,16 @@ def test_generate_batch_matches_transformers_paged_eager(paged_eager_restored):
     prompts = [torch.randint(1, 128, (n,)).tolist() for n in (7, 12, 5)]
     gc = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
     try:
-        want = {k: v.generated_tokens for k, v in ref.generate_batch(inputs=prompts, generation_config=gc).items()}
+        want = {k: v.generated_tokens for k, v in ref.generate_batch(inputs=prompts, generation_config=gc,
+                                                                     **small_paged_cache()).items()}
     except ValueError as e:  # transformers 5.17 sizes the paged cache from device memory: none on the CPU
         pytest.skip(f"this transformers' continuous batching does not run on the CPU ({e})")
     tcx.register_continuous_batching()
     ours = build("llama", "eager")
     ours.load_state_dict(ref.state_dict())
     with pytest.warns(RuntimeWarning, match="CUDA is not available"):  # on the CPU the verified spec runs
-        got = {k: v.generated_tokens for k, v in ours.generate_batch(inputs=prompts, generation_config=gc).items()}
+        got = {k: v.generated_tokens for k, v in ours.generate_batch(inputs=prompts, generation_config=gc,
+                                                                     **small_paged_cache()).items()}
     assert got == want
     tables = [c for m, c in tcx.table_items() if any(m is x for x in ours.modules())]
     assert len(tables) == 2 and all(sum(c.served.values()) == 5 for c in tables)  # prefill + 4 steps, every layer

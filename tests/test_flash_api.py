@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_cubridge.integrations.flash_api as tfa
-from tiny_models import build
+from tiny_models import build, small_paged_cache
 
 transformers = pytest.importorskip("transformers")
 
@@ -132,14 +132,14 @@ def test_generate_batch_through_the_flash_name_matches_paged_eager():
     gc = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
     try:
         want = {tuple(r.prompt_ids): r.generated_tokens
-                for r in ref.generate_batch(inputs=prompts, generation_config=gc).values()}
+                for r in ref.generate_batch(inputs=prompts, generation_config=gc, **small_paged_cache()).values()}
     except ValueError as e:  # transformers 5.17 sizes the paged cache from device memory: none on the CPU
         pytest.skip(f"this transformers' continuous batching does not run on the CPU ({e})")
     ours = build("llama", name)
     ours.load_state_dict(ref.state_dict())
     before = sum(tfa.compiled()["varlen"].served.values())
     got = {tuple(r.prompt_ids): r.generated_tokens
-           for r in ours.generate_batch(inputs=prompts, generation_config=gc).values()}
+           for r in ours.generate_batch(inputs=prompts, generation_config=gc, **small_paged_cache()).values()}
     assert got == want
     # every attention call (prefill and 4 steps, 2 layers) went through the packed-query function
     assert sum(tfa.compiled()["varlen"].served.values()) - before == 10

@@ -89,3 +89,14 @@ def inputs(B: int = 2, S: int = 21, pad: int = 5, device: str = "cpu"):
     mask = torch.ones_like(ids)
     mask[0, :pad] = 0  # a left-padded batch
     return ids, mask
+
+
+def small_paged_cache() -> dict:
+    """generate_batch's keyword for a small paged cache: by default it takes 90% of free memory (the host's on
+    the CPU: a 15 GB cache and attention mask, every call's spec run over all of it). Empty for a transformers
+    without the config (5.17 sizes the cache from device memory)."""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    except ImportError:
+        return {}
+    return {"continuous_batching_config": ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=512)}
