@@ -176,11 +176,11 @@ def source_defines(defines: dict[str, object]) -> Iterator[None]:
 
 def ab(configs: str, lengths: list[int], B: int = 8) -> list[dict]:
     """Decode kernel variants timed back to back in this process: "stages=3,ctas=2;splits=4;..." sets the
-    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/runner.py; either left out:
+    K/V ring depth (DecodeTile), the split rule's CTAs per multiprocessor (ops/decode_launch.py; either left out:
     the tile's own, printed as None), a fixed number
     of splits or the copies' L2 prefetch hint (l2=0, 128 or 256, copy.cuh); SDPA-flash is timed at each length in the same process."""
-    import torch_cubridge.lower.source as source
-    import torch_cubridge.ops.runner as runner
+    import torch_cubridge.lower.choice as source  # the kernel choice reads decode_tile here
+    import torch_cubridge.ops.decode_launch as runner
     base_tile, base_ctas, base_split = source.decode_tile, runner.DECODE_CTAS_PER_SM, runner.decode_split
     out = []
     for Skv in lengths:
