@@ -2,10 +2,12 @@
 // the online softmax, O += P V; the loop that orders these steps is the kernel's own.
 //
 // WgmmaConsumer (Hopper): a warpgroup of 64 query rows; both GEMMs asynchronous on the tensor cores (wgmma),
-// Q and K from the shared ring, P from registers. The FA2-class and decode kernels' mma.sync GEMMs are
-// gemm.cuh's; all three share the hooks (score_tile.cuh) and the softmax (softmax.cuh).
+// Q and K from the shared ring, P from registers. MmaConsumer (FA2-class): each warp its own query rows, the
+// GEMMs warp-synchronous (mma.sync, gemm.cuh), as in the decode kernel. All share the hooks (score_tile.cuh)
+// and the softmax (softmax.cuh).
 #pragma once
 
+#include "gemm.cuh"
 #include "mma.cuh"
 #include "pipeline.cuh"
 #include "score_tile.cuh"
@@ -91,6 +93,82 @@ struct WgmmaConsumer {
   }
 
   __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }
+};
+
+// FA2-class: warp w takes query rows [w * RW, (w + 1) * RW) of the tile, one or two m16 tiles, Q's fragments in
+// registers (Cfg::kQInRegs) or read from shared memory at each step (large head dims). Arrays the kernel keeps
+// (Q's fragments, O, m, l, the mask bits) are the caller's, and the kernel makes its consumer after O's start:
+// an array declared in an inlined function, or these addresses computed earlier, gave O other registers and
+// the machine code changed.
+template <class Cfg, class Variant, class T>
+struct MmaConsumer {
+  static constexpr int BN = Cfg::kBlockN, LDS = Cfg::kSmemLd, LDV = Cfg::kSmemLdV, LDQ = Cfg::kSmemLdQ;
+  static constexpr int RW = Cfg::kBlockM / Cfg::kWarps;  // query rows per warp
+  static constexpr int MT = RW / 16;                      // m16 tiles per warp
+  static constexpr int NT = BN / 8;                       // n8 key tiles per block
+  static constexpr int KC = Cfg::kPadD / 16;              // k16 steps over the head dim
+  static constexpr int DT = Cfg::kPadDv / 8;              // n8 tiles of O (the padded columns stay zero: V's are)
+  // Default score (s * scale): keep raw dot products and fold scale * log2(e) into the single FFMA in front of
+  // each exp2 (assumes scale > 0, so the running max of raw s is the max of the logits).
+  static constexpr bool kRaw = score_is_default<Variant>(0);
+  // Q's fragments, where they stay in registers (one placeholder otherwise).
+  using QFrags = unsigned[Cfg::kQInRegs ? MT : 1][Cfg::kQInRegs ? KC : 1][4];
+  unsigned q_addr, k_lane, v_lane;  // this lane's ldmatrix addresses: its warp's Q rows, K and V of stage 0
+  int lane, q_row0;                 // q_row0: this lane's first query row
+
+  // This lane's ldmatrix address of its warp's Q rows.
+  __device__ __forceinline__ static unsigned q_addr_of(const T* sQ, int warp, int lane) {
+    return smem_u32(sQ) + (warp * RW * LDQ + lane_off_a<LDQ>(lane)) * 2;
+  }
+  __device__ __forceinline__ MmaConsumer(const T* sQ, const T* sK, const T* sV, int warp, int ln, int q_lo)
+      : lane(ln) {
+    q_addr = q_addr_of(sQ, warp, lane);
+    k_lane = smem_u32(sK) + lane_off_k<LDS>(lane) * 2;
+    v_lane = smem_u32(sV) + lane_off_v<LDV>(lane) * 2;
+    q_row0 = q_lo + warp * RW + lane / 4;
+  }
+
+  // Q's fragments into registers, once Q has landed (or nothing: Q stays in shared memory).
+  __device__ __forceinline__ static void load_q(QFrags& qa, const T* sQ, int warp, int lane) {
+    if constexpr (Cfg::kQInRegs) load_q_frags<MT, KC, LDQ>(qa, q_addr_of(sQ, warp, lane));
+  }
+
+  // O = 0, and each row's running max and sum before its first key.
+  __device__ __forceinline__ static void start(float (&o)[MT][DT][4], float (&m)[2 * MT], float (&l)[2 * MT]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r) m[r] = neg_inf(), l[r] = 0.f;
+  }
+
+  // S = Q K^T of the block in stage s.
+  __device__ __forceinline__ void qk(float (&sc)[MT][NT][4], const QFrags& qa, int s) const {
+    if constexpr (Cfg::kQInRegs)
+      gemm_qk<T, MT, NT, KC, LDS>(sc, qa, k_lane + s * BN * LDS * 2);
+    else
+      gemm_qk_smem<T, MT, NT, KC, LDS, LDQ>(sc, q_addr, k_lane + s * BN * LDS * 2);
+  }
+
+  // The mask bits of block j (a partial block's; the mask reads no score), then the score hook, the mask and the
+  // key bound (the last block), in place.
+  __device__ __forceinline__ void score(float (&sc)[MT][NT][4], unsigned long long (&keep)[MT][2], const FwdArgs& a,
+                                        const typename Variant::Params& p, const QueryTile& t, int j, int cls, int sq,
+                                        int skv) const {
+    const bool call_mask = Variant::kHasMask && cls == kPartial;
+    const int kv0 = j * BN + (lane % 4) * 2;
+    mask_bits<Variant, MT, NT>(keep, a, p, t.b, t.h, q_row0, kv0, sq, skv, call_mask);
+    if (call_mask || j * BN + BN > skv)
+      apply_score<Variant, kRaw, true>(sc, keep, a, p, t.b, t.h, q_row0, kv0, sq, skv);
+    else
+      apply_score<Variant, kRaw, false>(sc, keep, a, p, t.b, t.h, q_row0, kv0, sq, skv);
+  }
+
+  // O += P V of the block in stage s, P re-packed from the scores.
+  __device__ __forceinline__ void pv(float (&o)[MT][DT][4], const float (&sc)[MT][NT][4], int s) const {
+    gemm_pv<T, MT, NT, DT, LDV>(o, sc, v_lane + s * BN * LDV * 2);
+  }
 };
 
 }  // namespace cubridge

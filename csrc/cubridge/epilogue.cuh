@@ -153,4 +153,49 @@ struct SwizzledEpilogue {
   }
 };
 
+// FA2-class: each warp's rows of O, normalised, staged in its own Q rows (so a warp-level sync suffices), then
+// stored 16 bytes a lane. The row pad (columns PDV..PDV+7 of Q's rows, past O; never read by ldmatrix) carries
+// per-row extras: the LSE (float at PDV+2) and the empty-row flag (int at PDV).
+template <class Cfg, class Variant, class T>
+struct WarpRowsEpilogue {
+  static constexpr int RW = Cfg::kBlockM / Cfg::kWarps, MT = RW / 16, LDQ = Cfg::kSmemLdQ;
+  static constexpr int DV = Cfg::kValueDim, PDV = Cfg::kPadDv, DT = PDV / 8;
+  T* sQ;
+  int warp, lane, q_lo;
+
+  // This warp's rows of the tile (the first of them: its row0 in the sequence).
+  __device__ __forceinline__ T* rows() const { return sQ + warp * RW * LDQ; }
+  __device__ __forceinline__ int row0() const { return q_lo + warp * RW; }
+
+  // O times o_scale (finish_row's: 1 / l) and the rows' extras (lse, and whether m is still -inf) into the
+  // warp's rows.
+  __device__ __forceinline__ void stage(const float (&o)[MT][DT][4], const float (&o_scale)[2 * MT],
+                                        const float (&lse)[2 * MT], const float (&m)[2 * MT]) const {
+    T* sRows = rows();
+    stage_o<T, MT, DT, LDQ>(sQ, o, o_scale, warp * RW, lane);
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2 * MT; ++r) {
+        T* pad = sRows + ((r / 2) * 16 + lane / 4 + (r % 2) * 8) * LDQ + PDV;
+        *reinterpret_cast<float*>(pad + 2) = lse[r];
+        if constexpr (Variant::kEmptyRowMeanV) *reinterpret_cast<int*>(pad) = m[r] == neg_inf();
+      }
+    }
+    __syncwarp();
+  }
+
+  // gV: V of the tile's head, for the mean of an empty row (kEmptyRowMeanV).
+  __device__ __forceinline__ void store_o(const FwdArgs& a, const QueryTile& t, int sq, const T* gV, int skv) const {
+    T* gO = static_cast<T*>(a.o) + t.b * a.o_sb + t.h * a.o_sh;
+    store_rows<RW, DV, LDQ, Variant::kEmptyRowMeanV, PDV>(gO, a.o_ss, rows(), row0(), sq, lane, gV, a.v_ss, skv);
+  }
+
+  // The rows' natural-log LSE, where the caller asked for it (a.lse).
+  __device__ __forceinline__ void store_lse(const FwdArgs& a, const QueryTile& t, int sq) const {
+    const int r0 = row0();
+    if (a.lse != nullptr && lane < RW && r0 + lane < sq)
+      a.lse[(t.b * a.Hq + t.h) * a.Sq + r0 + lane] = *reinterpret_cast<const float*>(rows() + lane * LDQ + PDV + 2);
+  }
+};
+
 }  // namespace cubridge

@@ -60,6 +60,27 @@ struct PageDiv {
   }
 };
 
+// One sequence's pages of K and V: its block tables' entries (load_block_paged's page_of) and the division by
+// the page size. Unpaged kernels make one that is never read.
+struct SeqPages {
+  const PagedKV& pg;
+  bool t64;
+  int b;
+  PageDiv pd;
+  template <bool kPaged>
+  __device__ __forceinline__ static SeqPages of(const PagedKV& pg, int b) {
+    SeqPages s{pg, pg.table64 != 0, b, PageDiv()};
+    if constexpr (kPaged) s.pd = PageDiv(pg);
+    return s;
+  }
+  __device__ __forceinline__ long long k_page(int i) const {
+    return page_entry(pg.k_table, t64, b * pg.kt_sb + i * pg.kt_sp, pg.k_pages);
+  }
+  __device__ __forceinline__ long long v_page(int i) const {
+    return page_entry(pg.v_table, t64, b * pg.vt_sb + i * pg.vt_sp, pg.v_pages);
+  }
+};
+
 // Rows of one TMA box of a paged K/V block: the largest piece that divides both the block and the page,
 // so a box never crosses a page. The host builds the tensor maps with the same rule, and gathers pages
 // whose boxes would be smaller than lower/tiles.py's PAGED_TMA_ROWS (ops/runner.py, pipeline.kernel_choice).

@@ -124,4 +124,80 @@ struct TmaProducer {
   }
 };
 
+// The FA2-class kernel's loads: Q once, then K and V of the tile's non-empty blocks through a ring of ST stages
+// (cp.async, every thread its share). A cursor walks the non-empty blocks in the main loop's order, the i-th one
+// into stage i % ST; two groups (K, V) per block, and empty groups past the end, so the wait counts stay fixed.
+// kPaged: K and V read in place from pages through block tables (paged.cuh SeqPages). The tables' fields live
+// in their own object, which the page lookups capture: captured with the K/V pointers (this object) they
+// changed the paged kernel's machine code.
+template <class Cfg, class T, bool kPaged, class Span>
+struct CpAsyncProducer {
+  static constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  static constexpr int ST = Cfg::kStages, NTH = Cfg::kThreads;
+  static constexpr int LDS = Cfg::kSmemLd, LDV = Cfg::kSmemLdV, LDQ = Cfg::kSmemLdQ;
+  const FwdArgs& a;
+  const SeqPages& pages;
+  const Span& span;  // the class of a key block (tile_scheduler.cuh TileSpan)
+  T *sK, *sV;
+  const T *gQ, *gK, *gV;
+  int n_blk, skv;
+  int pf = 0;  // the cursor: the next block to look at
+
+  __device__ __forceinline__ CpAsyncProducer(const FwdArgs& args, const SeqPages& pg, const QueryTile& t,
+                                             const Span& s, T* k_ring, T* v_ring, int n, int n_keys)
+      : a(args), pages(pg), span(s), sK(k_ring), sV(v_ring), n_blk(n), skv(n_keys) {
+    gQ = static_cast<const T*>(a.q) + t.b * a.q_sb + t.h * a.q_sh;
+    gK = static_cast<const T*>(a.k) + (kPaged ? 0 : t.b * a.k_sb) + t.hk * a.k_sh;
+    gV = static_cast<const T*>(a.v) + (kPaged ? 0 : t.b * a.v_sb) + t.hk * a.v_sh;
+  }
+
+  // The tile's Q rows (one group), and zeros in the padded columns of Q and of the ring (fwd_config.cuh: the
+  // head dims padded to 16), which no copy writes.
+  __device__ __forceinline__ void load_q(T* sQ, const QueryTile& t, int sq, int tid) const {
+    load_tile<BM, D, LDQ, NTH>(sQ, gQ, a.q_ss, t.q_lo, sq, tid);
+    cp_async_commit();
+    zero_pad_columns<BM, D, Cfg::kPadD, LDQ, NTH>(sQ, tid);
+    zero_pad_columns<ST * BN, D, Cfg::kPadD, LDS, NTH>(sK, tid);
+    zero_pad_columns<ST * BN, DV, Cfg::kPadDv, LDV, NTH>(sV, tid);
+  }
+
+  // The next non-empty block's K and V into `stage`, or two empty groups past the last.
+  __device__ __forceinline__ void prefetch(int stage, int tid) {
+    while (pf < n_blk && span(pf, pf + 1) == kEmpty) ++pf;
+    const bool ok = pf < n_blk;
+    if constexpr (kPaged) {
+      const PagedKV& pg = pages.pg;
+      auto k_page = [&sp = pages](int i) { return sp.k_page(i); };
+      auto v_page = [&sp = pages](int i) { return sp.v_page(i); };
+      if (ok) load_block_paged<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pg.k_sp, pages.pd, k_page, pf * BN, skv, tid);
+      cp_async_commit();
+      if (ok) load_block_paged<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pg.v_sp, pages.pd, v_page, pf * BN, skv, tid);
+    } else {
+      if (ok) load_tile<BN, D, LDS, NTH>(sK + stage * BN * LDS, gK, a.k_ss, pf * BN, skv, tid);
+      cp_async_commit();
+      if (ok) load_tile<BN, DV, LDV, NTH>(sV + stage * BN * LDV, gV, a.v_ss, pf * BN, skv, tid);
+    }
+    cp_async_commit();
+    ++pf;
+  }
+
+  // The waits, counted in groups still in flight, each followed by a CTA barrier (the data visible to every
+  // warp, and every warp done with the stage the next prefetch refills):
+  // Q, with the first ST - 1 blocks' groups behind it;
+  __device__ __forceinline__ static void wait_q() {
+    cp_async_wait<2 * (ST - 1)>();
+    __syncthreads();
+  }
+  // the current block's K (its V may still fly), before the next prefetch;
+  __device__ __forceinline__ static void wait_k() {
+    cp_async_wait<2 * ST - 3>();
+    __syncthreads();
+  }
+  // the current block's V, the next block's two groups behind it.
+  __device__ __forceinline__ static void wait_v() {
+    cp_async_wait<2 * ST - 2>();
+    __syncthreads();
+  }
+};
+
 }  // namespace cubridge
