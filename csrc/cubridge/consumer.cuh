@@ -133,16 +133,6 @@ struct MmaConsumer {
     if constexpr (Cfg::kQInRegs) load_q_frags<MT, KC, LDQ>(qa, q_addr_of(sQ, warp, lane));
   }
 
-  // O = 0, and each row's running max and sum before its first key.
-  __device__ __forceinline__ static void start(float (&o)[MT][DT][4], float (&m)[2 * MT], float (&l)[2 * MT]) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-#pragma unroll
-    for (int r = 0; r < 2 * MT; ++r) m[r] = neg_inf(), l[r] = 0.f;
-  }
-
   // S = Q K^T of the block in stage s.
   __device__ __forceinline__ void qk(float (&sc)[MT][NT][4], const QFrags& qa, int s) const {
     if constexpr (Cfg::kQInRegs)

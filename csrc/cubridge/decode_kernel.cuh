@@ -39,17 +39,6 @@
 
 namespace cubridge {
 
-// The K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their 128-byte group by the
-// row (copy.cuh tile_chunk): the copies fill whole 128-byte lines and the ldmatrix rows still fall in distinct
-// banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
-#ifndef CUBRIDGE_DECODE_SWZ
-#define CUBRIDGE_DECODE_SWZ 1
-#endif
-// The registers Q's fragments and O's accumulators may take together before Q is read from shared memory instead
-// (attention_decode's kQRegs; 256: Q always in registers, as before, for A/B).
-#ifndef CUBRIDGE_DECODE_Q_REGS
-#define CUBRIDGE_DECODE_Q_REGS 128
-#endif
 template <int D, int DV = D, int ST = 2, int BLOCK_N = 64>
 struct DecodeTile {
   static constexpr int kHeadDim = D;
@@ -85,14 +74,9 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr bool kRaw = score_is_default<Variant>(0);
   constexpr bool kSeg = KV::kSegmented;
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
-  using H = Hook<Variant>;
   constexpr float kLog2e = 1.4426950408889634f;
 
-  // the K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims and the threads
-  // split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart (D 256): its
-  // pages of 16 read 10-17% slower swizzled, with or without each row's own place
-  constexpr bool kSwz = CUBRIDGE_DECODE_SWZ && D == PD && DV == PDV && D % 64 == 0 && DV % 64 == 0 &&
-                        NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (!kPaged || (NTH / (D / 8)) % 8 == 0);
+  constexpr bool kSwz = decode_ring_swizzled<Cfg, kPaged>();  // (decode_loads.cuh)
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -101,43 +85,18 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-  const int G = static_cast<int>(a.Hq / a.Hkv), rows = G * sq;
-  const int row_tiles = (rows + R - 1) / R;
+  const PackedRows<Variant, R> pr(a, sq);  // this CTA's rows (tile_scheduler.cuh)
   const int split = blockIdx.x, n_split = gridDim.x;
-  const int hk = blockIdx.y / row_tiles, r_lo = (blockIdx.y % row_tiles) * R;
-  const int b = blockIdx.z;
-  // packed row -> (query head, query); rows past the group repeat the last valid one
-  auto head_of = [&](int r) { return Variant::q_head(a, hk, imin(r_lo + r, rows - 1) / sq); };
-  auto query_of = [&](int r) { return imin(r_lo + r, rows - 1) % sq; };
-  const int g_first = r_lo / sq, g_last = (imin(r_lo + R, rows) - 1) / sq;  // the tile's heads of the group
+  const int hk = pr.hk, b = blockIdx.z;
 
   // @cuir tile axis=q size=kRows
   const T* gK = static_cast<const T*>(a.k) + (kPaged ? 0 : b * a.k_sb) + hk * a.k_sh;
   const T* gV = static_cast<const T*>(a.v) + (kPaged ? 0 : b * a.v_sb) + hk * a.v_sh;
   const T* seg_k[SegKV::kMax];  // each piece at (b, hk), where K and V are pieces (unused otherwise)
   const T* seg_v[SegKV::kMax];
-  if constexpr (kSeg) {
-#pragma unroll
-    for (int i = 0; i < SegKV::kMax; ++i) {
-      seg_k[i] = static_cast<const T*>(pg.k[i]) + b * pg.k_sb[i] + hk * pg.k_sh[i];
-      seg_v[i] = static_cast<const T*>(pg.v[i]) + b * pg.v_sb[i] + hk * pg.v_sh[i];
-    }
-  }
+  piece_heads(seg_k, seg_v, pg, b, hk);
 
-  // The tile's class for key blocks [j_lo, j_hi): every query head of the tile over all Sq queries
-  // (a superset of its rows: empty and full stay sound).
-  auto span_cls = [&](int j_lo, int j_hi) -> int {
-    if constexpr (!Variant::kClassByHead)  // one class for every head of the tile
-      return H::block_class(a, p, b, Variant::q_head(a, hk, g_first), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
-    bool any = false, all = true;
-    for (int g = g_first; g <= g_last; ++g) {
-      const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
-      any |= c != kEmpty;
-      all &= c == kFull;
-    }
-    return any ? (all ? kFull : kPartial) : kEmpty;
-  };
-  auto tile_cls = [&](int j) { return span_cls(j, j + 1); };
+  const HeadsSpan<Variant, BN> span_cls{a, p, b, hk, pr.g_first, pr.g_last, sq, skv};  // (tile_scheduler.cuh)
 
   // This split's blocks [j0, j1) (tile_scheduler.cuh).
   const int n_blk = (skv + BN - 1) / BN;
@@ -147,77 +106,28 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   int pf = j0;
   // paged K/V of one head dim, walked row by row: each block's table entries loaded a block ahead
-  constexpr bool kAhead = kPaged && DV == D && RowWalk<BN, D, NTH>::kOk;
   BlockEntries<RowWalk<BN, D, NTH>::kRows> ent;
   ent.blk = -1;
   PageDiv pd;
   if constexpr (kPaged) pd = PageDiv(pg);
-  // Each block's class is evaluated once, where prefetch reaches it; the blocks loaded and not yet used wait
-  // in `ahead` (block << 2 | class, oldest first; -1: none), so the loop takes its next block and class with
-  // no load of its own (a mask reading a sequence length, evaluated again in the loop, cost 16% at pages of
-  // 16 against the same kernel without it: H100).
   static_assert(ST >= 2, "a ring of at least two blocks");
-  int ahead[ST - 1];
-  auto prefetch = [&](int stage) {
-    int cls = kEmpty;
-    while (pf < j1 && (cls = tile_cls(pf)) == kEmpty) ++pf;
-    const bool ok = pf < j1;
-#pragma unroll
-    for (int i = 0; i + 1 < ST - 1; ++i) ahead[i] = ahead[i + 1];
-    ahead[ST - 2] = ok ? (pf << 2 | cls) : -1;
-    if constexpr (kAhead) {
-      if (ok) {
-        if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf, kv_end, tid);  // the first, or after a skip
-        load_kv_paged<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, ent, pf * BN, kv_end, tid);
-        if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf + 1, kv_end, tid);
-      }
-    } else if constexpr (kPaged) {
-      if (ok) load_kv_paged_rows<BN, D, DV, LK, LV, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, b, pf * BN, kv_end, tid);
-    } else if constexpr (kSeg) {
-      if (ok) load_tile_pieces<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile_pieces<BN, DV, LV, NTH, kSwz>(sV + stage * BN * LV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
-    } else {
-      if (ok) load_tile<BN, D, LK, NTH, T, kSwz>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, kv_end, tid);
-      if (ok) load_tile<BN, DV, LV, NTH, T, kSwz>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, kv_end, tid);
-    }
-    cp_async_commit();
-    ++pf;
-  };
-  zero_pad_columns<R, D, PD, LDS, NTH>(sQ, tid);
-  if constexpr (!kSwz) {  // (a swizzled ring has no pad columns)
-    zero_pad_columns<ST * BN, D, PD, LDS, NTH>(sK, tid);
-    zero_pad_columns<ST * BN, DV, PDV, LDSV, NTH>(sV, tid);
-  }
+  int ahead[ST - 1];  // the blocks loaded and not yet used (decode_loads.cuh DecodePrefetch)
+  const DecodePrefetch<Cfg, T, KV, kPaged, kSwz, HeadsSpan<Variant, BN>> prefetch{
+      span_cls, pf, ahead, ent, a, pg, pd, sK, sV, gK, gV, seg_k, seg_v, b, j1, kv_end, tid};
+  zero_decode_pads<Cfg, kSwz>(sQ, sK, sV, tid);
+  // @cuir load tensor=q
   // Q's rows into registers, once the first K/V blocks are out (its loads wait for their data): the loop's
   // first ST - 1 turns only prefetch, so the copy code is compiled once, not once more per ring slot.
-  // Q's fragments stay in registers where they and O's accumulators take at most CUBRIDGE_DECODE_Q_REGS of a
-  // thread's 255 (PD / 4 and PDV / 2); past that Q is re-read from shared memory each k16 step (at D 256 the
-  // two took 192, and the paged kernel spilled 344 bytes)
-  constexpr bool kQRegs = PD / 4 + PDV / 2 <= CUBRIDGE_DECODE_Q_REGS;
+  constexpr bool kQRegs = decode_q_in_regs<Cfg>();
   unsigned qa[1][kQRegs ? KC : 1][4];
-  auto load_q = [&] {
-    // @cuir load tensor=q
-    for (int idx = tid; idx < R * (D / 8); idx += NTH) {
-      const int r = idx / (D / 8), c = idx % (D / 8);
-      const T* src = static_cast<const T*>(a.q) + b * a.q_sb + head_of(r) * a.q_sh + query_of(r) * a.q_ss + c * 8;
-      *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
-    }
-    __syncthreads();
-    if constexpr (kQRegs) load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
-  };
 
-  float o[1][DT][4];
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  float o[1][DT][4], m[2], l[2];
+  start_rows(o, m, l);
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   int hr[2], qr[2];  // this lane's two rows
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) hr[hf] = head_of(lane / 4 + hf * 8), qr[hf] = query_of(lane / 4 + hf * 8);
-  const unsigned k_lane = kSwz ? smem_u32(sK) + ((lane % 8 + (lane / 16) * 8) + warp * KW) * LK * 2
-                              : smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
-  const unsigned v_lane = kSwz ? smem_u32(sV) + ((lane % 8 + ((lane / 8) % 2) * 8) + warp * KW) * LV * 2
-                              : smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
+  pr.lane_rows(hr, qr, lane);
+  const unsigned k_lane = decode_k_lane<Cfg, kSwz, LK>(sK, lane, warp);
+  const unsigned v_lane = decode_v_lane<Cfg, kSwz, LV>(sV, lane, warp);
 
   int stage = 0, slot = 0, fill = ST - 1;  // slot: the ring slot prefetch fills next; fill: first turns left
   // @cuir loop axis=kv size=kBlockN
@@ -231,7 +141,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
     prefetch(slot);  // after the first turns, the slot the last block used (freed by its barrier)
     slot = slot == ST - 1 ? 0 : slot + 1;
     if (fill > 0) {
-      if (--fill == 0) load_q();
+      if (--fill == 0) load_q_rows<R, D, LDS, NTH, kQRegs>(sQ, qa, a, pr, b, tid, lane);
       continue;
     }
     cp_async_wait<ST - 1>();
@@ -244,19 +154,7 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
       gemm_qk_smem<T, 1, NT, KC, LK, LDS, kSwz>(s, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2, k_lane + stage * BN * LK * 2, lane);
     // @cuir hook name=score
     // @cuir hook name=mask when=partial
-    const int kv0 = j * BN + warp * KW + (lane % 4) * 2;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e / 2, kv = kv0 + nt * 8 + e % 2, kc = imin(kv, skv - 1);
-        float x = s[0][nt][e];
-        if constexpr (!kRaw) x = H::score(a, p, x, b, hr[hf], qr[hf], kc);
-        bool keep = kv < kv_end;
-        if constexpr (Variant::kHasMask)
-          if (cls == kPartial) keep = keep && H::mask(a, p, b, hr[hf], qr[hf], kc);
-        s[0][nt][e] = keep ? x : neg_inf();
-      }
+    score_rows<Variant, kRaw>(s, a, p, b, hr, qr, j * BN + warp * KW + (lane % 4) * 2, skv, kv_end, cls);
     // @cuir softmax kind=online
     softmax_update<1, NT, DT, true>(s, o, m, l, factor);
     // @cuir load tensor=v
@@ -276,37 +174,21 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
 
   // @cuir hook name=sink
   // @cuir epilogue kind=normalise
-  // Thread t: row t / 8, and the row's 8-column chunks t % 8, t % 8 + 8, ...: every store is 16 bytes
-  // at a 16-byte offset whatever DV is (a thread's own span of DV / 8 columns was not, at DV 48 or 96).
-  constexpr int CH = (DV / 8 + 7) / 8;
-  const int r = tid / 8, k0 = tid % 8;
-  const bool valid = r_lo + r < rows;  // (no early return: the split hand-over below syncs the CTA)
-  const int h = head_of(r), q = query_of(r);
-  float m2, lsum, acc[CH][8];
-  merge_warp_rows<Cfg::kWarps, R, PDV, DV>(acc, m2, lsum, mo, r, k0, factor);
-  const long long row = (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
+  const OutRow t(pr, tid);  // (decode_merge.cuh)
+  float m2, lsum, acc[(DV / 8 + 7) / 8][8];
+  merge_warp_rows<Cfg::kWarps, R, PDV, DV>(acc, m2, lsum, mo, t.r, t.k0, factor);
+  const long long row = t.index(a, b);
   if (n_split > 1) {  // partial: normalised over this chunk, with its max and sum; the sink joins later
-    if (valid) store_partial<DV>(part_o, part_lse, acc, m2, lsum, row, n_split, split, k0, tid % 8 == 0);
-    // The last split of this tile to finish merges all of them: the partials are made visible
-    // before the count, and read after it past L1 (merge_splits' __ldcg).
-    __shared__ int last;
+    if (t.valid) store_partial<DV>(part_o, part_lse, acc, m2, lsum, row, n_split, split, t.k0, tid % 8 == 0);
+    if (!last_split(counters, b, n_split, tid)) return;  // the last split of this tile to finish merges them all
     __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      int* cnt = counters + static_cast<long long>(b) * gridDim.y + blockIdx.y;
-      last = atomicAdd(cnt, 1) == n_split - 1;
-      if (last) *cnt = 0;  // ready for the next launch on this stream
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, h, q, k0);
+    if (t.valid) merge_splits<Variant, T, DV>(a, p, part_o, part_lse, n_split, factor, row, b, t.h, t.q, t.k0);
     return;
   }
-  if (!valid) return;
+  if (!t.valid) return;
   // @cuir store tensor=o
   // @cuir store tensor=lse when=requested
-  store_row<Variant, T, DV, !kPaged && !kSeg>(a, p, acc, m2, lsum, factor, b, h, q, row, k0, skv);
+  store_row<Variant, T, DV, !kPaged && !kSeg>(a, p, acc, m2, lsum, factor, b, t.h, t.q, row, t.k0, skv);
 }
 
 }  // namespace cubridge

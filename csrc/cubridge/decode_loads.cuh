@@ -4,6 +4,7 @@
 #pragma once
 
 #include "copy.cuh"
+#include "gemm.cuh"
 #include "paged.cuh"
 #include "score_tile.cuh"
 
@@ -155,5 +156,141 @@ __device__ __forceinline__ void load_kv_paged_rows(T* sK, T* sV, const T* gK, co
   load_block_paged<BN, D, LDS, NTH, SWZ>(sK, gK, a.k_ss, pg.k_sp, pd, k_page, row0, nrows, tid);
   load_block_paged<BN, DV, LDSV, NTH, SWZ>(sV, gV, a.v_ss, pg.v_sp, pd, v_page, row0, nrows, tid);
 }
+
+// The K/V ring without row padding, each row's 16-byte chunks XOR-swizzled within their 128-byte group by the
+// row (copy.cuh tile_chunk): the copies fill whole 128-byte lines and the ldmatrix rows still fall in distinct
+// banks. CUBRIDGE_DECODE_SWZ=0 turns it off (A/B).
+#ifndef CUBRIDGE_DECODE_SWZ
+#define CUBRIDGE_DECODE_SWZ 1
+#endif
+// The registers Q's fragments and O's accumulators may take together before Q is read from shared memory instead
+// (attention_decode's kQRegs; 256: Q always in registers, as before, for A/B).
+#ifndef CUBRIDGE_DECODE_Q_REGS
+#define CUBRIDGE_DECODE_Q_REGS 128
+#endif
+
+// The decode kernel's K/V ring swizzled (copy.cuh tile_chunk) where whole 128-byte groups tile both head dims
+// and the threads split a row's chunks evenly (64, 128, 256), but not in a paged walk of rows fewer than 8 apart
+// (D 256): its pages of 16 read 10-17% slower swizzled, with or without each row's own place.
+template <class Cfg, bool kPaged>
+__host__ __device__ constexpr bool decode_ring_swizzled() {
+  constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, NTH = Cfg::kThreads;
+  return CUBRIDGE_DECODE_SWZ && D == Cfg::kPadD && DV == Cfg::kPadDv && D % 64 == 0 && DV % 64 == 0 &&
+         NTH % (D / 8) == 0 && NTH % (DV / 8) == 0 && (!kPaged || (NTH / (D / 8)) % 8 == 0);
+}
+
+// Q's fragments stay in registers where they and O's accumulators take at most CUBRIDGE_DECODE_Q_REGS of a
+// thread's 255 (PD / 4 and PDV / 2); past that Q is re-read from shared memory each k16 step (at D 256 the two
+// took 192, and the paged kernel spilled 344 bytes).
+template <class Cfg>
+__host__ __device__ constexpr bool decode_q_in_regs() {
+  return Cfg::kPadD / 4 + Cfg::kPadDv / 2 <= CUBRIDGE_DECODE_Q_REGS;
+}
+
+// Zeros in the padded columns (head dims padded to 16) of Q's rows and, unswizzled, of the K/V ring (a swizzled
+// ring has no pad columns).
+template <class Cfg, bool kSwz, class T>
+__device__ __forceinline__ void zero_decode_pads(T* sQ, T* sK, T* sV, int tid) {
+  constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, NTH = Cfg::kThreads, ST = Cfg::kStages, BN = Cfg::kBlockN;
+  zero_pad_columns<Cfg::kRows, D, Cfg::kPadD, Cfg::kSmemLd, NTH>(sQ, tid);
+  if constexpr (!kSwz) {
+    zero_pad_columns<ST * BN, D, Cfg::kPadD, Cfg::kSmemLd, NTH>(sK, tid);
+    zero_pad_columns<ST * BN, DV, Cfg::kPadDv, Cfg::kSmemLdV, NTH>(sV, tid);
+  }
+}
+
+// This lane's ldmatrix addresses of warp `warp`'s keys in ring stage 0: K (Q K^T's B operand) and V (P V's).
+template <class Cfg, bool kSwz, int LK, class T>
+__device__ __forceinline__ unsigned decode_k_lane(const T* sK, int lane, int warp) {
+  constexpr int KW = Cfg::kWarpKeys, LDS = Cfg::kSmemLd;
+  return kSwz ? smem_u32(sK) + ((lane % 8 + (lane / 16) * 8) + warp * KW) * LK * 2
+              : smem_u32(sK) + (lane_off_k<LDS>(lane) + warp * KW * LDS) * 2;
+}
+template <class Cfg, bool kSwz, int LV, class T>
+__device__ __forceinline__ unsigned decode_v_lane(const T* sV, int lane, int warp) {
+  constexpr int KW = Cfg::kWarpKeys, LDSV = Cfg::kSmemLdV;
+  return kSwz ? smem_u32(sV) + ((lane % 8 + ((lane / 8) % 2) * 8) + warp * KW) * LV * 2
+              : smem_u32(sV) + (lane_off_v<LDSV>(lane) + warp * KW * LDSV) * 2;
+}
+
+// Each piece's rows at (b, hk), where K and V are pieces (SegKV); nothing otherwise.
+template <class T, class KV>
+__device__ __forceinline__ void piece_heads(const T* (&seg_k)[SegKV::kMax], const T* (&seg_v)[SegKV::kMax],
+                                            const KV& pg, int b, int hk) {
+  if constexpr (KV::kSegmented) {
+#pragma unroll
+    for (int i = 0; i < SegKV::kMax; ++i) {
+      seg_k[i] = static_cast<const T*>(pg.k[i]) + b * pg.k_sb[i] + hk * pg.k_sh[i];
+      seg_v[i] = static_cast<const T*>(pg.v[i]) + b * pg.v_sb[i] + hk * pg.v_sh[i];
+    }
+  }
+}
+
+// The tile's packed Q rows (tile_scheduler.cuh PackedRows) into shared memory, 16 bytes a thread a step, and
+// with kQRegs their fragments into registers.
+template <int R, int D, int LDS, int NTH, bool kQRegs, int KC, class T, class Rows>
+__device__ __forceinline__ void load_q_rows(T* sQ, unsigned (&qa)[1][KC][4], const FwdArgs& a, const Rows& pr,
+                                            int b, int tid, int lane) {
+  for (int idx = tid; idx < R * (D / 8); idx += NTH) {
+    const int r = idx / (D / 8), c = idx % (D / 8);
+    const T* src = static_cast<const T*>(a.q) + b * a.q_sb + pr.head(r) * a.q_sh + pr.query(r) * a.q_ss + c * 8;
+    *reinterpret_cast<uint4*>(sQ + r * LDS + c * 8) = *reinterpret_cast<const uint4*>(src);
+  }
+  __syncthreads();
+  if constexpr (kQRegs) load_q_frags<1, KC, LDS>(qa, smem_u32(sQ) + lane_off_a<LDS>(lane) * 2);
+}
+
+// The decode kernel's prefetch: the next non-empty block of the split (before j1) into ring stage `stage`, one
+// commit group a block (an empty group past the last). Each block's class is evaluated once, here; the blocks
+// loaded and not yet used wait in `ahead` (block << 2 | class, oldest first; -1: none), so the loop takes its
+// next block and class with no load of its own (a mask reading a sequence length, evaluated again in the loop,
+// cost 16% at pages of 16 against the same kernel without it: H100). Paged K/V of one head dim walked row by
+// row (kAhead) load each block's table entries a block ahead. The state it walks is the kernel's own.
+template <class Cfg, class T, class KV, bool kPaged, bool kSwz, class Span>
+struct DecodePrefetch {
+  static constexpr int D = Cfg::kHeadDim, DV = Cfg::kValueDim, BN = Cfg::kBlockN, NTH = Cfg::kThreads;
+  static constexpr int ST = Cfg::kStages;
+  static constexpr int LK = kSwz ? Cfg::kPadD : Cfg::kSmemLd, LV = kSwz ? Cfg::kPadDv : Cfg::kSmemLdV;
+  static constexpr bool kAhead = kPaged && DV == D && RowWalk<BN, D, NTH>::kOk;
+  using Entries = BlockEntries<RowWalk<BN, D, NTH>::kRows>;
+  const Span& span;  // the class of a span of blocks (tile_scheduler.cuh HeadsSpan)
+  int& pf;
+  int (&ahead)[ST - 1];
+  Entries& ent;
+  const FwdArgs& a;
+  const KV& pg;
+  const PageDiv& pd;
+  T *sK, *sV;
+  const T *gK, *gV;
+  const T* (&seg_k)[SegKV::kMax];
+  const T* (&seg_v)[SegKV::kMax];
+  int b, j1, kv_end, tid;
+
+  __device__ __forceinline__ void operator()(int stage) const {
+    int cls = kEmpty;
+    while (pf < j1 && (cls = span(pf, pf + 1)) == kEmpty) ++pf;
+    const bool ok = pf < j1;
+#pragma unroll
+    for (int i = 0; i + 1 < ST - 1; ++i) ahead[i] = ahead[i + 1];
+    ahead[ST - 2] = ok ? (pf << 2 | cls) : -1;
+    if constexpr (kAhead) {
+      if (ok) {
+        if (ent.blk != pf) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf, kv_end, tid);  // the first, or after a skip
+        load_kv_paged<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, ent, pf * BN, kv_end, tid);
+        if (pf + 1 < j1) load_block_entries<BN, D, NTH>(ent, pg, pd, b, pf + 1, kv_end, tid);
+      }
+    } else if constexpr (kPaged) {
+      if (ok) load_kv_paged_rows<BN, D, DV, LK, LV, NTH, kSwz>(sK + stage * BN * LK, sV + stage * BN * LV, gK, gV, a, pg, pd, b, pf * BN, kv_end, tid);
+    } else if constexpr (KV::kSegmented) {
+      if (ok) load_tile_pieces<BN, D, LK, NTH, kSwz>(sK + stage * BN * LK, seg_k, pg.k_end, pg.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile_pieces<BN, DV, LV, NTH, kSwz>(sV + stage * BN * LV, seg_v, pg.v_end, pg.v_ss, pf * BN, kv_end, tid);
+    } else {
+      if (ok) load_tile<BN, D, LK, NTH, T, kSwz>(sK + stage * BN * LK, gK, a.k_ss, pf * BN, kv_end, tid);
+      if (ok) load_tile<BN, DV, LV, NTH, T, kSwz>(sV + stage * BN * LV, gV, a.v_ss, pf * BN, kv_end, tid);
+    }
+    cp_async_commit();
+    ++pf;
+  }
+};
 
 }  // namespace cubridge

@@ -175,4 +175,37 @@ __device__ __forceinline__ void merge_splits(const FwdArgs& a, const typename Va
   store_row<Variant, T, DV, true>(a, p, acc, M, L, factor, b, h, q, row, k0, static_cast<int>(a.Skv));
 }
 
+// The row a thread finishes after the warps' merge: thread t takes packed row t / 8 and the row's 8-column chunks
+// t % 8, t % 8 + 8, ...: every store is 16 bytes at a 16-byte offset whatever DV is (a thread's own span of
+// DV / 8 columns was not, at DV 48 or 96). valid: a row of the group (no early return before the split
+// hand-over, which syncs the CTA).
+struct OutRow {
+  int r, k0;
+  bool valid;
+  int h, q;
+  template <class Rows>
+  __device__ __forceinline__ OutRow(const Rows& pr, int tid)
+      : r(tid / 8), k0(tid % 8), valid(pr.valid(tid / 8)), h(pr.head(tid / 8)), q(pr.query(tid / 8)) {}
+  // Its index in O's [B, Hq, Sq] rows.
+  __device__ __forceinline__ long long index(const FwdArgs& a, int b) const {
+    return (static_cast<long long>(b) * a.Hq + h) * a.Sq + q;
+  }
+};
+
+// Whether this CTA is the last of its tile's splits to finish, the one that merges them all: its partials are
+// made visible before the count, and read after it past L1 (merge_splits' __ldcg). The counter goes back to
+// zero for the next launch on this stream. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_split(int* counters, int b, int n_split, int tid) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* cnt = counters + static_cast<long long>(b) * gridDim.y + blockIdx.y;
+    last = atomicAdd(cnt, 1) == n_split - 1;
+    if (last) *cnt = 0;  // ready for the next launch on this stream
+  }
+  __syncthreads();
+  return last;
+}
+
 }  // namespace cubridge

@@ -65,7 +65,7 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   C::load_q(qa, sQ, warp, lane);
 
   float o[C::MT][C::DT][4], m[2 * C::MT], l[2 * C::MT];
-  C::start(o, m, l);
+  start_rows(o, m, l);
   const float factor = C::kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   const C c(sQ, sK, sV, warp, lane, t.q_lo);
   int stage = 0;  // ring slot of the current block

@@ -68,4 +68,25 @@ __device__ __forceinline__ void apply_score(float (&s)[MT][NT][4], const unsigne
       }
 }
 
+// The decode kernel's scores of one warp's keys (rows hr/qr of a lane's two row halves, keys from kv0): the
+// score hook (unless kRaw), the split's key bound kv_end, and on a partial block the mask, each key at a time.
+template <class Variant, bool kRaw, int NT>
+__device__ __forceinline__ void score_rows(float (&s)[1][NT][4], const FwdArgs& a, const typename Variant::Params& p,
+                                           int b, const int (&hr)[2], const int (&qr)[2], int kv0, int skv,
+                                           int kv_end, int cls) {
+  using H = Hook<Variant>;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hf = e / 2, kv = kv0 + nt * 8 + e % 2, kc = imin(kv, skv - 1);
+      float x = s[0][nt][e];
+      if constexpr (!kRaw) x = H::score(a, p, x, b, hr[hf], qr[hf], kc);
+      bool keep = kv < kv_end;
+      if constexpr (Variant::kHasMask)
+        if (cls == kPartial) keep = keep && H::mask(a, p, b, hr[hf], qr[hf], kc);
+      s[0][nt][e] = keep ? x : neg_inf();
+    }
+}
+
 }  // namespace cubridge

@@ -95,4 +95,15 @@ __device__ __forceinline__ void softmax_update(float (&s)[MT][NT][4], float (&o)
   rescale_o<MT, DT, kLazy>(o, alpha);
 }
 
+// O = 0, and each row's running max and sum before its first key.
+template <int MT, int DT>
+__device__ __forceinline__ void start_rows(float (&o)[MT][DT][4], float (&m)[2 * MT], float (&l)[2 * MT]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) m[r] = neg_inf(), l[r] = 0.f;
+}
+
 }  // namespace cubridge

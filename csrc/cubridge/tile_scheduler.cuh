@@ -76,6 +76,55 @@ struct TileSpan {
   }
 };
 
+// Decode kernel: grid (n_split, Hkv * row_tiles, B). The G = Hq / Hkv query heads that read KV head hk, times Sq
+// queries, are packed as rows (row g * Sq + q), so each K/V byte is read once for all of them; CTA y takes rows
+// [r_lo, r_lo + R) of KV head y / row_tiles, which hold query heads g_first..g_last of the group. A tile's row
+// past the group repeats the last valid one.
+template <class Variant, int R>
+struct PackedRows {
+  const FwdArgs& a;
+  int sq, rows, hk, r_lo, g_first, g_last;
+  __device__ __forceinline__ PackedRows(const FwdArgs& args, int n_q) : a(args), sq(n_q) {
+    const int G = static_cast<int>(a.Hq / a.Hkv);
+    rows = G * sq;
+    const int row_tiles = (rows + R - 1) / R;
+    hk = blockIdx.y / row_tiles;
+    r_lo = (blockIdx.y % row_tiles) * R;
+    g_first = r_lo / sq;
+    g_last = (imin(r_lo + R, rows) - 1) / sq;
+  }
+  __device__ __forceinline__ int head(int r) const { return Variant::q_head(a, hk, imin(r_lo + r, rows - 1) / sq); }
+  __device__ __forceinline__ int query(int r) const { return imin(r_lo + r, rows - 1) % sq; }
+  __device__ __forceinline__ bool valid(int r) const { return r_lo + r < rows; }
+  // The (query head, query) of a lane's two rows of an m16 tile: lane / 4 and lane / 4 + 8.
+  __device__ __forceinline__ void lane_rows(int (&hr)[2], int (&qr)[2], int lane) const {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) hr[hf] = head(lane / 4 + hf * 8), qr[hf] = query(lane / 4 + hf * 8);
+  }
+};
+
+// Decode kernel: the class of key blocks [j_lo, j_hi) for a tile of packed rows, over every query head of the
+// tile (g_first..g_last of KV head hk's group) and all Sq queries: a superset of its rows, so empty and full
+// stay sound. Without kClassByHead one head answers for all.
+template <class Variant, int BN>
+struct HeadsSpan {
+  const FwdArgs& a;
+  const typename Variant::Params& p;
+  int b, hk, g_first, g_last, sq, skv;
+  __device__ __forceinline__ int operator()(int j_lo, int j_hi) const {
+    using H = Hook<Variant>;
+    if constexpr (!Variant::kClassByHead)  // one class for every head of the tile
+      return H::block_class(a, p, b, Variant::q_head(a, hk, g_first), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
+    bool any = false, all = true;
+    for (int g = g_first; g <= g_last; ++g) {
+      const int c = H::block_class(a, p, b, Variant::q_head(a, hk, g), 0, sq, j_lo * BN, imin(j_hi * BN, skv));
+      any |= c != kEmpty;
+      all &= c == kFull;
+    }
+    return any ? (all ? kFull : kPartial) : kEmpty;
+  }
+};
+
 // Decode kernel (split-KV): split `split` of `n_split` takes key blocks [j0, j1), chunks of `per_split` blocks.
 // Where a mask can empty blocks (kSpans), the splits share the tile's live span, not the whole key range: a
 // sequence shorter than its block table (continuous batching) or a window of a long cache is then read by every
