@@ -100,12 +100,20 @@ def test_tiled_head_map_overrides_the_kv_head_hook():
     assert "kv_head" not in lower(_prog("gqa_expand")).source  # the kernel's default: h // (H // Hkv)
 
 
+# (source, arch) -> cubin: 34 zoo cases lower to 22 sources (the plain full-attention styles to one), and
+# compiling the same source for the same arch again proves nothing new
+_CUBINS: dict[tuple[str, str], bytes] = {}
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("case", LOWERED, ids=[c.name for c in LOWERED])
 def test_cubin_compiles(case, arch):
     p = tc.transfer(case.fn, *case.make(2, 4, 2, 70, 64, torch.float32))
-    cubin = tc.cubin(p, arch=arch, dtype="bfloat16", head_dim=64)
+    key = (tc.cuda_source(p, arch=arch, dtype="bfloat16", head_dim=64), arch)
+    if key not in _CUBINS:
+        _CUBINS[key] = tc.cubin(p, arch=arch, dtype="bfloat16", head_dim=64)
+    cubin = _CUBINS[key]
     assert cubin[:4] == b"\x7fELF" and b"cubridge_fwd" in cubin
 
 
