@@ -93,6 +93,46 @@ struct WgmmaConsumer {
   }
 
   __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }
+
+  // The tile's first live block, in ring stage s (full at phase ph): its Q K^T, score and softmax, and P as the A
+  // operand of the next P V. It has no P V to overlap with, so the kernel's loop runs the rest with the pipeline
+  // full (no branches around the wgmmas). Its index, class and whether it is the tile's last come from the stage
+  // (take). O is still zero: nothing to rescale. sc, alpha and keep are the kernel's (arrays declared in an
+  // inlined function moved its registers).
+  template <class Smem, class Turn>
+  __device__ __forceinline__ void first_block(const Smem& sm, const Turn& turn, int s, unsigned ph, const FwdArgs& a,
+                                              const typename Variant::Params& p, const QueryTile& t, int sq,
+                                              int skv, float factor, float (&m)[2], float (&l)[2],
+                                              float (&sc)[1][NT][4], float (&alpha)[2],
+                                              unsigned long long (&keep)[1][2], unsigned (&pa)[PK][4], int& j,
+                                              int& cls, bool& last) const {
+    if (turn.last()) turn.open_first();
+    mbar_wait(sm.ring.k_full(s), ph);
+    sm.take(s, j, cls, last);
+    mask(keep, a, p, t, j, cls, sq, skv);  // before the turn: the mask's loads overlap the wait
+    turn.wait();
+    qk(sc, s);
+    turn.pass();
+    wgmma_wait<0>();
+    wgmma_hold<4 * NT>(&sc[0][0][0]);
+    release(sm.ring.k_empty(s));
+    score_softmax(sc, keep, a, p, t, j, cls, sq, skv, factor, m, l, alpha);
+    p_operand(pa, sc);
+  }
+
+  // The tile's last P V (the block in stage `prev`, full at phase prev_ph), in this warpgroup's turn; the last
+  // warpgroup keeps the turn it would pass (Pingpong). Its V stage is released for a later tile.
+  template <class Ring, class Turn>
+  __device__ __forceinline__ void last_pv(const Ring& ring, const Turn& turn, float (&o)[1][DT][4],
+                                          const unsigned (&pa)[PK][4], int prev, unsigned prev_ph) const {
+    mbar_wait(ring.v_full(prev), prev_ph);
+    turn.wait();
+    pv(o, pa, prev);
+    if (!turn.last()) turn.pass();
+    wgmma_wait<0>();
+    wgmma_hold<4 * DT>(&o[0][0][0]);
+    release(ring.v_empty(prev));
+  }
 };
 
 // FA2-class: warp w takes query rows [w * RW, (w + 1) * RW) of the tile, one or two m16 tiles, Q's fragments in

@@ -146,19 +146,8 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
     float sc[1][C::NT][4], alpha[2];
     const int s = R::stage(i);
     const unsigned ph = R::full_phase(i);
-    if (turn.last()) turn.open_first();
-    mbar_wait(sm.ring.k_full(s), ph);
-    sm.take(s, j, cls, last);
     unsigned long long keep[1][2];
-    c.mask(keep, a, p, t, j, cls, sq, skv);  // before the turn: the mask's loads overlap the wait
-    turn.wait();
-    c.qk(sc, s);
-    turn.pass();
-    wgmma_wait<0>();
-    wgmma_hold<4 * C::NT>(&sc[0][0][0]);
-    c.release(sm.ring.k_empty(s));
-    c.score_softmax(sc, keep, a, p, t, j, cls, sq, skv, factor, m, l, alpha);
-    C::p_operand(pa, sc);  // O is still zero: nothing to rescale
+    c.first_block(sm, turn, s, ph, a, p, t, sq, skv, factor, m, l, sc, alpha, keep, pa, j, cls, last);
     prev = s;
     prev_ph = ph;
     ++i;
@@ -204,15 +193,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   }
   // @cuir endloop axis=kv
   if constexpr (Cfg::kOwnO) c.release(sm.ring.q_empty());  // the tile's last Q K^T is complete: the next Q may load
-  if (prev >= 0) {
-    mbar_wait(sm.ring.v_full(prev), prev_ph);
-    turn.wait();
-    c.pv(o, pa, prev);
-    if (!turn.last()) turn.pass();
-    wgmma_wait<0>();
-    wgmma_hold<4 * DT>(&o[0][0][0]);
-    c.release(sm.ring.v_empty(prev));  // the producer reuses this stage in a later tile
-  }
+  if (prev >= 0) c.last_pv(sm.ring, turn, o, pa, prev, prev_ph);
 
   // @cuir hook name=sink
   const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, t.b, t.h) * kLog2e : neg_inf();
