@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,8 +47,22 @@ def _records(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "cache").rglob("prog-*"))
 
 
-def test_second_process_skips_transfer_and_verification(tmp_path):
-    cold = _run(tmp_path)
+@pytest.fixture(scope="module")
+def cold_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A cache one cold process filled (SCRIPT at scale 0.25), and what it reported. Each test starts from a
+    copy of it (_cold): the cold process is the same in every test, and each costs seconds of torch import."""
+    d = tmp_path_factory.mktemp("cold")
+    return d / "cache", _run(d)
+
+
+def _cold(cold_run: tuple[Path, dict], tmp_path: Path) -> dict:
+    """tmp_path's cache as the cold process left it; that process's report."""
+    shutil.copytree(cold_run[0], tmp_path / "cache", symlinks=True)
+    return cold_run[1]
+
+
+def test_second_process_skips_transfer_and_verification(tmp_path, cold_run):
+    cold = _cold(cold_run, tmp_path)
     assert cold["trials"] > 0 and "earlier process" not in cold["reason"]
     warm = _run(tmp_path)
     assert "earlier process" in warm["reason"] and warm["trials"] == 0
@@ -53,15 +70,15 @@ def test_second_process_skips_transfer_and_verification(tmp_path):
     assert warm["seconds"] < cold["seconds"]
 
 
-def test_another_spec_misses(tmp_path):
-    _run(tmp_path, 0.25)
+def test_another_spec_misses(tmp_path, cold_run):
+    _cold(cold_run, tmp_path)  # scale 0.25
     other = _run(tmp_path, 0.5)  # one constant differs: another spec hash
     assert "earlier process" not in other["reason"] and other["trials"] > 0
     assert other["err"] < 1e-5
 
 
-def test_damaged_record_is_a_miss(tmp_path):
-    _run(tmp_path)
+def test_damaged_record_is_a_miss(tmp_path, cold_run):
+    _cold(cold_run, tmp_path)
     recs = [p for p in _records(tmp_path) if p.suffix == ".cubin"]
     assert recs, sorted(p.name for p in (tmp_path / "cache").rglob("*"))
     for p in recs:  # flip a byte of the stored program: the store's sha256 check must reject it
@@ -113,8 +130,15 @@ def _run_compiled(tmp_path: Path, window: int, S: int = 40, **env: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_second_process_skips_capture_where_the_code_key_matches(tmp_path):
-    cold = _run_compiled(tmp_path, 5)
+@pytest.fixture(scope="module")
+def cold_compiled(tmp_path_factory) -> tuple[Path, dict]:
+    """A cache one cold process filled through tc.compile (COMPILED, window 5, length 40), and its report."""
+    d = tmp_path_factory.mktemp("cold_compiled")
+    return d / "cache", _run_compiled(d, 5)
+
+
+def test_second_process_skips_capture_where_the_code_key_matches(tmp_path, cold_compiled):
+    cold = _cold(cold_compiled, tmp_path)
     assert "earlier process" not in cold["reason"]
     warm = _run_compiled(tmp_path, 5, FORBID_CAPTURE="1")  # capture would raise here
     assert "no capture" in warm["reason"] and warm["err"] < 1e-5
@@ -124,8 +148,8 @@ def test_second_process_skips_capture_where_the_code_key_matches(tmp_path):
     assert "no capture" in longer["reason"] and longer["err"] < 1e-5
 
 
-def test_a_changed_global_changes_the_code_key(tmp_path):
-    _run_compiled(tmp_path, 5)
+def test_a_changed_global_changes_the_code_key(tmp_path, cold_compiled):
+    _cold(cold_compiled, tmp_path)  # window 5
     other = _run_compiled(tmp_path, 9)  # WINDOW differs: the old program must not serve
     assert "no capture" not in other["reason"] and other["err"] < 1e-5
 
