@@ -131,10 +131,7 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   int i = 0, it = 0;  // ring position and tile count, as the producer's
   for (int tile = tiles.first(); tile < tiles.n_tiles; tile = tiles.next(tile), ++it) {
   const QueryTile t = tiles.template tile<Variant>(a, tile);
-#pragma unroll
-  for (int dt = 0; dt < DT; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
-  m[0] = m[1] = neg_inf();
-  l[0] = l[1] = 0.f;
+  start_rows(o, m, l);
   prev = -1;
   mbar_wait(sm.ring.q_full(), it & 1);
   bool last = sm.tile_info[0] >= n_blk;  // no live block: straight to the epilogue
