@@ -6,6 +6,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# One intra-op thread for the CPU suite (and the subprocesses it starts): its tensors are small, and with two
+# threads on a 2-core machine OpenMP spins waiting for the busy core (the transfer tests took 2.2x the CPU
+# time). An OMP_NUM_THREADS set by the caller stands; a CUDA machine keeps torch's default for its big
+# float64 references on the host.
+if "OMP_NUM_THREADS" not in os.environ and not torch.cuda.is_available():
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
