@@ -59,7 +59,8 @@ def _transfer_stage(fn: Callable, bound: dict[str, Any], backend: str, llm_optio
         # Modules that differ only in attributes the trace never read (a model's layers: layer_idx) give
         # one graph; where this module's own transfer gives a program (guards included) verified for
         # such a module, that verdict holds here: its guards came from this module's trace.
-        tkey = spec_hash(cap, module_values=False) if any(isinstance(v, torch.nn.Module) for v in bound.values()) else None
+        modular = any(isinstance(v, torch.nn.Module) for v in bound.values())
+        tkey = spec_hash(cap, module_values=False) if modular else None
         reports = []
         for prog, generic in candidates:
             shared = verdicts.recall_trace(tkey, prog.to_json()) if tkey else None
