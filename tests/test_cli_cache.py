@@ -338,7 +338,7 @@ def test_bundle_carries_the_host_module_to_a_read_only_server(tmp_path: Path) ->
     (name,) = manifest["host_modules"]
     assert (bundle / name).is_file() and "and the host module" in r.stdout
 
-    probe = ("from torch_cubridge.ops import hotpath; from torch_cubridge.build.host import module_path; "
+    probe = ("from torch_cubridge.ops import hotpath; from torch_cubridge.ops.host_module import module_path; "
              "m = hotpath.wait(120); print('loaded' if m is not None else 'none', module_path().is_file(), hotpath.failure)")
     fresh = tmp_path / "fresh"
     env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(fresh), CUBRIDGE_READONLY="1", CC="/nonexistent/cc")

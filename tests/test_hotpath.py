@@ -8,19 +8,20 @@ import torch
 
 from torch_cubridge.build import host
 from torch_cubridge.build.errors import BuildError, CompilerUnavailable
+from torch_cubridge.ops import host_module
 
 
 @pytest.fixture
 def built(tmp_path, monkeypatch):
     monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     try:
-        return host.load_module()
+        return host_module.load_module()
     except CompilerUnavailable as e:  # no compiler or headers: the Python path serves, nothing to test here
         pytest.skip(str(e))
 
 
 def test_module_builds_into_the_cache_and_misses_without_records(built, tmp_path):
-    assert host.module_path().is_file() and str(host.module_path()).startswith(str(tmp_path))
+    assert host_module.module_path().is_file() and str(host_module.module_path()).startswith(str(tmp_path))
     q = torch.randn(1, 2, 8, 16)
     assert built.serve([], (q, q, q)) is None
     with pytest.raises(TypeError):
@@ -28,24 +29,24 @@ def test_module_builds_into_the_cache_and_misses_without_records(built, tmp_path
 
 
 def test_an_edited_source_is_another_module(built, tmp_path, monkeypatch):
-    first = host.module_path()
+    first = host_module.module_path()
     src = tmp_path / "csrc" / "host" / "hotpath.c"
     src.parent.mkdir(parents=True)
     shutil.copy(host.source_path(), src)
     src.write_text(src.read_text() + "\n/* edited */\n")
     monkeypatch.setattr(host, "source_path", lambda: src)
-    assert host.module_path() != first
+    assert host_module.module_path() != first
 
 
 def test_an_edited_decoder_is_another_module(tmp_path, monkeypatch):
     """The module's name covers every source it is built from (hotpath.c and the decoder.h it includes)."""
-    first = host.module_path()
+    first = host_module.module_path()
     d = tmp_path / "csrc" / "host"
     shutil.copytree(host.source_path().parent, d)
     monkeypatch.setattr(host, "source_path", lambda: d / "hotpath.c")
-    assert host.module_path().name == first.name
+    assert host_module.module_path().name == first.name
     (d / "decoder.h").write_text((d / "decoder.h").read_text() + "\n/* edited */\n")
-    assert host.module_path() != first
+    assert host_module.module_path() != first
 
 
 def test_malformed_decoders_are_refused(built):
@@ -84,7 +85,7 @@ def test_read_only_mode_never_compiles(tmp_path, monkeypatch):
     monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "empty"))
     monkeypatch.setenv("CUBRIDGE_READONLY", "1")
     with pytest.raises(BuildError):
-        host.load_module()
+        host_module.load_module()
     assert not (tmp_path / "empty").exists()
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_cubridge.build import cgen, host
-from torch_cubridge.ops import host_header, layout, pack, rules
+from torch_cubridge.build import cgen
+from torch_cubridge.ops import host_header, host_module, layout, pack, rules
 
 CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler")
@@ -119,11 +119,11 @@ def test_an_edit_of_a_rule_changes_the_c_and_the_module(tmp_path, monkeypatch):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     before = host_header.text()
-    first = host.module_path()
+    first = host_module.module_path()
     monkeypatch.setattr(host_header, "rules", mod)
     after = host_header.text()
     assert after != before and "(per_sm * sms) + ctas" in after
-    assert host.module_path() != first
+    assert host_module.module_path() != first
     cases = [(c, mod.decode_split(*c[1:])) for c, _ in _grid() if c[0] == "D"]
     got = _run(_build(tmp_path, after), cases)
     assert got == [want for _, want in cases]

@@ -5,16 +5,16 @@ import functools
 import pytest
 import torch
 
-from torch_cubridge.build import host
 from torch_cubridge.build.errors import CompilerUnavailable
 from torch_cubridge.capture import signature
+from torch_cubridge.ops import host_module
 
 
 @pytest.fixture
 def c_signature(tmp_path, monkeypatch):
     monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     try:
-        mod = host.load_module()
+        mod = host_module.load_module()
     except CompilerUnavailable as e:  # no compiler or headers: the Python signature serves, nothing to test
         pytest.skip(str(e))
     monkeypatch.setattr(signature, "_c_signature", None)

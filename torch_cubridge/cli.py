@@ -211,7 +211,7 @@ def _cache_export(args: argparse.Namespace) -> int:
     from .cache.bundle import export_bundle, manifest_sha256
     host = ()
     if args.host_module:  # this interpreter's module, built here first where it is not built yet
-        from .build.host import load_module, module_path
+        from .ops.host_module import load_module, module_path
         load_module()
         host = (module_path(),)
     keys = export_bundle(_cache(), Path(args.dir), progress=status, host_modules=host)
@@ -222,7 +222,7 @@ def _cache_export(args: argparse.Namespace) -> int:
 
 def _cache_import(args: argparse.Namespace) -> int:
     _refuse_if_readonly("cache import")
-    from .build.host import install_module
+    from .ops.host_module import install_module
     from .cache.bundle import import_bundle
     cache = _cache()
     written, present = import_bundle(cache, Path(args.dir), args.manifest_sha256, progress=status,

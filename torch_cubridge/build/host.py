@@ -5,9 +5,10 @@ stubs, into the private cache (`<cache>/host/`), named by the source's and the i
 edit or another Python never loads a stale one. Read-only mode loads a module already there and never
 compiles. Nothing here needs CUDA.
 
-Beside the handwritten sources the build writes one generated header (ops/host_header.py: the kernel
-argument structs as csrc/cubridge declares them, and the launch rules of ops/rules.py rendered to C), and
-the module's name covers its text too, so an edit of a struct or a rule rebuilds the module.
+Beside the handwritten sources the build writes the generated headers its caller hands it ({file name:
+text}; ops/host_module.py gives the kernel argument structs and the launch rules), and the module's name
+covers their text too, so an edit of a struct or a rule rebuilds the module. What the headers say is the
+caller's business: this module compiles whatever it is given.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -41,15 +43,8 @@ def _compiler() -> str | None:
     return None
 
 
-def generated() -> dict[str, str]:
-    """The generated headers the module is built with: {file name: text}."""
-    from ..ops import host_header
-    return {host_header.NAME: host_header.text()}
-
-
-def module_path(headers: dict[str, str] | None = None) -> Path:
-    """Where the module built from today's sources (and `headers`, generated() by default) lives."""
-    headers = generated() if headers is None else headers
+def module_path(headers: Mapping[str, str]) -> Path:
+    """Where the module built from today's sources and the generated `headers` ({file name: text}) lives."""
     src = b"".join(f.read_bytes() for f in sorted(source_path().parent.iterdir()) if f.suffix in (".c", ".h"))
     src += b"".join(name.encode() + b"\0" + text.encode() for name, text in sorted(headers.items()))
     tag = hashlib.sha256(src + sys.version.encode() + sysconfig.get_paths()["include"].encode()).hexdigest()[:16]
@@ -57,10 +52,9 @@ def module_path(headers: dict[str, str] | None = None) -> Path:
     return config.cache_root() / "host" / f"{NAME}-{sys.implementation.cache_tag}-{tag}{ext}"
 
 
-def build_module(path: Path, headers: dict[str, str] | None = None) -> None:
+def build_module(path: Path, headers: Mapping[str, str]) -> None:
     """Compile the module to `path` (atomically: a reader sees no half-written library), with the generated
-    `headers` (generated() by default) written beside the build."""
-    headers = generated() if headers is None else headers
+    `headers` written beside the build."""
     cc = _compiler()
     include = sysconfig.get_paths()["include"]
     if cc is None:
@@ -80,10 +74,10 @@ def build_module(path: Path, headers: dict[str, str] | None = None) -> None:
         os.replace(out, path)
 
 
-def install_module(name: str, data: bytes) -> bool:
+def install_module(name: str, data: bytes, headers: Mapping[str, str]) -> bool:
     """Put a module another machine built (a bundle's: cache/bundle.py) where load_module finds it, if it
-    is this interpreter's and this source's (its name says so); returns whether it did."""
-    path = module_path()
+    is this interpreter's and this source's and headers' (its name says so); returns whether it did."""
+    path = module_path(headers)
     if name != path.name:
         return False
     config.ensure_private_dir(path.parent)
@@ -98,9 +92,9 @@ def install_module(name: str, data: bytes) -> bool:
     return True
 
 
-def load_module() -> ModuleType:
-    """The C module: loaded from the cache, built first where it is not there (never in read-only mode)."""
-    headers = generated()
+def load_module(headers: Mapping[str, str]) -> ModuleType:
+    """The C module built with the generated `headers`: loaded from the cache, built first where it is not
+    there (never in read-only mode)."""
     path = module_path(headers)
     if not path.is_file():
         if config.is_readonly():

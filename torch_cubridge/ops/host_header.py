@@ -1,7 +1,7 @@
 """The generated header of the C host module: what csrc/host/decoder.h shares with the Python runner.
 
-build/host.py writes `text()` as NAME beside the module's build and names the module by its digest, so an
-edit of a kernel struct or of a rule rebuilds the module. Nothing in it is written by hand: the argument
+ops/host_module.py hands `text()` to build/host.py, which writes it as NAME beside the module's build and
+names the module by its digest, so an edit of a kernel struct or of a rule rebuilds the module. Nothing in it is written by hand: the argument
 structs come from the kernel headers (ops/layout.py), the rules from ops/rules.py (rendered by
 build/cgen.py).
 """

@@ -9,7 +9,7 @@ which match the call that passed them). Everything else (another shape, keywords
 a tensor that requires grad, rows not 16-byte aligned, another stream, a CUDA graph capturing a decode
 call) misses and takes the Python path, which may record it.
 
-The C module is built on a helper thread at the first record (build/host.py); until it is there, where it
+The C module is built on a helper thread at the first record (ops/host_module.py); until it is there, where it
 cannot be built, or with CUBRIDGE_HOTPATH=0, every call takes the Python path.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..build.host import load_module
+from .host_module import load_module
 from ..capture import signature
 
 _PLAIN = (int, float, bool, str, type(None))
