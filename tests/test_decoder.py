@@ -4,6 +4,8 @@ and the Params template it patches per call.
 The first device run of the Decoder found it never used: decode programs hold B = 1 and Sq = 1 (unit dims
 are in the call's signature), which the rule read as "sizes needed per call". These cases keep that from
 coming back without a GPU; tests/test_decoder_gpu.py checks the launches themselves."""
+import re
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ import paged_specs as ps
 import torch_cubridge as tc
 from torch_cubridge.ir.paged import paged_operands
 from torch_cubridge.lower import lower
+from torch_cubridge.ops import host_header
+from torch_cubridge.ops.layout import DECODE_PARAMS
 from torch_cubridge.ops.pack import params_template
 from torch_cubridge.ops.runner import KernelRunner
 
@@ -127,3 +131,20 @@ def test_a_pool_of_2_31_pages_is_refused_at_the_call():
             r._pages(dict(zip(names, (q, *big, table, lens))))
     with pytest.raises(SpecServes, match="empty pool"):  # no page to clamp an entry into
         r._pages(dict(zip(names, (q, kp[:0], vp, table, lens))))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_decode_kernel_takes_its_parameters_in_the_order_both_hosts_pack(paged):
+    """The lowered decode entry's parameters are DECODE_PARAMS, name for name and type for type: the list
+    the Python runner orders its launch blocks by and the C Decoder (host_rules.h DEC_*) places them by."""
+    if paged:
+        args = ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16)
+        r = _runner(ps.vllm_heads_first, *args, paged=True)
+    else:
+        r = _runner(gqa_decode, torch.randn(2, 8, 1, 64), torch.randn(2, 2, 300, 64), torch.randn(2, 2, 300, 64))
+    entry = re.search(rf"\b{DECODE_PARAMS.kernel}\(([^)]*)\)", r.low.source)
+    assert entry is not None
+    got = [tuple(x.strip().rsplit(" ", 1)) for x in entry.group(1).split(",")]
+    want = [(t if t != "KV" else "cubridge::PagedKV", n) for n, t in DECODE_PARAMS.params]
+    assert got == want
+    assert f"DEC_NPARAMS = {len(want)}" in host_header.text()

@@ -17,9 +17,10 @@
    sizes are patched into a Params template; where the program reads them at computed indices, the
    runner's bounds check runs for every new (sizes, extra shapes) and its yes is kept.
 
-   What the Python runner and this path share is not written here: the FwdArgs and PagedKV structs and the
-   launch rules (rows_aligned, shapes_fit, pool_fits, page_div, decode_split) come from host_rules.h, which
-   build/host.py generates from the kernel headers and torch_cubridge/ops/rules.py (ops/host_header.py). */
+   What the Python runner and this path share is not written here: the FwdArgs and PagedKV structs, the
+   decode kernel's parameter order (DEC_*) and the launch rules (rows_aligned, shapes_fit, pool_fits,
+   page_div, decode_split) come from host_rules.h, which ops/host_header.py renders from the kernel headers
+   and torch_cubridge/ops/layout.py and rules.py, and build/host.py writes beside the build. */
 
 #include "host_rules.h"
 
@@ -484,7 +485,9 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
         return NULL;
     }
 
-    /* FwdArgs, then Params, the three scratch words, the chunk of keys per split, the (unused) pages */
+    /* the kernel's parameters, each put where host_rules.h says the kernel takes it (DEC_*): FwdArgs,
+       Params, the three scratch words, the chunk of keys per split, the pages (zeros where unpaged) */
+    _Static_assert(DEC_NPARAMS == 7, "the Decoder fills seven decode kernel parameters");
     _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];
     const FwdArgs fwd = {.q = op[0].ptr, .k = op[1].ptr, .v = op[2].ptr, .o = out_ptr, .lse = 0,
                          .q_sb = cs[0][0], .q_sh = cs[0][1], .q_ss = cs[0][2],
@@ -493,13 +496,19 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
                          .o_sb = ostride[0], .o_sh = ostride[1], .o_ss = ostride[2],
                          .B = B, .Hq = H, .Hkv = Hkv, .Sq = Sq, .Skv = Skv, .scale = d->scale};
     const long long chunk = per * d->block_n;
-    const void *src[7] = {&fwd, PyBytes_AS_STRING(d->params), words, words + 8, words + 16, &chunk,
-                          d->paged ? (const void *)&pk : PyBytes_AS_STRING(d->pages)};
-    size_t len[7] = {sizeof(fwd), (size_t)PyBytes_GET_SIZE(d->params), 8, 8, 8, 8,
-                     d->paged ? sizeof(pk) : (size_t)PyBytes_GET_SIZE(d->pages)};
-    void *kparams[7];
+    const void *src[DEC_NPARAMS];
+    size_t len[DEC_NPARAMS];
+    src[DEC_A] = &fwd, len[DEC_A] = sizeof(fwd);
+    src[DEC_P] = PyBytes_AS_STRING(d->params), len[DEC_P] = (size_t)PyBytes_GET_SIZE(d->params);
+    src[DEC_PART_O] = words, len[DEC_PART_O] = 8;
+    src[DEC_PART_LSE] = words + 8, len[DEC_PART_LSE] = 8;
+    src[DEC_COUNTERS] = words + 16, len[DEC_COUNTERS] = 8;
+    src[DEC_CHUNK] = &chunk, len[DEC_CHUNK] = 8;
+    src[DEC_PG] = d->paged ? (const void *)&pk : PyBytes_AS_STRING(d->pages);
+    len[DEC_PG] = d->paged ? sizeof(pk) : (size_t)PyBytes_GET_SIZE(d->pages);
+    void *kparams[DEC_NPARAMS];
     size_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < DEC_NPARAMS; i++) {
         if (off + len[i] > MAX_PARAM_BYTES) {
             Py_DECREF(out);
             Py_RETURN_NONE;
@@ -508,11 +517,11 @@ static PyObject *Decoder_serve(Decoder *d, PyObject *const *a, Py_ssize_t n) {
         kparams[i] = buf + off;
         off = (off + len[i] + 63) & ~(size_t)63;
     }
-    for (int i = 0; i < d->npatch; i++) {  /* the extras' words of Params (block 1) */
+    for (int i = 0; i < d->npatch; i++) {  /* the extras' words of Params */
         const Operand *x = &ex[d->patch_src[i]];
         const long long v = d->patch_kind[i] == 0 ? (long long)x->ptr
                             : d->patch_kind[i] == 1 ? x->stride[d->patch_dim[i]] : x->shape[d->patch_dim[i]];
-        memcpy((unsigned char *)kparams[1] + d->patch_off[i], &v, 8);
+        memcpy((unsigned char *)kparams[DEC_P] + d->patch_off[i], &v, 8);
     }
     CUresult rc = cu_launch(d->fn, (unsigned)n_split, (unsigned)(Hkv * row_tiles), (unsigned)B, d->threads, 1, 1,
                             d->smem, (void *)(uintptr_t)stream, kparams, NULL);

@@ -15,6 +15,7 @@ from ..ir.bind import as_result
 from ..ir.bounds import out_of_bounds
 from ..lower.tiles import decode_ctas_per_sm
 from . import decoder, hotpath
+from .layout import DECODE_PARAMS
 from .pack import NO_PAGES, per_call_words
 from .rules import PAGED_SPLIT_MIN_BLOCKS, decode_split
 from .splitkv import NO_SCRATCH, Scratch, sm_count
@@ -24,6 +25,11 @@ _I64 = struct.Struct("<q").pack
 _capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") \
     else torch.cuda.is_current_stream_capturing  # the C call itself: this runs on every decode call
 
+# where the kernel takes each launch block _launch makes (FwdArgs, Params, the scratch words, the keys per
+# split, the pages), or None where it takes them in that order: the kernel's order is DECODE_PARAMS', which
+# the C Decoder follows too
+_ORDER = DECODE_PARAMS.order(("a", "p", "part_o", "part_lse", "counters", "chunk", "pg"))
+
 # the split rule's CTAs per multiprocessor where set; None: the tile's own (lower/tiles.py decode_ctas_per_sm).
 # benchmarks/bench_decode.py --ab sets it; the C Decoder takes the value when it is made.
 DECODE_CTAS_PER_SM: int | None = None
@@ -32,6 +38,9 @@ DECODE_CTAS_PER_SM: int | None = None
 class DecodeLaunch:
     """Split-KV: (chunk of keys, KV head, row tile, batch) CTAs, about two per multiprocessor; the last chunk
     of a tile to finish merges the chunks' partial O and LSE (decode_kernel.cuh)."""
+    # see KernelRunner._BLOCK; the pages counted from the end, as there
+    _BLOCK = {"a": DECODE_PARAMS.names.index("a"), "p": DECODE_PARAMS.names.index("p"),
+              "pg": DECODE_PARAMS.names.index("pg") - len(DECODE_PARAMS.names)}
 
     def _init_kind(self) -> None:
         p, low = self.p, self.low
@@ -96,8 +105,9 @@ class DecodeLaunch:
                 vs: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, Dv: int, di: int, stream: int,
                 paged: tuple | None, keep: bool) -> None:
         """FwdArgs and Params in `blocks`, then the scratch words, the keys per split and the PagedKV (or
-        SegKV) words. A launch is kept for a record even where `keep` is not (a decode record replays any
-        launch its layout makes), but never while a graph captures: a graph's scratch is its own."""
+        SegKV) words, in the kernel's order (DECODE_PARAMS). A launch is kept for a record even where `keep`
+        is not (a decode record replays any launch its layout makes), but never while a graph captures: a
+        graph's scratch is its own."""
         tile = self.low.tile
         row_tiles = -(-(H // Hkv) * Sq // tile.block_m)
         n_blk = -(-Skv // tile.block_n)
@@ -111,6 +121,8 @@ class DecodeLaunch:
                 self._decoder.set_scratch(stream, sc.o_rows, sc.l_rows, sc.n_counters, b"".join(words), sc)
         pages = paged[2] if paged is not None else NO_PAGES
         grid, blocks = (n_split, Hkv * row_tiles, B), blocks + words + (_I64(per * tile.block_n), pages)
+        if _ORDER is not None:
+            blocks = tuple(blocks[i] for i in _ORDER)
         self.kernel.launch(grid, blocks, stream)
         if self.replayable and not _capturing():
             # the record keeps this stream's scratch alive: a larger call may replace it in _scratch

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import config
+from ..lower.source import DECODE_NAME
 
 # the header each struct is declared in; another header of csrc/cubridge is searched where it moved
 HOME = {"FwdArgs": "variant.cuh", "PagedKV": "paged.cuh", "SegKV": "decode_kernel.cuh"}
@@ -125,3 +126,38 @@ def read(name: str, root: Path | None = None) -> Layout:
             if f"struct {name}" in text and any(m.group(1) == name for m in _STRUCT.finditer(text)):
                 return parse(text, name)
     raise LayoutError(f"no header under {root} declares struct {name}")
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """A kernel entry's parameter list (lower/source.py declares the entry): each parameter's name and C type,
+    in the order the kernel takes them, one launch block each. The Python runner builds its blocks in this
+    order and the C Decoder puts each block where the index rendered here (c_enum) says, both by name."""
+    kernel: str  # the entry's name
+    tag: str  # the C enum's prefix
+    params: tuple[tuple[str, str], ...]  # (name, C type); "KV": the kernel's K/V pages or pieces struct
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.params)
+
+    def order(self, names: tuple[str, ...]) -> tuple[int, ...] | None:
+        """Where each parameter is in `names` (the order a host makes the blocks in), or None where that
+        is the kernel's own order; raises where the two name different parameters."""
+        if sorted(names) != sorted(self.names):
+            raise LayoutError(f"{self.kernel} takes {self.names}; the host makes {names}")
+        at = tuple(names.index(n) for n in self.names)
+        return None if at == tuple(range(len(at))) else at
+
+    def c_enum(self) -> str:
+        """Each parameter's launch block index for C host code, as TAG_NAME, and their count as TAG_NPARAMS."""
+        body = "".join(f"{self.tag}_{n.upper()} = {i}, " for i, n in enumerate(self.names))
+        return (f"/* {self.kernel}'s parameters: each one's launch block */\n"
+                f"enum {{ {body}{self.tag}_NPARAMS = {len(self.names)} }};\n")
+
+
+# The split-KV decode kernel (cubridge_decode): FwdArgs and Params, the splits' fp32 partial O and
+# (max, sum) and their counters (ops/splitkv.py Scratch), the keys per split, the PagedKV or SegKV block.
+DECODE_PARAMS = KernelParams(DECODE_NAME, "DEC", (("a", "cubridge::FwdArgs"), ("p", "Variant::Params"),
+                                                   ("part_o", "float*"), ("part_lse", "float*"), ("counters", "int*"),
+                                                   ("chunk", "long long"), ("pg", "KV")))

@@ -50,6 +50,8 @@ class KernelRunner(KVReads):
     per_call_ranks: dict[str, int] = {}  # the extra tensors whose Params words a call fills (DecodeLaunch)
     per_call_words: tuple = ()
     _decoder: Any = None
+    # the launch blocks of FwdArgs, Params and the pages (the kernel's own order; the FA2 kernel's pages last)
+    _BLOCK = {"a": 0, "p": 1, "pg": -1}
 
     def __new__(cls, p: Program | None = None, low: Lowered | None = None, *args: Any, **kwargs: Any) -> "KernelRunner":
         if cls is KernelRunner and low is not None:
@@ -313,19 +315,20 @@ class KernelRunner(KVReads):
         return self._replay_at if self.replayable else None
 
     def _pointer_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
-        """q's, k's (or K's pages'), v's and the output's pointers: FwdArgs' q, k, v and o (block 0)."""
-        n = len(self._replay_at or ())
-        return tuple((src, 0, FWD_LAYOUT.offset(w), False) for src, w in ((0, "q"), (1, "k"), (2, "v"), (n, "o")))
+        """q's, k's (or K's pages'), v's and the output's pointers: FwdArgs' q, k, v and o."""
+        n, a = len(self._replay_at or ()), self._BLOCK["a"]
+        return tuple((src, a, FWD_LAYOUT.offset(w), False) for src, w in ((0, "q"), (1, "k"), (2, "v"), (n, "o")))
 
     def replay_patches(self) -> tuple[tuple[int, int, int, bool], ...]:
         """Where a replayed launch takes each call's pointers: (source, block, byte offset, tensor map?),
         sources numbered as replay_sources, the output last: FwdArgs' pointers; the block tables' into the
-        PagedKV words, the launch's last block (-1); the extra tensors' into Params (block 1)."""
-        tables = tuple((src, -1, PAGED_LAYOUT.offset(w), False) for src, w in ((3, "k_table"), (4, "v_table"))) \
+        PagedKV words; the extra tensors' into Params."""
+        pg, p = self._BLOCK["pg"], self._BLOCK["p"]
+        tables = tuple((src, pg, PAGED_LAYOUT.offset(w), False) for src, w in ((3, "k_table"), (4, "v_table"))) \
             if self.paged is not None else ()
         first = 5 if self.paged is not None else 3
         return self._pointer_patches() + tables + tuple(
-            (first + src, 1, off, False) for off, kind, src, _ in self.per_call_words if kind == 0)
+            (first + src, p, off, False) for off, kind, src, _ in self.per_call_words if kind == 0)
 
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
                     tensors: dict, lse: torch.Tensor | None) -> None:
