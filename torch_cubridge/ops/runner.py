@@ -28,6 +28,7 @@ from . import decoder
 from .decode_launch import DecodeLaunch
 from .hopper_launch import HopperLaunch
 from .kv_reads import KVReads
+from .op_calls import CustomOpCalls
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
@@ -39,11 +40,12 @@ from .tma import no_broadcast
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # what the kernel computes in
 
 
-class KernelRunner(KVReads):
+class KernelRunner(KVReads, CustomOpCalls):
     """A compiled kernel as a callable with the spec's signature. `KernelRunner(...)` makes the runner of
     the lowered tile's kind: the FA2-class prefill kernel (this class), the Hopper one (HopperRunner,
     ops/hopper_launch.py) or the split-KV decode kernel (DecodeRunner, ops/decode_launch.py). The kinds
-    share the call path (binding, checks, FwdArgs and Params, pages and pieces); each has its own launch."""
+    share the call path (binding, checks, FwdArgs and Params, pages and pieces; the custom op's calls in
+    ops/op_calls.py); each has its own launch."""
 
     _tma = False  # TMA reads (HopperLaunch): operands with broadcast dims are copied
     decodable = False  # the C Decoder may launch its calls (DecodeLaunch)
@@ -163,49 +165,6 @@ class KernelRunner(KVReads):
         """Extra tensors by name: call arguments, prologue results; None for captured constants."""
         return {x.name: made[x.step] if x.step is not None else lookup(bound, x.arg) if x.arg is not None else None
                 for x in self.p.extras}
-
-    # -- the custom op (torch.compile) ------------------------------------------------
-    @property
-    def kernel_id(self) -> str:
-        return self.info["key"] + "/" + self.info.get("program", "")
-
-    def op_call(self, args: tuple, kwargs: dict) -> Any:
-        """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
-        from . import custom_op
-        bound = bind_args(self.p.signature, args, kwargs)
-        in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
-        made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
-        q = operand_value(bound, self.p.q, made)
-        ex = self._extras(bound, made)
-        extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
-        if self.paged is not None:  # the op takes the pages as k and v, and the tables after the extras
-            k, v = (lookup(bound, r.pages) for r in self.paged)
-            extras += [lookup(bound, r.table) for r in self.paged]
-        else:
-            k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
-        scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
-        lse = None
-        if self._lse_out:  # the spec returns the rows' log-sum-exp too: the op that gives the kernel's
-            out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
-        else:
-            out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
-        out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        return as_result(self.p, out, lse, q.dtype)
-
-    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> Any:
-        """The custom op's body: the output in the kernel's layout, with the rows' log-sum-exp where the
-        spec returns it (the op `attention_lse`)."""
-        it = iter(scalars)
-        bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
-        ex = {x.name: t for x, t in zip(self.p.extras, extras)}
-        if self.paged is not None:
-            (kr, vr), (kt, vt) = self.paged, extras[-2:]
-            kv = self._pages({kr.pages: k, vr.pages: v, kr.table: kt, vr.table: vt})
-            return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
-        if self.segments is not None:  # one piece each
-            kv = self._pieces([k], [v])
-            return self._execute(q, kv[0], kv[1], self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
-        return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
 
     def _const(self, x: Any, dev: torch.device) -> torch.Tensor:
         key = (x.name, dev)

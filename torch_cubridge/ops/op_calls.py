@@ -1,0 +1,60 @@
+"""The runner's custom-op side (ops/runner.py KernelRunner): a call routed through
+torch.ops.cubridge.attention (ops/custom_op.py), which torch.compile can trace, and the op's body.
+
+Mixed into KernelRunner, whose state it reads (the program, the paged and segmented reads, the constants)
+and whose launch (_execute) the op's body makes with the output in the kernel's own layout (raw).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value
+from ..ir.prologue import run_prologue
+
+
+class CustomOpCalls:
+    """KernelRunner's calls through the custom op, which torch.compile traces instead of the kernel."""
+
+    @property
+    def kernel_id(self) -> str:
+        return self.info["key"] + "/" + self.info.get("program", "")
+
+    def op_call(self, args: tuple, kwargs: dict) -> Any:
+        """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
+        from . import custom_op
+        bound = bind_args(self.p.signature, args, kwargs)
+        in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
+        made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
+        q = operand_value(bound, self.p.q, made)
+        ex = self._extras(bound, made)
+        extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
+        if self.paged is not None:  # the op takes the pages as k and v, and the tables after the extras
+            k, v = (lookup(bound, r.pages) for r in self.paged)
+            extras += [lookup(bound, r.table) for r in self.paged]
+        else:
+            k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
+        scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
+        lse = None
+        if self._lse_out:  # the spec returns the rows' log-sum-exp too: the op that gives the kernel's
+            out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
+        else:
+            out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
+        out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
+        return as_result(self.p, out, lse, q.dtype)
+
+    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> Any:
+        """The custom op's body: the output in the kernel's layout, with the rows' log-sum-exp where the
+        spec returns it (the op `attention_lse`)."""
+        it = iter(scalars)
+        bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
+        ex = {x.name: t for x, t in zip(self.p.extras, extras)}
+        if self.paged is not None:
+            (kr, vr), (kt, vt) = self.paged, extras[-2:]
+            kv = self._pages({kr.pages: k, vr.pages: v, kr.table: kt, vr.table: vt})
+            return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
+        if self.segments is not None:  # one piece each
+            kv = self._pieces([k], [v])
+            return self._execute(q, kv[0], kv[1], self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
+        return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
