@@ -133,7 +133,8 @@ def test_generate_batch_through_the_flash_name_matches_paged_eager():
     try:
         want = {tuple(r.prompt_ids): r.generated_tokens
                 for r in ref.generate_batch(inputs=prompts, generation_config=gc, **small_paged_cache()).values()}
-    except ValueError as e:  # transformers 5.17 sizes the paged cache from device memory: none on the CPU
+    except (ValueError, MemoryError) as e:  # transformers 5.17 sizes the paged cache from device memory: none on
+        # the CPU (ValueError by default; MemoryError when the cache's size is given, as small_paged_cache() does)
         pytest.skip(f"this transformers' continuous batching does not run on the CPU ({e})")
     ours = build("llama", name)
     ours.load_state_dict(ref.state_dict())
