@@ -94,7 +94,7 @@ def inputs(B: int = 2, S: int = 21, pad: int = 5, device: str = "cpu"):
 def small_paged_cache() -> dict:
     """generate_batch's keyword for a small paged cache: by default it takes 90% of free memory (the host's on
     the CPU: a 15 GB cache and attention mask, every call's spec run over all of it). Empty for a transformers
-    without the config (5.17 sizes the cache from device memory)."""
+    without the config; transformers 5.17 checks a given size against device memory (MemoryError on the CPU)."""
     try:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
     except ImportError:
