@@ -125,15 +125,14 @@ def test_build_the_flash_api_kernels_of_a_model_from_its_config(tmp_path, monkey
     from torch_cubridge.integrations.flash_api import paged_decode_attention
     from torch_cubridge.lower import lower
     from torch_cubridge.ops.kernel import kernel_key
-    from torch_cubridge.pipeline import _read_kind, kernel_choice
+    from torch_cubridge.lower.choice import choose_kernel
     bf = torch.bfloat16
     for B in (1, 5):  # a decode batch of 5 sequences, pages of 256, tables 3 pages wide
         args = (torch.randn(B, 1, 4, 64, dtype=bf), torch.randn(20, 256, 2, 64, dtype=bf),
                 torch.randn(20, 256, 2, 64, dtype=bf), torch.randint(0, 20, (B, 3)).int(),
                 torch.randint(1, 768, (B,)).int(), 64 ** -0.5, -1, 0.0, None, 1)
         p = tc.transfer(paged_decode_attention, *args)
-        dtype, hd, vd, decode, reads = kernel_choice(p, bind_example(paged_decode_attention, args, {}), "sm_90a")
-        low = lower(p, "sm_90a", dtype, hd, fast_tanh=True, decode=decode, value_dim=vd, **_read_kind(reads))
+        low = lower(p, fast_tanh=True, choice=choose_kernel(p, bind_example(paged_decode_attention, args, {}), "sm_90a"))
         assert kernel_key(low, "sm_90a") in keys, B
     # the decode programs themselves are found with no capture at continuous batching's default page size,
     # for a pool and a table of other sizes (neither is a guard), and at batch sizes the build never made

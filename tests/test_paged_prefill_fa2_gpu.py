@@ -1,7 +1,7 @@
 """On any CUDA device, the FA2-class kernel (sm_80 and up; on Hopper under CUBRIDGE_KERNEL=sm80): paged
 prefill specs with pages of whole 64-key blocks are served with K and V read from their pages through the
 block table (no gather): a block by its page's strided copy, or row by row where the head dim's 16-byte
-chunks do not divide the threads (D 96); smaller pages are gathered (pipeline.kernel_choice says why).
+chunks do not divide the threads (D 96); smaller pages are gathered (lower/choice.py says why).
 Every output against float64."""
 import pytest
 import torch

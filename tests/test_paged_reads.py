@@ -78,11 +78,12 @@ def test_value_pages_of_their_own_head_dim_lower_to_the_paged_decode_kernel(D, D
 
 
 def _choice(fn, args, arch):
-    from torch_cubridge.pipeline import kernel_choice
+    from torch_cubridge.lower.choice import choose_kernel
     bound = bind_example(fn, args, {})
     res = transfer_stage(fn, bound)
     assert res.report.ok
-    return res.program, kernel_choice(res.program, bound, arch)
+    c = choose_kernel(res.program, bound, arch)
+    return res.program, (c.decode, c.reads)
 
 
 @pytest.mark.parametrize("D,P,rows", [(128, 16, 16), (128, 256, 128), (128, 64, 64), (128, 8, None),
@@ -94,24 +95,24 @@ def test_prefill_over_pages_reads_them_in_place_on_hopper_where_the_boxes_fit(D,
     from torch_cubridge.lower import lower
     from torch_cubridge.lower.tiles import paged_tma_rows
     args = ps.pages(2, 8, 2, 300, D, P, torch.bfloat16, sq=40)
-    prog, (_, _, _, decode, reads) = _choice(ps.chunked_prefill, args, "sm_90a")
+    prog, (decode, reads) = _choice(ps.chunked_prefill, args, "sm_90a")
     assert not decode and (reads is not None) == (rows is not None)
     low = lower(prog, "sm_90a", "bfloat16", D, paged=reads is not None)
     assert paged_tma_rows(P, low.tile.block_n) == rows
     if rows is not None:
         assert "attention_fwd_sm90<Cfg, Variant, __nv_bfloat16, true>(a, p, &tq, &tk, &tv, pg)" in low.source
     # the FA2-class kernel: pages of whole key blocks
-    assert (_choice(ps.chunked_prefill, args, "sm_80")[1][4] is not None) == (P % 64 == 0)
+    assert (_choice(ps.chunked_prefill, args, "sm_80")[1][1] is not None) == (P % 64 == 0)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_fa2_kernel_reads_pages_of_whole_key_blocks(arch):
-    """In place where a key block lies in one page; smaller pages are gathered (pipeline.kernel_choice says
+    """In place where a key block lies in one page; smaller pages are gathered (lower/choice.py says
     why). The kernel itself reads any page (tests/test_paged_prefill_fa2_gpu.py)."""
     from torch_cubridge.lower import lower
     from torch_cubridge.lower.tiles import tile_for
     for P in (2, 8, 24, 64, 256):
-        prog, (_, _, _, decode, reads) = _choice(ps.chunked_prefill, ps.pages(2, 8, 2, 300, 64, P, torch.bfloat16,
+        prog, (decode, reads) = _choice(ps.chunked_prefill, ps.pages(2, 8, 2, 300, 64, P, torch.bfloat16,
                                                                                sq=40), arch)
         assert not decode and (reads is not None) == (P % tile_for(64, arch).block_n == 0)
         low = lower(prog, arch, "bfloat16", 64, paged=True)

@@ -26,5 +26,5 @@ def test_the_pipeline_is_short_and_defines_no_stage_work():
 def test_the_names_callers_import_from_the_pipeline_are_still_there():
     """compile.py, api.py, cli.py and the integrations reach the stages through these names."""
     for name in ("Transferred", "kernel_stage", "on_cuda", "stage", "transfer_stage", "warm_key", "warm_transfer",
-                 "warn_once", "build_ahead", "BuildRecord"):
+                 "build_ahead", "BuildRecord"):
         assert hasattr(pipeline, name), name

@@ -11,7 +11,6 @@ call), the build started before verification ends in build/early.py.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -182,20 +181,6 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     return None, "the compiled kernel failed GPU verification and is not used:\n" + (last.summary() if last else "")
 
 
-def kernel_choice(p: Program, bound: dict[str, Any], arch: str) -> tuple[str, int, int, bool, Any]:
-    """lower/choice.py's choose_kernel as the tuple tests/test_cli_build.py and tests/test_paged_reads.py
-    unpack: (dtype, head dim of Q and K, head dim of V, decode, in-place reads)."""
-    from .lower.choice import choose_kernel
-    c = choose_kernel(p, bound, arch)
-    return c.dtype, c.head_dim, c.value_dim, c.decode, c.reads
-
-
-def _read_kind(reads: Any) -> dict[str, bool]:
-    """lower()'s flags for kernel_choice's `reads` (tests/test_cli_build.py lowers with them)."""
-    from .ir.segments import KVSegments
-    return {"paged": isinstance(reads, tuple), "segmented": isinstance(reads, KVSegments)}
-
-
 def build_ahead(fn: Callable, args: tuple, kwargs: dict[str, Any], arch: str,
                 progress: Callable[[str], None]) -> list[dict]:
     """capture -> transfer -> verify (CPU, fp64) -> lower -> build fn(*args, **kwargs)'s spec, with no GPU.
@@ -241,9 +226,3 @@ def _device_id(device: torch.device) -> str:
 def on_cuda(bound: dict[str, Any]) -> bool:
     ts = [v for v in bound.values() if isinstance(v, torch.Tensor)]
     return bool(ts) and ts[0].device.type == "cuda" and torch.cuda.is_available()
-
-
-def warn_once(cache: set, key: Any, msg: str) -> None:
-    if key not in cache:
-        cache.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)

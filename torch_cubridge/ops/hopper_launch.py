@@ -23,7 +23,7 @@ class HopperLaunch:
     def _page_maps(self, kp: torch.Tensor, vp: torch.Tensor, kl: tuple, vl: tuple, P: int) -> tuple:
         """K's and V's pages [pages, Hkv, P, D] as tensor maps, in boxes inside one page (fwd_kernel_sm90.cuh)."""
         rows = paged_tma_rows(P, self.low.tile.block_n)
-        if rows is None:  # kernel_choice gathers such pages; a program guarded to P never meets them
+        if rows is None:  # choose_kernel gathers such pages; a program guarded to P never meets them
             raise SpecServes(f"pages of {P} rows are too small for the Hopper kernel's boxes")
         return tuple(tensor_map(t.data_ptr(), (t.shape[0], hkv, P, d), (t.stride(0), sh, ss, 1), self.dtype, rows)
                      for t, ((_, hkv, _, d), (_, sh, ss, _)) in ((kp, kl), (vp, vl)))
