@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests" / "support")]
+from paths import SEARCH  # noqa: E402
+sys.path[:0] = [str(p) for p in SEARCH]
 import torch_cubridge as tc  # noqa: E402
 from record import save  # noqa: E402
 from test_data_indexed import make, type_bias  # noqa: E402

@@ -3,7 +3,7 @@ bench_decode.json), so the front page shows what the last device run measured an
 
 Usage: python benchmarks/readme_table.py            print the table
        python benchmarks/readme_table.py --write    replace the table between the README's markers
-tests/test_readme.py holds the README to this rendering.
+tests/pipeline/test_readme.py holds the README to this rendering.
 """
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ K=${2:-}
 # carried in .whl) they run in WORKERS processes sharing the one GPU, each with a few CPU threads
 XDIST=""
 if python3 -c "import xdist" 2>/dev/null; then XDIST="-n ${WORKERS:-6} --dist load"; export OMP_NUM_THREADS=2; fi
-python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/test_llm_backend.py $XDIST ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
+python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/transfer/test_llm_backend.py $XDIST ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -30
 # CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
-python3 -m pytest tests/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
+python3 -m pytest tests/capture/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
 if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
@@ -30,5 +30,5 @@ if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_flash_api.py --out "$OUT" 2>&1 | tee "$OUT/flash_api.log" | tail -10
   python3 benchmarks/warm_start.py --out "$OUT" 2>&1 | tee "$OUT/warm_start.log" | tail -6
   python3 benchmarks/bench_generate.py --rows 1x4096,8x4096 --out "$OUT" 2>&1 | tee "$OUT/generate.log" | tail -6
-  python3 -m torch_cubridge bench tests/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5
+  python3 -m torch_cubridge bench tests/support/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5
 fi

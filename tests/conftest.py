@@ -4,7 +4,11 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
+from paths import SEARCH  # noqa: E402  (support/ first: it says where the rest is)
+
+# the test folders import each other's helpers by module name
+sys.path[:0] = [str(p) for p in SEARCH if str(p) not in sys.path]
 
 # One intra-op thread for the CPU suite (and the subprocesses it starts): its tensors are small, and with two
 # threads on a 2-core machine OpenMP spins waiting for the busy core (the transfer tests took 2.2x the CPU

@@ -20,7 +20,7 @@ def load(target: str) -> tuple[ModuleType, Callable, str]:
     """(module, function, its name) of path/to/file.py:function."""
     path, _, name = target.rpartition(":")
     if not path or not name:
-        raise UsageError(f"{target!r}: expected path/to/file.py:function, e.g. tests/zoo.py:full_matmul")
+        raise UsageError(f"{target!r}: expected path/to/file.py:function, e.g. tests/support/zoo.py:full_matmul")
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such file; the target is path/to/file.py:function")
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)

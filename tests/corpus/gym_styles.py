@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from zoo import Case, qkv   # tests/zoo.py is on sys.path when tests run
+from zoo import Case, qkv   # tests/support/zoo.py is on sys.path when tests run
 
 
 # ---- full ---------------------------------------------------------------------------------------------

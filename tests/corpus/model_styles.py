@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn.functional as F
-from zoo import Case, qkv   # tests/zoo.py is on sys.path when tests run; Case(name, fn, make, expect={}, sq_skv=None)
+from zoo import Case, qkv   # tests/support/zoo.py is on sys.path when tests run; Case(name, fn, make, expect={}, sq_skv=None)
 
 
 # ---- shared helpers written the way the models write them -------------------------------------------

@@ -2,8 +2,8 @@
 
 A WeakKeyDictionary is what one would reach for, but dynamo reads a lookup in one by iterating the dict
 and guards it by the position of the module's weak reference among the keys; another module collected
-while dynamo traces moves or removes it, and dynamo fails with an internal IndexError (H100 run 12;
-`tests/test_module_table.py` makes the collector run mid-trace). A dict keyed by id() fails the same way
+while dynamo traces moves or removes it, and dynamo fails with an internal IndexError
+(`tests/integrations/test_module_table.py` makes the collector run mid-trace). A dict keyed by id() fails the same way
 ("dictionary changed size during iteration"). Here the entry is an attribute of the module itself, which
 dynamo guards on that module alone. A copy or a pickle of the module carries no entry (its own calls
 compile their own), and an entry answers only to the module it was made for.

@@ -91,7 +91,7 @@ def _constant(x: tuple, device: torch.device) -> torch.Tensor:
         return hit[1]
     t = torch.tensor(_lists(x[2]), dtype=getattr(torch, x[1]), device=device)
     # a run over fake tensors (transfer/lengths.py) makes a fake one: kept, a later real call would read
-    # memory that was never allocated (an illegal address on the GPU, device run 8)
+    # memory that was never allocated (an illegal address on the GPU)
     if not isinstance(t, FakeTensor):
         _CONSTANTS[key] = (x, t)
     return t

@@ -24,7 +24,7 @@ _pack_fwd = FWD_LAYOUT.packer(("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss"
 
 # PagedKV, all zero where unpaged. Packed here for the Python runner (runner._pages) and in C by the Decoder
 # (csrc/host/decoder.h) into the struct rendered from the same header (ops/host_header.py);
-# tests/test_decoder_gpu.py holds the two packings' launches equal bit for bit
+# tests/ops/test_decoder_gpu.py holds the two packings' launches equal bit for bit
 PAGED_LAYOUT = layout.read("PagedKV")
 PAGED_FORMAT = PAGED_LAYOUT.format
 pack_paged = PAGED_LAYOUT.packer(("k_table", "v_table", "kt_sb", "kt_sp", "vt_sb", "vt_sp", "k_sp", "v_sp", "k_pages",

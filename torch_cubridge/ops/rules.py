@@ -1,6 +1,6 @@
 """The launch rules, written once: the Python runner calls these functions, and the C host module gets
 the same functions rendered from this source (build/cgen.py, into the header build/host.py generates; see
-ops/host_header.py). Edit a rule here and both paths change; tests/test_launch_rules.py holds the two
+ops/host_header.py). Edit a rule here and both paths change; tests/ops/test_launch_rules.py holds the two
 renderings equal over a grid of inputs.
 
 Each rule is a plain function of integers in cgen's subset (no imports, no objects): what a call must

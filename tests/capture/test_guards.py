@@ -4,7 +4,7 @@ Each probe captures a spec at one call and then calls it where a program
 without guards would be wrong (the cases found on an H100 at 3a3f50b). The
 answer must be the spec's, or a clear refusal. On the CPU the compiled
 function always computes with the spec, so these tests look at the programs
-and the dispatch table; tests/test_guards_gpu.py repeats them through kernels.
+and the dispatch table; tests/capture/test_guards_gpu.py repeats them through kernels.
 """
 import math
 import warnings

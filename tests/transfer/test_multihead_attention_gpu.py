@@ -1,4 +1,4 @@
-"""On a CUDA device: nn.MultiheadAttention and the Transformer layers as specs (tests/test_multihead_attention.py
+"""On a CUDA device: nn.MultiheadAttention and the Transformer layers as specs (tests/transfer/test_multihead_attention.py
 transfers them on the CPU), each call served by the kernel in bf16 and held to the same module in float64 on
 the CPU, a separate copy, so the kernel is never compared with itself."""
 import warnings

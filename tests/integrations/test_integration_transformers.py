@@ -2,7 +2,7 @@
 
 Eager and cubridge models come from tiny_models.pair: separate configs. Models built from one config
 share its attention implementation, so such a test compared ours with ours and could not fail.
-tests/test_transformers_models.py compares every family in prefill and decode; this file checks
+tests/integrations/test_transformers_models.py compares every family in prefill and decode; this file checks
 what it does not: each attention module's calls go through a table of its own whose programs
 transferred to CuIR, and the model still traces under torch.compile(fullgraph=True).
 """

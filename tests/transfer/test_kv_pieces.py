@@ -1,6 +1,6 @@
 """K and V concatenated inside the spec, read in place as their pieces by the decode kernel
 (ir/segments.py, decode_kernel.cuh's SegKV): which programs qualify, the words the runner packs, and
-the kernel's build. Through the kernel on the GPU: tests/test_coverage_gpu.py."""
+the kernel's build. Through the kernel on the GPU: tests/lower/test_coverage_gpu.py."""
 import types
 
 import pytest

@@ -1,6 +1,6 @@
 """`cubridge cache ...` and `--version`, in real processes where the process boundary matters.
 
-Entries are made with the store's own put and fake cubin bytes (as tests/test_cache.py does).
+Entries are made with the store's own put and fake cubin bytes (as tests/cache/test_cache.py does).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch_cubridge import __version__, cli
 from torch_cubridge.cache import ArtifactCache
 from torch_cubridge.cache.bundle import MANIFEST
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENTRIES = {
     "fwd-" + "a" * 40: (b"\x7fELF fake cubin one", {"arch": "sm_90", "kernel": "attn_fwd_a", "toolchain": "t"}),
     "fwd-" + "b" * 40: (b"\x7fELF fake cubin two", {"arch": "sm_80", "kernel": "attn_fwd_b", "toolchain": "t"}),

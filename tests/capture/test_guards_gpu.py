@@ -1,4 +1,4 @@
-"""The wrong-answer probes of tests/test_guards.py through real kernels on a CUDA device.
+"""The wrong-answer probes of tests/capture/test_guards.py through real kernels on a CUDA device.
 
 Every call must give the spec's answer (bf16 against float64) and, where a
 kernel can serve it, be served by a kernel verified for it.

@@ -3,7 +3,7 @@ process that sees no GPU (`cubridge build --model --flash-api`, nvcc), exported,
 and served in a fresh process with CUBRIDGE_READONLY=1: transformers' continuous batching and a dense
 `generate` run on its kernels with no compiler call (read-only refuses one: the spec would serve) and match a
 plain eager model token for token up to its first near-tie. CUBRIDGE_TEST_BUNDLE names a bundle built on
-another machine (from `python tests/test_bundle_gpu.py config DIR`) to serve as well."""
+another machine (from `python tests/cache/test_bundle_gpu.py config DIR`) to serve as well."""
 import json
 import os
 import shutil
@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from test_continuous_batching_gpu import KW, _clear_steps, generation_config, prompts
+from paths import child_pythonpath
 from tiny_models import build, config
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list, cache: Path, **env: str) -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    path = child_pythonpath()
     e = {k: v for k, v in os.environ.items() if k != "CUBRIDGE_READONLY"}
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=900,
                        env={**e, "CUBRIDGE_CACHE_DIR": str(cache), "PYTHONPATH": path, **env})

@@ -2,17 +2,17 @@
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import torch
 
 from torch_cubridge.capture.hashing import spec_hash
 from torch_cubridge.capture.trace import bind_example, capture
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT, SEARCH
+
 SRC = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    sys.path[:0] = {search!r}
     from torch_cubridge.capture.hashing import spec_hash
     from torch_cubridge.capture.trace import bind_example, capture
     from zoo import softcap_causal
@@ -26,7 +26,7 @@ def _hash(fn, *args):
 
 
 def test_stable_across_processes():
-    code = SRC.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    code = SRC.format(search=[str(ROOT), *map(str, SEARCH)])
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
             for _ in range(2)}
     from zoo import softcap_causal

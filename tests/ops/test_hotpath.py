@@ -1,6 +1,6 @@
 """The host fast path's C module (csrc/host/hotpath.c) builds with this machine's C compiler and Python
 headers, into the cache under a name that changes with its source, and refuses malformed records. Replays
-themselves need a GPU (tests/test_hotpath_gpu.py)."""
+themselves need a GPU (tests/ops/test_hotpath_gpu.py)."""
 import shutil
 
 import pytest

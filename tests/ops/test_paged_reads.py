@@ -108,7 +108,7 @@ def test_prefill_over_pages_reads_them_in_place_on_hopper_where_the_boxes_fit(D,
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_fa2_kernel_reads_pages_of_whole_key_blocks(arch):
     """In place where a key block lies in one page; smaller pages are gathered (lower/choice.py says
-    why). The kernel itself reads any page (tests/test_paged_prefill_fa2_gpu.py)."""
+    why). The kernel itself reads any page (tests/ops/test_paged_prefill_fa2_gpu.py)."""
     from torch_cubridge.lower import lower
     from torch_cubridge.lower.tiles import tile_for
     for P in (2, 8, 24, 64, 256):

@@ -2,7 +2,7 @@
 
 On the CPU every call is computed by the spec (the model's own eager attention), so this tests what
 the integration hands it: the mask (causal, sliding windows, padding) and the arguments, in prefill
-and in every decode step. tests/test_gpu.py repeats it with kernels serving every call.
+and in every decode step. tests/pipeline/test_gpu.py repeats it with kernels serving every call.
 """
 import warnings
 

@@ -20,7 +20,7 @@ from torch_cubridge import cache as cache_mod
 from torch_cubridge import config
 from torch_cubridge.cache import ArtifactCache, CacheError, CacheReadOnlyError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CUBIN = b"\x7fELF fake cubin bytes"
 
 

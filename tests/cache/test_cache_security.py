@@ -22,7 +22,7 @@ from torch_cubridge import config
 from torch_cubridge.cache import ArtifactCache, UnsafeCacheDirError
 from torch_cubridge.cache.index import Index
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CUBIN = b"\x7fELF the real cubin"
 EVIL = b"\x7fELF planted by someone else"
 NOBODY = 65534

@@ -3,7 +3,7 @@ and the Params template it patches per call.
 
 The first device run of the Decoder found it never used: decode programs hold B = 1 and Sq = 1 (unit dims
 are in the call's signature), which the rule read as "sizes needed per call". These cases keep that from
-coming back without a GPU; tests/test_decoder_gpu.py checks the launches themselves."""
+coming back without a GPU; tests/ops/test_decoder_gpu.py checks the launches themselves."""
 import re
 
 import pytest

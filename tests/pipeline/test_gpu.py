@@ -11,10 +11,11 @@ import torch
 import torch_cubridge as tc
 from helpers import first, graph_replay, rel_err, to64
 from torch_cubridge.lower.tiles import sm90_tile
+from paths import SEARCH
 from zoo import CASES
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOWERED = CASES
 
 
@@ -139,7 +140,7 @@ def test_custom_op_registers_at_the_first_trace_in_a_new_process(tmp_path):
     torch.compile(fullgraph=True) imports it while tracing and gets the same answer."""
     code = f"""
 import sys, torch
-sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = {[str(ROOT), *map(str, SEARCH)]!r}
 import torch_cubridge as tc
 from zoo import causal_sdpa
 f = tc.compile(causal_sdpa, fallback="raise")
@@ -160,7 +161,7 @@ print("ok")
 def test_second_process_loads_from_disk_cache(tmp_path):
     code = f"""
 import sys, torch, json
-sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = {[str(ROOT), *map(str, SEARCH)]!r}
 import torch_cubridge as tc
 from zoo import softcap_causal
 import time
@@ -194,7 +195,7 @@ def test_a_new_variant_is_built_once_on_the_helper_thread(tmp_path):
     takes that build: NVRTC runs once, never on the calling thread."""
     code = f"""
 import sys, threading, json, torch
-sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = {[str(ROOT), *map(str, SEARCH)]!r}
 import torch_cubridge as tc
 from torch_cubridge import build
 from torch_cubridge.build import nvrtc

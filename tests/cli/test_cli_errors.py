@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a CUDA compiler")
 
 SPECS = '''

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a CUDA compiler")
 
 
@@ -22,7 +22,7 @@ def _cli(tmp_path, *args):
 @needs_compiler
 @pytest.mark.parametrize("queries", [0, 1])
 def test_build_puts_the_serving_kernels_in_the_cache(tmp_path, monkeypatch, queries):
-    r = _cli(tmp_path, "build", "tests/zoo.py:causal_bottom_right", "--arch", "sm_90a", "--shape", "1,4,96,64",
+    r = _cli(tmp_path, "build", "tests/support/zoo.py:causal_bottom_right", "--arch", "sm_90a", "--shape", "1,4,96,64",
              "--kv-heads", "4", *(["--queries", str(queries)] if queries else []))
     assert r.returncode == 0, r.stderr
     assert "cubridge: building" in r.stderr  # progress on stderr
@@ -53,7 +53,7 @@ def test_build_puts_the_serving_kernels_in_the_cache(tmp_path, monkeypatch, quer
 
 
 def test_build_refuses_a_spec_it_cannot_compile(tmp_path):
-    r = _cli(tmp_path, "build", "tests/test_errors.py:erf_scores", "--arch", "sm_90a", "--shape", "1,2,64,64")
+    r = _cli(tmp_path, "build", "tests/pipeline/test_errors.py:erf_scores", "--arch", "sm_90a", "--shape", "1,2,64,64")
     assert r.returncode == 2 and "refused" in r.stderr and "torch.erf" in r.stderr
 
 
@@ -93,7 +93,7 @@ def test_bench_writes_times_and_a_chart(tmp_path):
     """`cubridge bench`: the spec, the compiled spec, SDPA (and FlexAttention where it runs) timed on the
     same inputs; bench.json and an SVG chart. On a machine without a GPU the spec serves."""
     import json
-    r = _cli(tmp_path, "bench", "tests/zoo.py:causal_sdpa", "--shape", "1,2,64,32", "--dtype", "float32",
+    r = _cli(tmp_path, "bench", "tests/support/zoo.py:causal_sdpa", "--shape", "1,2,64,32", "--dtype", "float32",
              "--out", str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "b" / "bench.json").read_text())

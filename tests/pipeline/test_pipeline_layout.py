@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch_cubridge.pipeline as pipeline
 
-PKG = Path(__file__).resolve().parents[1] / "torch_cubridge"
+PKG = Path(__file__).resolve().parents[2] / "torch_cubridge"
 
 
 def _defined(path: Path) -> set[str]:

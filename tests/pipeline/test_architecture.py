@@ -6,7 +6,7 @@ dependency, and a cycle hidden in a function is still a cycle.
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "torch_cubridge"
+PKG = Path(__file__).resolve().parents[2] / "torch_cubridge"
 
 
 def _module_name(path: Path) -> str:

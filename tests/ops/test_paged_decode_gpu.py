@@ -148,7 +148,7 @@ def test_a_pool_of_2_31_pages_is_served_by_the_spec():
 
 _EMPTY_POOL = """
 import sys, torch
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = {search!r}
 import paged_specs as ps, torch_cubridge as tc
 args = tuple(a.cuda() for a in ps.pages(2, 8, 2, 300, 64, 16, torch.bfloat16))
 f = tc.compile(ps.vllm_heads_first)
@@ -175,9 +175,8 @@ def test_an_empty_pool_goes_to_the_spec_and_leaves_the_context_usable():
     which the next call then shows (and which must not reach this worker's other tests)."""
     import subprocess
     import sys
-    from pathlib import Path
-    tests = Path(__file__).resolve().parent
-    code = _EMPTY_POOL.format(root=str(tests.parent), tests=str(tests))
+    from paths import ROOT, SEARCH
+    code = _EMPTY_POOL.format(search=[str(ROOT), *map(str, SEARCH)])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     import re

@@ -11,7 +11,7 @@ import torch
 from helpers import first, to64
 from zoo import Case
 
-_MODULES = [importlib.import_module(f"corpus.{p.stem}") for p in sorted((Path(__file__).parent / "corpus").glob("*.py"))]
+_MODULES = [importlib.import_module(f"corpus.{p.stem}") for p in sorted((Path(__file__).resolve().parents[1] / "corpus").glob("*.py"))]
 CASES: list[Case] = [c for m in _MODULES for c in m.CASES]
 REFUSED: list[Case] = [c for m in _MODULES for c in getattr(m, "REFUSED", [])]
 

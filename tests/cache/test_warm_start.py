@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys, time, torch
 from torch_cubridge.pipeline import transfer_stage
