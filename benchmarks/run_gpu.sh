@@ -12,6 +12,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export CUBRIDGE_CACHE_DIR=/tmp/cubridge-cache
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+# the exit status is the tests' (pipefail: pytest's own, not tail's); the benchmarks report in their logs
+STATUS=0
 MODE=${1:-}
 K=${2:-}
 # the GPU tests spend most of their time verifying in float64 on the CPU: with pytest-xdist (a wheel
@@ -19,9 +21,9 @@ K=${2:-}
 XDIST=""
 if python3 -c "import xdist" 2>/dev/null; then XDIST="-n ${WORKERS:-6} --dist load"; export OMP_NUM_THREADS=2; fi
 python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tests/transfer/test_llm_backend.py $XDIST ${K:+-k "$K"} --junitxml="$OUT/gpu_tests.xml" \
-  2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+  2>&1 | tee "$OUT/gpu_tests.log" | tail -30 || STATUS=$?
 # CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
-python3 -m pytest tests/capture/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3
+python3 -m pytest tests/capture/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3 || STATUS=$?
 if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
@@ -32,3 +34,4 @@ if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_generate.py --rows 1x4096,8x4096 --out "$OUT" 2>&1 | tee "$OUT/generate.log" | tail -6
   python3 -m torch_cubridge bench tests/support/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5
 fi
+exit $STATUS

@@ -9,6 +9,7 @@ from paths import SEARCH  # noqa: E402  (support/ first: it says where the rest 
 
 # the test folders import each other's helpers by module name
 sys.path[:0] = [str(p) for p in SEARCH if str(p) not in sys.path]
+import skip_budget  # noqa: E402
 
 # One intra-op thread for the CPU suite (and the subprocesses it starts): its tensors are small, and with two
 # threads on a 2-core machine OpenMP spins waiting for the busy core (the transfer tests took 2.2x the CPU
@@ -43,3 +44,16 @@ def pytest_sessionstart(session):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def pytest_runtest_logreport(report):
+    skip_budget.record(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    skip_budget.summary(terminalreporter.write_line)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if skip_budget.over_budget() and exitstatus == 0:
+        session.exitstatus = 1

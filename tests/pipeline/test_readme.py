@@ -46,7 +46,8 @@ def test_the_table_check_fails_on_a_stale_table():
 
 def test_the_two_commands_are_there():
     assert 'pip install -e ".[test]" && cubridge explain torch_cubridge/examples/specs.py:softcap_sliding_gqa' in README
-    assert "python -m pytest tests -q" in README
+    assert "python -m pytest tests -q -n auto" in README
+    assert "python -m pytest tests -q -n auto" in (ROOT / ".ci" / "run").read_text()  # CI runs it as written
 
 
 def test_the_example_runs_as_written(tmp_path):
