@@ -61,9 +61,13 @@ def extract_mask(score: Expr) -> tuple[Expr, Expr | None, str]:
             # a monotone step keeps an -inf fill at -inf: x + finite
             inner = e.args[0]
             if inner.op == "where" and not _has_s(e.args[1]):
+                n_before = len(preds)
                 peeled = peel(inner)
-                if peeled is not inner and all(p[1] == -math.inf for p in preds):
+                if peeled is not inner and all(p[1] == -math.inf for p in preds[n_before:]):
                     return call(e.op, peeled, e.args[1])
+                # a finite fill plus a finite term is not a mask: the term can lift the filled keys level
+                # with the kept ones (a padding fill added to a causal fill), so both stay in the score
+                del preds[n_before:]
         if e.op in ("mul", "div") and e.args[1].op == "const" and isinstance(e.args[1].attr, (int, float)) \
                 and e.args[1].attr > 0 and e.args[0].op == "where":
             n_before = len(preds)
