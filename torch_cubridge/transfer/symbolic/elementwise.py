@@ -71,11 +71,17 @@ def broadcast(ctx: Ctx, xs: list[Sym], op: str) -> tuple[tuple, list[Expr]]:
 
 
 def lift_scalar(v: Any, like: torch.dtype) -> Sym:
+    """A Python number as a constant; anything else (a tensor where a rule expects a number) is refused."""
     if isinstance(v, bool):
         return Sym((), const(v), torch.bool)
     if isinstance(v, int):
         return Sym((), const(v), torch.int64)
+    if not isinstance(v, float):
+        raise UnsupportedSpec(f"a {type(v).__name__} where a number was expected")
     return Sym((), const(float(v)), torch.float32)
+
+
+_BOOL_ARITH = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 
 
 def combine(ctx: Ctx, cuir_op: str, xs: list[Sym], out_dtype: torch.dtype, op: str) -> Sym:
@@ -89,6 +95,9 @@ def combine(ctx: Ctx, cuir_op: str, xs: list[Sym], out_dtype: torch.dtype, op: s
         e = call("floordiv", *es)  # aten integer div only reaches here with rounding_mode
     elif cuir_op == "where":
         e = where(*es)
+    elif out_dtype == torch.bool and cuir_op in _BOOL_ARITH:
+        # torch's + and * of bools are logic (True + True is True); C's would count to 2
+        e = call(_BOOL_ARITH[cuir_op], *es)
     else:
         e = call(cuir_op, *es)
     return Sym(axes, simplify(e, ctx.ranges()), out_dtype)
@@ -102,8 +111,8 @@ def cast(x: Sym, dtype: torch.dtype) -> Sym:
         e = call("to_bool", e)
     elif dtype.is_floating_point and not src.is_floating_point:
         e = call("to_float", e)
-    elif not dtype.is_floating_point and dtype != torch.bool and src.is_floating_point:
-        e = call("to_int", e)
+    elif not dtype.is_floating_point and dtype != torch.bool and (src.is_floating_point or src == torch.bool):
+        e = call("to_int", e)  # a bool made an integer counts: a - b of two masks is -1, 0 or 1
     return Sym(x.axes, e, dtype)
 
 

@@ -34,12 +34,13 @@ def dropout(c: Call) -> Sym:
 
 @rule("clamp")
 def clamp(c: Call) -> Sym:
+    """clamp(x, min, max): each bound a number or a tensor (clamp.Tensor: Swin V2's logit scale)."""
     x = c.sym(0)
     lo, hi = c.opt(1, "min"), c.opt(2, "max")
     if lo is not None:
-        x = c.combine("max", [x, c.scalar(lo)])
+        x = c.combine("max", [x, c.walker.sym(lo)])
     if hi is not None:
-        x = c.combine("min", [x, c.scalar(hi)])
+        x = c.combine("min", [x, c.walker.sym(hi)])
     return x
 
 
