@@ -30,6 +30,22 @@ struct Hook {
   }
 
   template <class W = V>
+  __device__ __forceinline__ static auto score_grad_(int, const FwdArgs& a, const P& p, float s, int b,
+                                                     int h, int q, int kv)
+      -> decltype(W::score_grad(a, p, s, b, h, q, kv)) {
+    return W::score_grad(a, p, s, b, h, q, kv);
+  }
+  template <class W = V>
+  __device__ __forceinline__ static float score_grad_(long, const FwdArgs& a, const P&, float s, int b,
+                                                      int h, int q, int kv) {
+    return W::score_grad(a, DP{}, s, b, h, q, kv);
+  }
+  __device__ __forceinline__ static float score_grad(const FwdArgs& a, const P& p, float s, int b,
+                                                     int h, int q, int kv) {
+    return score_grad_(0, a, p, s, b, h, q, kv);
+  }
+
+  template <class W = V>
   __device__ __forceinline__ static auto mask_(int, const FwdArgs& a, const P& p, int b, int h,
                                                int q, int kv) -> decltype(W::mask(a, p, b, h, q, kv)) {
     return W::mask(a, p, b, h, q, kv);
@@ -89,5 +105,20 @@ __host__ __device__ constexpr auto score_is_default(int) -> decltype(is_default_
 }
 template <class V>
 __host__ __device__ constexpr bool score_is_default(long) { return false; }
+
+// True when the variant's score_grad is DefaultVariant's (the scale): the backward kernel accepts that only
+// with the default score.
+__host__ __device__ constexpr bool is_default_score_grad_fn(DefaultScoreFn f) {
+  return f == &DefaultVariant::score_grad;
+}
+template <class F>
+__host__ __device__ constexpr bool is_default_score_grad_fn(F) { return false; }
+template <class V>
+__host__ __device__ constexpr auto score_grad_is_default(int)
+    -> decltype(is_default_score_grad_fn(&V::score_grad)) {
+  return is_default_score_grad_fn(&V::score_grad);
+}
+template <class V>
+__host__ __device__ constexpr bool score_grad_is_default(long) { return false; }
 
 }  // namespace cubridge

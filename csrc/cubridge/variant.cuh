@@ -49,6 +49,12 @@ struct DefaultVariant {
                                                 int b, int h, int q, int kv) {
     return s * static_cast<float>(a.scale);
   }
+  // d score / d s at the raw dot product s (the backward kernel's chain rule); a variant that overrides
+  // score overrides this too (bwd_kernel.cuh refuses one that does not).
+  __device__ __forceinline__ static float score_grad(const FwdArgs& a, const Params&, float s, int b, int h,
+                                                     int q, int kv) {
+    return static_cast<float>(a.scale);
+  }
   // true keeps (q, kv).
   __device__ __forceinline__ static bool mask(const FwdArgs&, const Params&, int b, int h,
                                               int q, int kv) {

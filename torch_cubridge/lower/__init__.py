@@ -2,21 +2,24 @@
 from __future__ import annotations
 
 from ..ir.program import Program
+from .backward import LoweredBackward, lower_backward
 from .source import Lowered, lower
 
 
 def cuda_source(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-                value_dim: int | None = None) -> str:
+                value_dim: int | None = None, backward: bool = False) -> str:
+    if backward:
+        return lower_backward(p, arch, dtype, head_dim, value_dim).source
     return lower(p, arch, dtype, head_dim, value_dim=value_dim).source
 
 
 def cubin(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-          value_dim: int | None = None) -> bytes:
+          value_dim: int | None = None, backward: bool = False) -> bytes:
     """Compile without a GPU (NVRTC where available, else nvcc)."""
     from ..build import compile_cubin
     from ..config import csrc_dir
-    return compile_cubin(lower(p, arch, dtype, head_dim, value_dim=value_dim).source, arch,
+    return compile_cubin(cuda_source(p, arch, dtype, head_dim, value_dim, backward), arch,
                          include_dirs=[csrc_dir()])
 
 
-__all__ = ["cuda_source", "cubin", "lower", "Lowered"]
+__all__ = ["cuda_source", "cubin", "lower", "Lowered", "lower_backward", "LoweredBackward"]

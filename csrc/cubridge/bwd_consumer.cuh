@@ -1,0 +1,148 @@
+// The backward's math for one query block against a CTA's resident keys, per warp (16 keys, mma.sync m16n8k16,
+// float32 accumulation). Everything is computed transposed, keys as rows, so the probabilities and dS leave the
+// accumulators straight into the A operand of dV += P^T dO and dK += dS^T Q (gemm.cuh's P V step):
+//   dP^T = V dO^T,  S^T = K Q^T,  X = score(S) (score hook),  P = exp2(X log2e - LSE log2e),
+//   dS = P (dP - delta) * dscore/ds (score_grad hook), masked pairs and rows past the ends zero;
+// then dS goes to shared memory as [query][key] and the CTA's warps share dQ += dS K, added to the float32
+// accumulator by atomics.
+#pragma once
+#include "bwd_config.cuh"
+#include "gemm.cuh"
+#include "hooks.cuh"
+#include "score_tile.cuh"
+#include "softmax.cuh"
+
+namespace cubridge {
+
+template <class Cfg, class Variant, class T>
+struct BwdWarp {
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, LD = Cfg::kLd, LDS = Cfg::kLdS;
+  static constexpr int NT = BM / 8;             // n8 query tiles of S^T
+  static constexpr int KC = Cfg::kPadD / 16;    // k16 steps over the head dim
+  static constexpr int DT = Cfg::kPadD / 8;     // n8 tiles of a dK / dV row
+  static constexpr int QT = Cfg::kDqCols / 8;   // n8 tiles of a warp's dQ columns
+  // The default score s * scale: X kept as the raw dot product, scale * log2e folded into the exponent
+  // (softmax.cuh's factor), and dscore/ds is the scale.
+  static constexpr bool kRaw = score_is_default<Variant>(0);
+  static_assert(kRaw || !score_grad_is_default<Variant>(0),
+                "a variant with its own score hook needs its own score_grad hook");
+  int warp, lane, kv_row0;  // kv_row0: this lane's first key (+8: its second)
+
+  __device__ __forceinline__ BwdWarp(int w, int ln, int kv_lo) : warp(w), lane(ln) {
+    kv_row0 = kv_lo + w * 16 + ln / 4;
+  }
+
+  // dP^T = V dO^T and S^T = K Q^T over this warp's 16 keys and the block's BM queries.
+  __device__ __forceinline__ void products(float (&s)[1][NT][4], float (&dp)[1][NT][4], const T* sK, const T* sV,
+                                           const T* sQ, const T* sdO) const {
+    const int a_off = (warp * 16 * LD + lane_off_a<LD>(lane)) * 2, b_off = lane_off_k<LD>(lane) * 2;
+    gemm_qk_smem<T, 1, NT, KC, LD, LD>(dp, smem_u32(sV) + a_off, smem_u32(sdO) + b_off);
+    gemm_qk_smem<T, 1, NT, KC, LD, LD>(s, smem_u32(sK) + a_off, smem_u32(sQ) + b_off);
+  }
+
+  // s becomes P and dp becomes dS, in place. cls: the block's class (the mask hook on partial blocks only).
+  __device__ __forceinline__ void grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
+                                        const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
+                                        int b, int h, int q_lo, int cls) const {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+    const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+    const bool call_mask = Variant::kHasMask && cls == kPartial;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
+        const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
+        bool keep = q < sq && kv < skv;
+        if constexpr (Variant::kHasMask)
+          if (call_mask) keep = keep && Hook<Variant>::mask(a, p, b, h, qc, kc);
+        const float raw = s[0][nt][e];
+        const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
+        const float lse = sLse[ql];
+        // An empty row (LSE -inf: every key masked, no sink) has no probabilities: P and dS are zero.
+        const float pr = keep && lse != neg_inf() ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : 0.f;
+        const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
+        s[0][nt][e] = pr;
+        dp[0][nt][e] = pr != 0.f ? pr * (dp[0][nt][e] - sDelta[ql]) * g : 0.f;
+      }
+  }
+
+  // dV += P^T dO and dK += dS^T Q (P and dS rounded to T, as the tensor cores take them).
+  __device__ __forceinline__ void accumulate(float (&dv)[1][DT][4], float (&dk)[1][DT][4], const float (&s)[1][NT][4],
+                                             const float (&ds)[1][NT][4], const T* sQ, const T* sdO) const {
+    const int off = lane_off_v<LD>(lane) * 2;
+    gemm_pv<T, 1, NT, DT, LD>(dv, s, smem_u32(sdO) + off);
+    gemm_pv<T, 1, NT, DT, LD>(dk, ds, smem_u32(sQ) + off);
+  }
+
+  // This warp's dS^T into the [query][key] tile.
+  __device__ __forceinline__ void stage_ds(T* sdS, const float (&ds)[1][NT][4]) const {
+    const int kl = warp * 16 + lane / 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sdS[(nt * 8 + (lane % 4) * 2 + e % 2) * LDS + kl + (e / 2) * 8] = from_f32<T>(ds[0][nt][e]);
+  }
+
+  // dQ[q_lo.., :] += dS K: this warp's 16 rows (row tile warp % (BM / 16)) and kDqCols columns (group
+  // warp / (BM / 16)), added to the float32 accumulator of head h. After a barrier past every warp's stage_ds.
+  __device__ __forceinline__ void dq(const T* sdS, const T* sK, const BwdArgs& a, int b, int h, int q_lo) const {
+    constexpr int D = Cfg::kHeadDim;
+    const int mt = warp % (BM / 16), c0 = (warp / (BM / 16)) * Cfg::kDqCols;
+    float acc[QT][4];
+#pragma unroll
+    for (int t = 0; t < QT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    const unsigned a_addr = smem_u32(sdS) + (mt * 16 * LDS + lane_off_a<LDS>(lane)) * 2;
+    const unsigned b_addr = smem_u32(sK) + (lane_off_v<LD>(lane) + c0) * 2;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      unsigned fa[4];
+      ldsm_x4(fa, a_addr + kk * 16 * 2);
+#pragma unroll
+      for (int dp = 0; dp < QT / 2; ++dp) {
+        unsigned fb[4];
+        ldsm_x4_t(fb, b_addr + (kk * 16 * LD + dp * 16) * 2);
+        mma16816<T>(acc[2 * dp], fa, fb[0], fb[1]);
+        mma16816<T>(acc[2 * dp + 1], fa, fb[2], fb[3]);
+      }
+    }
+    const int sq = static_cast<int>(a.f.Sq);
+    float* row = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq) * D;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int q = q_lo + mt * 16 + lane / 4 + hf * 8;
+      if (q >= sq) continue;
+#pragma unroll
+      for (int t = 0; t < QT; ++t) {
+        const int c = c0 + t * 8 + (lane % 4) * 2;
+        if (D % 16 != 0 && c >= D) continue;  // the padded columns
+        atomicAdd(row + static_cast<long long>(q) * D + c, acc[t][2 * hf]);
+        atomicAdd(row + static_cast<long long>(q) * D + c + 1, acc[t][2 * hf + 1]);
+      }
+    }
+  }
+
+  // This warp's rows of dK and dV (in the input dtype) to global memory, rows past the keys' end skipped.
+  __device__ __forceinline__ void store(const float (&dk)[1][DT][4], const float (&dv)[1][DT][4], const BwdArgs& a,
+                                        int b, int hk) const {
+    constexpr int D = Cfg::kHeadDim;
+    const int skv = static_cast<int>(a.f.Skv);
+    T* gK = static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh;
+    T* gV = static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int kv = kv_row0 + hf * 8;
+      if (kv >= skv) continue;
+#pragma unroll
+      for (int t = 0; t < DT; ++t) {
+        const int c = t * 8 + (lane % 4) * 2;
+        if (D % 16 != 0 && c >= D) continue;
+        *reinterpret_cast<unsigned*>(gK + kv * a.dk_ss + c) = pack2<T>(dk[0][t][2 * hf], dk[0][t][2 * hf + 1]);
+        *reinterpret_cast<unsigned*>(gV + kv * a.dv_ss + c) = pack2<T>(dv[0][t][2 * hf], dv[0][t][2 * hf + 1]);
+      }
+    }
+  }
+};
+
+}  // namespace cubridge

@@ -1,0 +1,42 @@
+// The backward's two small kernels around the main one (bwd_kernel.cuh):
+//   preprocess:  delta[b, h, q] = sum_d dO[b, h, q, d] * O[b, h, q, d] (float32), and dQ's float32
+//                accumulator zeroed (the main kernel adds every key block's share into it by atomics);
+//   postprocess: dQ = the accumulator, converted to the input dtype.
+// Launch both with grid (ceil(Sq / kBwdRowsPerCta), Hq, B), block 32 * kBwdRowsPerCta: a warp per query row.
+#pragma once
+#include "bwd_config.cuh"
+#include "mma.cuh"
+
+namespace cubridge {
+
+constexpr int kBwdRowsPerCta = 8;
+
+// D: Q's head dim (dQ's columns); DV: V's (dO's and O's columns).
+template <int D, int DV, class T>
+__device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
+  const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (q >= a.f.Sq) return;
+  const T* o = static_cast<const T*>(a.f.o) + b * a.f.o_sb + h * a.f.o_sh + q * a.f.o_ss;
+  const T* g = static_cast<const T*>(a.dout) + b * a.do_sb + h * a.do_sh + q * a.do_ss;
+  float acc = 0.f;
+  for (int d = lane; d < DV; d += 32) acc = fmaf(to_f32(o[d]), to_f32(g[d]), acc);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  const long long row = (b * a.f.Hq + h) * a.f.Sq + q;
+  if (lane == 0) a.delta[row] = acc;
+  float* dq = a.dq_acc + row * D;
+  for (int d = lane; d < D; d += 32) dq[d] = 0.f;
+}
+
+template <int D, class T>
+__device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
+  const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (q >= a.f.Sq) return;
+  const float* acc = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq + q) * D;
+  T* dq = static_cast<T*>(a.dq) + b * a.dq_sb + h * a.dq_sh + q * a.dq_ss;
+  for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(acc[d]);
+}
+
+}  // namespace cubridge

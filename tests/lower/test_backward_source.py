@@ -1,0 +1,82 @@
+"""The backward kernels' source (lower/backward.py): lowered from the forward's Variant plus a derived
+score_grad hook, compiled for sm_80 and sm_90 with no spills, on the tensor cores. GPU numerics live in
+benchmarks/kernel_dev/bwd_check.py."""
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_cubridge as tc
+from torch_cubridge.config import csrc_dir
+from torch_cubridge.errors import UnsupportedSpec
+from torch_cubridge.lower.backward import BwdTile, bwd_block_m, lower_backward
+from zoo import CASES
+from test_lower import _sass, needs_nvcc
+
+NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
+
+
+def _prog(name, D=64):
+    c = next(c for c in CASES if c.name == name)
+    return tc.transfer(c.fn, *c.make(2, 4, 2, 70, D, torch.float32))
+
+
+def test_tile_agrees_with_the_header():
+    text = (csrc_dir() / "cubridge" / "bwd_config.cuh").read_text()
+    m = re.search(r"bwd_block_m\(int d\) \{ return pad16\(d\) <= 64 \? (\d+) : (\d+); \}", text)
+    assert m and (bwd_block_m(64), bwd_block_m(128)) == (int(m[1]), int(m[2]))
+    assert "struct BwdConfig : BwdTile<D, bwd_block_m(D), 8>" in text and BwdTile(64).warps == 8
+
+
+def test_score_grad_is_derived_only_where_the_score_is_not_the_folded_scale():
+    assert "score_grad" not in lower_backward(_prog("causal_sdpa")).source  # kernel default: the scale
+    soft = lower_backward(_prog("softcap_causal")).source
+    body = soft[soft.index("static float score_grad("):]
+    body = body[:body.index("}")]
+    assert "tanh" in body  # c tanh(s k / c)' = k (1 - tanh^2)
+
+
+def test_entries_and_refusals():
+    low = lower_backward(_prog("document_causal"), head_dim=64)
+    for name in low.kernels:
+        assert f"{name}(cubridge::BwdArgs a" in low.source
+    assert "table_class" not in low.source  # the forward's block map is not read: classes by index rule
+    assert tc.cuda_source(_prog("gqa_expand"), backward=True).count("attention_bwd<") == 1
+    with pytest.raises(UnsupportedSpec, match="mean of V"):
+        lower_backward(_prog("causal_where_finfo"))
+    with pytest.raises(UnsupportedSpec, match="head dims"):
+        lower_backward(_prog("causal_sdpa", 256), head_dim=256)
+    with pytest.raises(UnsupportedSpec, match="V's head dim"):
+        lower_backward(_prog("causal_sdpa"), head_dim=64, value_dim=128)
+
+
+def _ptxas(source: str, arch: str) -> tuple[bytes, str]:
+    """nvcc -cubin with ptxas' report (registers and spills per entry)."""
+    import shutil
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.cu").write_text(source)
+        r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v",
+                            f"-I{csrc_dir()}", str(Path(d) / "k.cu"), "-o", str(Path(d) / "k.cubin")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return (Path(d) / "k.cubin").read_bytes(), r.stdout + r.stderr
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", NAMES)
+def test_backward_builds_without_spills_on_the_tensor_cores(name, arch, D, tmp_path):
+    cubin, log = _ptxas(tc.cuda_source(_prog(name, D), arch=arch, head_dim=D, backward=True), arch)
+    main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
+    main = main[:main.index("Compile time")]
+    regs = int(re.search(r"Used (\d+) registers", main)[1])
+    print(f"{name} {arch} D={D}: {regs} registers")
+    assert " 0 bytes spill stores, 0 bytes spill loads" in main, main
+    assert all(f"cubridge_bwd{x}".encode() in cubin for x in ("", "_pre", "_post"))
+    sass = _sass(cubin, tmp_path)
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
