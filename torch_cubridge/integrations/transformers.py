@@ -16,11 +16,13 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
 
 from ..compile import CompiledAttention, compile
+from . import eager_lookup
 from .module_table import ModuleTable
 from .own_attention import has_own_attention, serve_own_attention
 
@@ -29,26 +31,36 @@ NAME = "cubridge"
 _compiled: ModuleTable[CompiledAttention] = ModuleTable("dropin")
 
 
-def _eager_for(module: torch.nn.Module) -> Callable:
-    return eager_function(type(module))
+_eager_fns: ModuleTable[Callable] = ModuleTable("dropin_eager")  # the eager function each module's call resolved
+
+
+def _eager_for(module: torch.nn.Module, caller: Any = None) -> Callable:
+    """The function `module` calls under "eager": the attention lookup of the code that called the drop-in
+    (`caller`, its frame), repeated with "eager" (eager_lookup.py); where that code has no lookup (a wrapper
+    called us), the lookup of the forward bound on the module's class. Never a guess: where neither tells
+    one function, a ValueError says why."""
+    known = _eager_fns.get(module)
+    if known is not None:
+        return known
+    found = eager_lookup.from_frame(caller) if caller is not None else None
+    if found is None or found.fn is None:
+        by_class = eager_lookup.from_class(type(module))
+        found = by_class if found is None or by_class.fn is not None else found
+    if found.fn is None:
+        raise ValueError(f"cubridge cannot tell which attention function {type(module).__name__} runs under "
+                         f"'eager' ({found.reason}); load the model with attn_implementation='eager'")
+    _eager_fns[module] = found.fn
+    return found.fn
 
 
 def eager_function(cls: type) -> Callable:
-    """The eager attention function the class's own forward falls back to: the `*attention_forward`
-    global its code names (llama4's vision attention uses `vision_eager_attention_forward`, tipsv2's
-    text attention `text_eager_attention_forward`), resolved where forward is defined (an inherited
-    forward reads its own file); else the file's `eager_attention_forward`, else llama's."""
-    import inspect
-    fwd = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
-    g = getattr(fwd, "__globals__", {})
-    code = getattr(fwd, "__code__", None)
-    names = [n for n in (code.co_names if code else ()) if n.endswith("attention_forward") and callable(g.get(n))]
-    if names:
-        return g[sorted(names, key=lambda n: "eager" not in n)[0]]
-    fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
-    if fn is None:
-        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
-    return fn
+    """The eager attention function the class's own forward falls back to: its attention-interface lookup
+    repeated with "eager", names resolved where forward is defined (llama4's vision attention falls back
+    to `vision_eager_attention_forward`, phi4's vision attention to `simple_eager_attention_forward`)."""
+    found = eager_lookup.from_class(cls)
+    if found.fn is None:
+        raise ValueError(f"no eager attention function for {cls.__name__}: {found.reason}")
+    return found.fn
 
 
 _building: Any = None  # a pipeline.BuildRecord while build_model_ahead runs: calls build kernels, then run eager
@@ -123,10 +135,24 @@ def causal_spec(eager: Callable) -> Callable:
 
 def _is_causal_call(module: torch.nn.Module, query: torch.Tensor, mask: Any, kwargs: dict[str, Any]) -> bool:
     """SDPA's reading of a call (transformers' sdpa_attention_forward): a None mask is causal for
-    more than one query where the call or the module says the attention is causal."""
+    more than one query where the call or the module says the attention is causal; and, as eager reads
+    it, only where that None stands for a causal mask skipping_mask skipped for the module's config. A
+    None the model passes itself (phi4's vision attention says is_causal but builds no mask) is no mask
+    at all to eager, whatever the module says."""
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
-    return mask is None and query.shape[-2] > 1 and bool(causal)
+    if mask is not None or query.shape[-2] <= 1 or not causal:
+        return False
+    config = getattr(module, "config", None)
+    return config is None or _skipped_for(config)  # a module without a config: SDPA's reading alone
+
+
+_causal_skips: dict[int, Any] = {}  # id(config) -> a weak reference to each config skipping_mask skipped a causal mask for
+
+
+def _skipped_for(config: Any) -> bool:
+    ref = _causal_skips.get(id(config))
+    return ref is not None and ref() is config
 
 
 def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -134,11 +160,13 @@ def cubridge_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     key, value, attention_mask, kwargs = _from_paged_cache(module, key, value, attention_mask, kwargs)
     causal = _is_causal_call(module, query, attention_mask, kwargs)
     if _building is not None:
-        return _build_call(module, query, key, value, attention_mask, causal, **kwargs)
+        return _build_call(module, query, key, value, attention_mask, causal, sys._getframe(1), **kwargs)
     table = _compiled_causal if causal else _compiled
     c = table.get(module)
     if c is None:
-        fn = causal_spec(_eager_for(module)) if causal else _eager_for(module)
+        # the caller's frame: the module code whose attention lookup gave it this function
+        eager = _eager_for(module, None if torch.compiler.is_compiling() else sys._getframe(1))
+        fn = causal_spec(eager) if causal else eager
         if torch.compiler.is_compiling():
             # no eager call verified a kernel for this kind of call (under torch.compile transformers
             # builds the mask that an eager call without padding skips): the trace takes the spec
@@ -186,9 +214,17 @@ def skipping_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any)
         return eager_mask(*args, dtype=dtype, **kwargs)
     kwargs.setdefault("allow_is_causal_skip", True)
     mask = _sdpa_mask()(*args, **kwargs)
+    if mask is None and kwargs["allow_is_causal_skip"] and not kwargs.get("allow_is_bidirectional_skip"):
+        _mark_causal_skip(kwargs.get("config"))
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
+
+
+def _mark_causal_skip(config: Any) -> None:
+    if config is not None and not _skipped_for(config):
+        key = id(config)
+        _causal_skips[key] = weakref.ref(config, lambda _, key=key: _causal_skips.pop(key, None))
 
 
 def register(name: str = NAME) -> str:
@@ -264,10 +300,11 @@ def register_continuous_batching(name: str = PAGED_NAME) -> str:
 
 
 def _build_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, causal: bool, **kwargs: Any):
+                attention_mask: torch.Tensor | None, causal: bool, caller: Any, **kwargs: Any):
     """Build mode: verify this call's spec and build its kernels into the cache, then compute it eager."""
     assert _building is not None
-    fn = causal_spec(_eager_for(module)) if causal else _eager_for(module)
+    eager = _eager_for(module, caller)
+    fn = causal_spec(eager) if causal else eager
     args = (module, query, key, value, attention_mask)
     _building.call(fn, args, kwargs, f"layer {getattr(module, 'layer_idx', '?')}",
                    layer=getattr(module, "layer_idx", None), queries=query.shape[-2])
