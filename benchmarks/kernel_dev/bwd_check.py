@@ -1,0 +1,234 @@
+"""GPU check of the sm_80-class backward kernel (csrc/cubridge/bwd_kernel.cuh, lower/backward.py).
+
+For each zoo program (causal, full, softcap, sliding window, GQA, document mask, plus a spec with fully masked
+rows), B=2, H=4, S in {128, 257, 1024}, D in {64, 128}, bf16: O and the LSE from the CuIR interpreter in float64,
+the backward kernels built through the library (build.compile_cubin) and launched through ops/launch.py, and dQ,
+dK, dV compared per row with float64 autograd of the spec (max abs error of a row / the row's max abs, rows of
+near-zero reference judged against the tensor's max). Then the backward's time against SDPA's flash and cuDNN
+backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
+Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench]
+"""
+from __future__ import annotations
+
+import math
+import struct
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import torch_cubridge as tc  # noqa: E402
+from torch_cubridge.build import compile_cubin  # noqa: E402
+from torch_cubridge.config import csrc_dir  # noqa: E402
+from torch_cubridge.ir.bind import bind_args, scalar_values, sizes_of, extra_tensors  # noqa: E402
+from torch_cubridge.ir.interpreter import run_program  # noqa: E402
+from torch_cubridge.ir.interval import interval  # noqa: E402
+from torch_cubridge.lower.backward import ROWS_PER_CTA, lower_backward  # noqa: E402
+from torch_cubridge.ops.launch import CubinKernel  # noqa: E402
+from torch_cubridge.ops.pack import pack_params, params_format  # noqa: E402
+from zoo import CASES, std  # noqa: E402
+
+TOL_ROW = 0.05   # a row's max abs error over its max abs (bf16 P and dS on the tensor cores: ~1e-2 typical)
+NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
+FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
+BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
+
+
+def empty_rows_causal(q, k, v):
+    """Causal, and the first 5 query rows keep no key at all: their gradients must be zero and finite."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 5)
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def empty_rows_reference(q, k, v):
+    """The same in float64 without PyTorch's NaN rows (which poison every key's dV through P^T dO): a huge
+    finite fill, and the empty rows zeroed by a where (whose backward gives them no gradient)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 5)
+    pr = torch.softmax(s.masked_fill(~keep, -1e300), dim=-1)
+    return torch.where(keep.any(-1)[:, None], pr, torch.zeros_like(pr)) @ v
+
+
+def case(name):
+    """The spec, its argument maker and its float64 autograd reference."""
+    if name == "empty_rows_causal":
+        return empty_rows_causal, std, empty_rows_reference
+    c = next(c for c in CASES if c.name == name)
+    return c.fn, c.make, c.fn
+
+
+_BUILT: dict = {}
+
+
+def kernels(p, D, arch):
+    key = (p.structure().to_json(), D, arch)
+    if key not in _BUILT:
+        low = lower_backward(p, arch, "bfloat16", D)
+        cub = compile_cubin(low.source, arch, include_dirs=[csrc_dir()])
+        t = low.tile
+        _BUILT[key] = (low, CubinKernel(cub, low.kernels[0], threads=32 * ROWS_PER_CTA, smem_bytes=0),
+                       CubinKernel(cub, low.kernels[1], threads=t.threads, smem_bytes=t.smem_bytes),
+                       CubinKernel(cub, low.kernels[2], threads=32 * ROWS_PER_CTA, smem_bytes=0))
+    return _BUILT[key]
+
+
+def st(x):
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch):
+    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
+    low, pre, main, post = kernels(p, D, arch)
+    B, H, Sq, _ = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    sizes = sizes_of(p, q, k)
+    scal = scalar_values(p, bound, sizes)
+    scale = 1.0
+    if low.scale is not None:
+        scale = interval(low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
+    tensors = extra_tensors(p, bound, q.device, {})
+    params = pack_params(params_format(low.params), low.params, tensors, scal, {})
+    delta = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
+    dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    args = struct.pack(BWD, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                       *st(q), *st(k), *st(v), *st(o), B, H, Hkv, Sq, Skv, scale,
+                       do.data_ptr(), *st(do), delta.data_ptr(), dq_acc.data_ptr(),
+                       dq.data_ptr(), *st(dq), dk.data_ptr(), *st(dk), dv.data_ptr(), *st(dv))
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = (-(-Sq // ROWS_PER_CTA), H, B)
+
+    def go():
+        pre.launch(rows, (args,), stream)
+        main.launch((-(-Skv // low.tile.block_n), Hkv, B), (args, params), stream)
+        post.launch(rows, (args,), stream)
+    go()
+    return (dq, dk, dv), go, (delta, dq_acc, tensors)
+
+
+def row_errors(got, ref):
+    """Max over rows of (max abs error of the row) / (the row's max abs, at least 1e-3 of the tensor's)."""
+    g, r = got.double().flatten(0, -2), ref.flatten(0, -2)
+    floor = max(r.abs().max().item(), 1e-30) * 1e-3
+    return ((g - r).abs().amax(-1) / r.abs().amax(-1).clamp_min(floor)).max().item()
+
+
+def check(name, B, H, Hkv, S, D, arch):
+    fn, make, ref_fn = case(name)
+    small = make(2, 4, Hkv, 70, D, torch.float32)
+    p = tc.transfer(fn, *small)
+    args = make(B, H, Hkv, S, D, torch.float32)
+    dev = "cuda"
+    q, k, v = (a.to(dev, torch.bfloat16) for a in args[:3])
+    extras = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args[3:]]
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    out = ref_fn(q64, k64, v64, *extras)
+    do = torch.randn_like(q, dtype=torch.float32).to(torch.bfloat16)
+    out.backward(do.double())
+    ref = (q64.grad, k64.grad, v64.grad)
+    p_lse = replace(p, out=replace(p.out, tuple_len=2, index=0, lse_index=1, lse_dims=("b", "h", "s"),
+                                   lse_dtype="float64"))
+    o64, lse64 = run_program(p_lse, q.double(), k.double(), v.double(), *extras)
+    o = o64.to(torch.bfloat16).contiguous()
+    lse = lse64.float().contiguous()
+    bound = bind_args(p.signature, (q, k, v, *extras), {})
+    got, _, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
+    torch.cuda.synchronize()
+    finite = all(torch.isfinite(g).all().item() for g in got)
+    errs = [row_errors(g, r) for g, r in zip(got, ref)]
+    if name == "empty_rows_causal":  # rows 0..4 keep no key: dQ zero there
+        finite = finite and got[0][:, :, :5].abs().max().item() == 0.0
+    ok = finite and max(errs) < TOL_ROW
+    return ok, errs, finite
+
+
+def bench(arch):
+    print("\nbackward timing, bf16, B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x forward FLOPs)")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, H, S, D = 8, 16, 4096, 128
+    for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
+        fn, make, _ = case(name)
+        p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        do = torch.randn_like(q)
+        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
+        o, lse = res[0].contiguous(), res[1].float().contiguous()
+        flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        bound = bind_args(p.signature, (q, k, v), {})
+        _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
+        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f}"]
+        for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+                with sdpa_kernel([be]):
+                    out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+                t = timed(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+                row.append(f"{label} {flops / t / 1e12:6.1f}")
+            except Exception as e:  # a backend this torch build lacks
+                row.append(f"{label} n/a ({type(e).__name__})")
+        try:
+            f = tc.compile(fn, fallback="raise")
+            f(q, k, v)
+            t_fwd = timed(lambda: f(q, k, v))
+            row.append(f"| ours fwd {flops / 2.5 / t_fwd / 1e12:6.1f}, fwd+bwd {flops * 3.5 / 2.5 / (t_fwd + timed(go)) / 1e12:6.1f}"
+                       " (at 3.5x)")
+        except Exception as e:
+            row.append(f"| ours fwd n/a ({type(e).__name__}: {str(e)[:80]})")
+        print("  ".join(row))
+
+
+def timed(f, reps=10):
+    f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bwd_check: no CUDA device")
+        return 2
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    print(f"bwd_check on {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}; row tolerance {TOL_ROW}")
+    print(f"{'program':22s} {'S':>5s} {'D':>4s}  {'dQ':>8s} {'dK':>8s} {'dV':>8s}  finite  verdict")
+    bad = 0
+    t0 = time.time()
+    for name in NAMES + ["empty_rows_causal"]:
+        for D in (64, 128):
+            for S in (128, 257, 1024):
+                Hkv = 2 if name == "gqa_expand" else 4
+                try:
+                    ok, errs, finite = check(name, 2, 4, Hkv, S, D, arch)
+                    print(f"{name:22s} {S:5d} {D:4d}  " + " ".join(f"{e:8.2e}" for e in errs)
+                          + f"  {str(finite):6s}  {'ok' if ok else 'MISMATCH'}", flush=True)
+                    bad += not ok
+                except Exception as e:
+                    bad += 1
+                    print(f"{name:22s} {S:5d} {D:4d}  ERROR {type(e).__name__}: {e}", flush=True)
+                    traceback.print_exc(limit=4)
+    print(f"checks done in {time.time() - t0:.0f} s: {bad} failing")
+    if "--no-bench" not in sys.argv:
+        try:
+            bench(arch)
+        except Exception as e:
+            print(f"bench ERROR {type(e).__name__}: {e}")
+            traceback.print_exc(limit=6)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
