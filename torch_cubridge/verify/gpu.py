@@ -4,7 +4,8 @@ Fresh inputs at two or more shapes with odd lengths, in the call's dtype,
 extras redrawn; the output buffer is poisoned with NaN first, so an element
 the kernel never writes fails. The reference is the spec in float64 (in float32 where a finite
 fill resolves only in float64: see verify.cpu.judge); a half-dtype kernel that misses it is held to the
-spec's own precision in that dtype (verify.cpu.no_worse_than_own_dtype).
+spec's own precision in that dtype (verify.cpu.no_worse_than_own_dtype). Every row is held to the kernel's
+rounding in its dtype (verify.judge), not only the whole tensor's norm.
 """
 from __future__ import annotations
 
@@ -113,15 +114,7 @@ def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, examp
                 rep.ok = False
                 rep.reason = f"({type(e).__name__}: {e})"
                 return rep
-            if c.ref_dtype == "float64":
-                rel, mx, ok, judged = judge(fn, p, c.bound, got, c.ref, rel_tol=REL_TOL, max_tol=5e-2,
-                                            call_dtype=dtype)
-                if not ok:
-                    ok_own = no_worse_than_own_dtype(fn, p, c.bound, got, c.ref, dtype, REL_TOL, 5e-2)
-                    if ok_own is not None and ok_own[2]:
-                        rel, mx, ok, judged = ok_own
-            else:
-                (rel, mx, ok), judged = compare(got, c.ref, rows_rule(p), REL_TOL, 5e-2), c.ref_dtype
+            rel, mx, ok, judged = kernel_verdict(fn, p, c.bound, got, c.ref, c.ref_dtype, dtype)
             if p.out.lse_index >= 0:  # the returned log-sum-exp, in the call's dtype (bf16: 2^-8 apart)
                 ok = ok and lse_error(returned_lse(res, p.out.lse_index), c.ref_lse) <= LSE_TOL
             rep.trials.append(Trial(c.sizes, c.mag, rel, mx, ok, c.pattern, judged, str(c.ref.device)))
@@ -129,6 +122,22 @@ def verify_kernel(run_bound: Callable[..., Any], fn: Callable, p: Program, examp
     if not rep.ok:
         rep.reason = "(the kernel disagrees with the spec)"
     return rep
+
+
+def kernel_verdict(fn: Callable, p: Program, bound: dict[str, Any], got: torch.Tensor, ref: torch.Tensor,
+                   ref_dtype: str, dtype: torch.dtype) -> tuple[float, float, bool, str]:
+    """(rel, max, ok, what decided) for a kernel's output `got` in `dtype` on inputs `bound`, against the
+    spec's output `ref` (in `ref_dtype`): a pure function of tensors, so it is tested without a GPU. Every
+    row is held to the kernel's rounding in `dtype` (verify.judge), besides the norm-wise REL_TOL."""
+    if ref_dtype != "float64":
+        return (*compare(got, ref, rows_rule(p), REL_TOL, 5e-2, dtype), ref_dtype)
+    rel, mx, ok, judged = judge(fn, p, bound, got, ref, rel_tol=REL_TOL, max_tol=5e-2, call_dtype=dtype,
+                                out_dtype=dtype)
+    if not ok:
+        ok_own = no_worse_than_own_dtype(fn, p, bound, got, ref, dtype, REL_TOL, 5e-2)
+        if ok_own is not None and ok_own[2]:
+            return ok_own
+    return rel, mx, ok, judged
 
 
 def _reference(fn: Callable, p: Program, bound: dict[str, Any], dev: torch.device) -> tuple[torch.Tensor, str]:

@@ -1,0 +1,106 @@
+"""Row-wise judgement of an attention output against its float64 reference.
+
+A norm over the whole tensor averages a wrong tile, a mask shifted in a few rows, or a
+lost bias in one head into millions of right elements; the same error judged against the
+row it lives in is as large as the row. So every element is held to a bound made from its
+own row: |out - ref| <= u * (ROW_ULPS * scale_row + ELEMENT_ULPS * |ref|), u the output
+dtype's unit roundoff.
+
+Why the row's scale. A correct kernel that keeps scores and sums in float32 loses precision
+in the output dtype at two points: P rounded to that dtype before P V (each p off by at most
+u, so the row is off by about u times the |p v| mass it averages, of the order of the row's
+own values), and the output rounded to it (u |out|). Both scale with the row, never with the
+largest row elsewhere in the tensor: a row a sink or a gate makes small is judged at its own
+size. scale_row is the row's largest |ref|, floored at FLOOR times the median row's, so that
+a row whose values happen to cancel (an average of values of both signs) is not held to less
+than the rounding of what it averages.
+
+The constants were calibrated on the CPU by simulating a correct kernel (tests/support/
+simulated_kernel.py, tests/verify/test_row_judge.py): bf16 and fp16 inputs, scores, softmax
+and sums in float32, P and the output rounded, over plain, causal, sliding, softcapped, ALiBi
+and padded masks, GQA and decode shapes, input magnitudes 1 and 4, head dims 32 to 256. The
+largest error seen was 1.7 u times the row's scale; ROW_ULPS = 4 leaves more than twice that.
+A mistake is far larger in the rows it touches: one key moved in a row of n keys costs about
+1/n of the row's scale (3e-3 at n = 300, 17 times the bf16 bound at test shapes;
+tests/verify/test_mutations.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ROW_ULPS = 4.0      # atol per row: units of u times the row's scale (see above)
+ELEMENT_ULPS = 2.0  # rtol per element: the output's own rounding and P's, relative to the element
+FLOOR = 1 / 32   # a row's scale is at least this fraction of the median row's
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the distance from 1 to the next value: the largest relative error of one rounding."""
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass(frozen=True)
+class RowVerdict:
+    ok: bool
+    worst: float     # the largest |out - ref| / bound: 1 or less passes
+    bad_rows: int    # rows with an element beyond its bound
+    rows: int
+
+    def __str__(self) -> str:
+        return f"{'ok' if self.ok else 'MISMATCH'}: worst {self.worst:.2f} of the bound, " \
+               f"{self.bad_rows} of {self.rows} rows beyond it"
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, last dim]: a row is every index but the last (a scalar is one row of one)."""
+    if x.numel() == 0:
+        return x.reshape(0, 1)
+    return x.reshape(1, 1) if x.dim() == 0 else x.reshape(-1, x.shape[-1])
+
+
+def row_scale(ref: torch.Tensor) -> torch.Tensor:
+    """Each row's largest |ref| (NaN taken as 0), floored at FLOOR times the median row's."""
+    r = _rows(ref.detach().double()).nan_to_num(nan=0.0).abs().amax(-1)
+    if r.numel() == 0:
+        return r
+    return torch.clamp(r, min=FLOOR * float(r.median()))
+
+
+def element_bound(ref: torch.Tensor, row_tol: float, element_tol: float = 0.0) -> torch.Tensor:
+    """row_tol * scale_row + element_tol * |ref| for every element of `ref` (NaN taken as 0), in its shape."""
+    a = _rows(ref.detach().double()).nan_to_num(nan=0.0)
+    return (row_tol * row_scale(a)[:, None] + element_tol * a.abs()).reshape(ref.shape)  # on ref's device
+
+
+def dtype_bound(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """element_bound at a kernel's rounding in `dtype` (see judge_rows_in)."""
+    u = unit_roundoff(dtype)
+    return element_bound(ref, ROW_ULPS * u, ELEMENT_ULPS * u)
+
+
+def judge_rows(out: torch.Tensor, ref: torch.Tensor, row_tol: float, element_tol: float = 0.0) -> RowVerdict:
+    """Every element of `out` against `ref`: |out - ref| <= row_tol * scale_row + element_tol * |ref|.
+
+    Elements where `ref` is NaN (rows the spec leaves undefined) are left to the caller's rule;
+    a NaN or infinity in `out` anywhere else fails."""
+    a = _rows(ref.detach().double())   # judged where the reference lies (large trials: on the GPU)
+    g = _rows(out.detach().to(a.device, torch.float64))
+    if a.shape != g.shape:
+        return RowVerdict(False, float("inf"), a.shape[0], a.shape[0])
+    if a.numel() == 0:
+        return RowVerdict(True, 0.0, 0, a.shape[0])
+    undefined = torch.isnan(a)
+    a, g = a.masked_fill(undefined, 0.0), g.masked_fill(undefined, 0.0)
+    bound = element_bound(a, row_tol, element_tol)
+    err = (g - a).abs().nan_to_num(nan=float("inf"))
+    ratio = err / bound.clamp_min(1e-300)
+    bad = (err > bound).any(-1)
+    worst = float(ratio.max())
+    return RowVerdict(not bool(bad.any()), worst, int(bad.sum()), a.shape[0])
+
+
+def judge_rows_in(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> RowVerdict:
+    """`out`, a kernel's output in `dtype` (float32 sums inside), against the float64 `ref`."""
+    u = unit_roundoff(dtype)
+    return judge_rows(out, ref, ROW_ULPS * u, ELEMENT_ULPS * u)
