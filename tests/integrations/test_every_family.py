@@ -1,0 +1,105 @@
+"""Whole models of every family listed here under attn_implementation="cubridge" against "eager", in float64.
+
+Each family is built tiny (one or two layers, hidden 32-64) from a config of its own for each implementation,
+with the same weights, and run once: token models on a left-padded batch with its attention mask, vision
+models on a batch of images. On the CPU the spec computes every call, so this checks what the drop-in hands
+it: the function the module calls under "eager" (integrations/eager_lookup.py), the mask and the arguments.
+Every family's attention calls must reach the drop-in (a model that bypassed it would compare eager with eager).
+"""
+import warnings
+
+import pytest
+import torch
+
+import torch_cubridge.integrations.transformers as tcx
+from tiny_models import FAMILIES, MORE_FAMILIES, config
+
+# families the token test builds through tiny_models (causal LMs) beside vision encoders built here
+TOKEN_FAMILIES = [*FAMILIES, *MORE_FAMILIES]
+VISION_FAMILIES = {  # model type -> (model class path, config keywords)
+    "phi4_multimodal_vision": ("transformers.models.phi4_multimodal.modeling_phi4_multimodal."
+                               "Phi4MultimodalVisionModel",
+                               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=2, image_size=28, patch_size=14)),
+    "siglip_vision_model": ("transformers.SiglipVisionModel",
+                            dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, image_size=28, patch_size=14)),
+    "clip_vision_model": ("transformers.CLIPVisionModel",
+                          dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, image_size=28, patch_size=14)),
+}
+# families that cannot run here as this test runs them, with the reason (eager itself fails the same way)
+NOT_BUILDABLE: dict[str, str] = {
+    "gpt_oss": "its experts' grouped matmul takes no float64 on the CPU (test_transformers_models checks it in float32)",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    tcx.register()
+
+
+def _class(path: str) -> type:
+    import importlib
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+def _vision_pair(family: str):
+    from transformers import AutoConfig
+    path, kw = VISION_FAMILIES[family]
+    cls = _class(path)
+    models = []
+    for impl in ("eager", "cubridge"):
+        torch.manual_seed(0)  # a config of its own each: a shared config shares its implementation
+        cfg = AutoConfig.for_model(family, **kw)
+        models.append(cls._from_config(cfg, attn_implementation=impl, dtype=torch.float64).eval())
+    models[1].load_state_dict(models[0].state_dict())
+    return models
+
+
+def _token_pair(family: str):
+    from transformers import AutoModelForCausalLM
+    models = []
+    for impl in ("eager", "cubridge"):
+        torch.manual_seed(0)
+        cfg = config(family, layers=1)
+        models.append(AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=torch.float64).eval())
+    models[1].load_state_dict(models[0].state_dict())
+    return models
+
+
+def _run(model, family: str) -> torch.Tensor:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no CUDA here: the spec computes every call
+        if family in VISION_FAMILIES:
+            x = torch.randn(2, 3, 28, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+            return model(pixel_values=x).last_hidden_state
+        ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones_like(ids)
+        mask[0, :4] = 0  # a left-padded batch
+        return model(ids, attention_mask=mask).logits[mask.bool()]  # padded rows are nobody's answer
+
+
+def _calls() -> int:
+    return sum(sum(c.served.values()) for c in tcx.tables())
+
+
+@pytest.mark.parametrize("family", [f for f in [*TOKEN_FAMILIES, *VISION_FAMILIES] if f not in NOT_BUILDABLE])
+def test_family_matches_eager_in_float64(family):
+    tcx.clear_tables()
+    ref, ours = (_vision_pair if family in VISION_FAMILIES else _token_pair)(family)
+    want = _run(ref, family)
+    assert _calls() == 0  # eager is eager
+    got = _run(ours, family)
+    assert _calls() > 0, f"{family}: no attention call reached the drop-in"
+    err = float((got - want).norm() / want.norm())
+    assert err < 1e-10, f"{family}: relative error {err:.2e} against eager"
+
+
+@pytest.mark.parametrize("family", list(NOT_BUILDABLE))
+def test_a_family_listed_as_not_buildable_fails_under_eager_too(family):
+    """The list says why a family is left out; it stays true only while eager itself fails so."""
+    ref, _ = (_vision_pair if family in VISION_FAMILIES else _token_pair)(family)
+    with pytest.raises(Exception):
+        _run(ref, family)
