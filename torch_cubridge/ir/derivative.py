@@ -69,7 +69,7 @@ def div(x: Expr, y: Expr) -> Expr:
         return ZERO
     if _is(y, 1):
         return x
-    return call("div", x, y)
+    return const(x.attr / y.attr) if _both_const(x, y) and not _is(y, 0) else call("div", x, y)
 
 
 def neg(x: Expr) -> Expr:
