@@ -18,7 +18,7 @@ import math
 from typing import Callable
 
 from ..errors import UnsupportedSpec
-from .expr import COMPARE, Expr, call, const, walk, where
+from .expr import COMPARE, Expr, call, const, where
 
 ZERO = const(0.0)
 ONE = const(1.0)
@@ -201,7 +201,3 @@ def load_sites(e: Expr, floating: set[str]) -> tuple[Expr, ...]:
 
     visit(e)
     return tuple(found)
-
-
-def depends_on(e: Expr, wrt: Expr) -> bool:
-    return any(n == wrt for n in walk(e))
