@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import torch_cubridge as tc
+from helpers import serve_through_program
 
 WINDOW = 4
 SCALE = 0.5
@@ -29,8 +30,9 @@ def _ref(q, k, v):
     return windowed(q.double(), k.double(), v.double())
 
 
-def test_rebinding_a_global_retires_the_programs():
+def test_rebinding_a_global_retires_the_programs(monkeypatch):
     global WINDOW, SCALE
+    serve_through_program(monkeypatch)  # f's answers are its programs', not the spec's own
     f = tc.compile(windowed, fallback="silent")
     q, k, v = (torch.randn(1, 2, 24, 16) for _ in range(3))
     old = (WINDOW, SCALE)
@@ -41,11 +43,13 @@ def test_rebinding_a_global_retires_the_programs():
         out = f(q, k, v)
         assert (out.double() - _ref(q, k, v)).abs().max() < 1e-4
         assert (_served_program_output(f, q, k, v).double() - _ref(q, k, v)).abs().max() < 1e-4
+        assert f.served == {"kernel": 2}
     finally:
         WINDOW, SCALE = old
 
 
-def test_rebinding_a_closure_cell_retires_the_programs():
+def test_rebinding_a_closure_cell_retires_the_programs(monkeypatch):
+    serve_through_program(monkeypatch)
     cap = 10.0
 
     def softcapped(q, k, v):
@@ -59,6 +63,7 @@ def test_rebinding_a_closure_cell_retires_the_programs():
     ref = softcapped(q.double(), k.double(), v.double())
     assert (f(q, k, v).double() - ref).abs().max() < 1e-4
     assert (_served_program_output(f, q, k, v).double() - ref).abs().max() < 1e-4
+    assert f.served == {"kernel": 2}
 
 
 def test_watch_costs_little_when_nothing_changes():

@@ -14,7 +14,7 @@ import torch
 
 import torch_cubridge as tc
 from torch_cubridge.ir.program import Program
-from helpers import rel_err, to64
+from helpers import rel_err, serve_through_program, to64
 
 
 def qkv(B=1, H=4, S=128, D=32, Skv=None):
@@ -99,6 +99,36 @@ def test_head_dim_in_the_scale_pins_it_but_an_explicit_scale_does_not():
     assert _agrees_or_refuses(p, explicit_scale, qkv(D=64)) == "served"
 
 
+def sqrt_of_size(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), -1) @ v
+
+
+def head_dim_from_unpacking(q, k, v):
+    *_, D = q.shape
+    return torch.softmax((q @ k.transpose(-1, -2)) * (1.0 / D) ** 0.5, -1) @ v
+
+
+@pytest.mark.parametrize("fn", [softcap_attn, sqrt_of_size, head_dim_from_unpacking])
+@pytest.mark.parametrize("other", [16, 48, 64, 128])
+def test_head_dim_pin_holds_for_every_other_head_dim(fn, other):
+    """However the spec reads the head dim into its scale, a program made at D = 32 refuses every other
+    head dim, and a compiled function captures again there and serves the spec's answer (through the
+    program: tc.compile here serves by the CPU interpreter)."""
+    p = tc.transfer(fn, *qkv(D=32))
+    assert _agrees_or_refuses(p, fn, qkv(D=other)) == "refused"
+    assert _agrees_or_refuses(p, fn, qkv(D=32, S=77)) == "served"
+
+
+def test_compiled_function_serves_each_head_dim_its_own_program(monkeypatch):
+    serve_through_program(monkeypatch)
+    f = tc.compile(sqrt_of_size, fallback="raise")
+    for D in (32, 64, 32, 128):
+        args = qkv(D=D, S=50)
+        assert rel_err(f(*args), sqrt_of_size(*to64(args))) < 1e-5, D
+    assert f.served == {"kernel": 4}
+    assert len([e for e in f.entries() if e.result is not None]) == 3
+
+
 @pytest.mark.parametrize("round_trip", [False, True])
 def test_program_run_refuses_other_python_values(round_trip):
     p = tc.transfer(softcap_attn, *qkv(), softcap=50.0)
@@ -110,21 +140,26 @@ def test_program_run_refuses_other_python_values(round_trip):
     assert _agrees_or_refuses(p, softcap_attn, args, softcap=2.0) == "refused"
 
 
-def test_compiled_function_captures_again_outside_the_guards():
+def test_compiled_function_captures_again_outside_the_guards(monkeypatch):
+    serve_through_program(monkeypatch)  # the value compared is the program's, not the spec's own
     f = tc.compile(windowed_if_long, fallback="silent")
     for S in (128, 600, 40, 30):
         args = qkv(S=S)
         assert rel_err(f(*args), windowed_if_long(*to64(args))) < 1e-5
+    assert f.served == {"kernel": 4}
     programs = [e.result.program for e in f.entries() if e.result is not None]
     assert len(programs) == 2  # S=600 reused the S=128 program; S=40 needed its own, which S=30 reused
 
 
-def test_internal_errors_never_escape():
+def test_internal_errors_never_escape(monkeypatch):
+    serve_through_program(monkeypatch)
     args = qkv(S=100)
+    f = tc.compile(nested_floordiv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = tc.compile(nested_floordiv)(*args)
-    assert torch.allclose(out, nested_floordiv(*args))
+        out = f(*args)
+    assert f.served == {"kernel": 1}  # the program served, and it is the spec's answer
+    assert rel_err(out, nested_floordiv(*to64(args))) < 1e-5
     p = tc.transfer(nested_floordiv, *args)  # interval analysis of (i // 16) // 4 no longer overflows
     assert _agrees_or_refuses(p, nested_floordiv, qkv(S=100)) == "served"
 
@@ -145,11 +180,11 @@ def windows_masked(q, k, v, mask):
     return s.softmax(-1) @ v
 
 
-def test_window_count_from_a_view_shape_is_pinned():
+def test_window_count_from_a_view_shape_is_pinned(monkeypatch):
     """Swin splits the batch by view(B // nW, nW, ...): nW reaches the program as the constant of
     b % nW through a view's shape, which the shape guards do not record. The program must not serve
     another window count: its guards pin every dim of that size, and compile captures again."""
-    from helpers import rel_err
+    serve_through_program(monkeypatch)
 
     def inputs(B, nW, N):
         return tuple(torch.randn(B, 4, N, 16) for _ in range(3)) + (
@@ -162,13 +197,13 @@ def test_window_count_from_a_view_shape_is_pinned():
     f = tc.compile(windows_masked)
     for args in (inputs(8, 4, 49), other, inputs(8, 4, 36)):
         assert rel_err(f(*args), windows_masked(*(a.double() for a in args))) < 1e-5
+    assert f.served == {"kernel": 3}  # each served by a program of its own window count
 
 
 def test_lengths_that_must_divide_generalise_on_multiples():
     """A spec that reshapes the sequence into chunks of 32 cannot run at the usual probe lengths (the
     call's plus or minus a few): it is probed at 2, 3 and 4 times the call's length instead, serves every
     multiple of 32, refuses other lengths by its guards, and is verified at small lengths that hold."""
-    from helpers import rel_err
     from torch_cubridge.capture.trace import bind_example
     from torch_cubridge.pipeline import transfer_stage
     from zoo import chunked_local_causal, qkv

@@ -6,7 +6,7 @@ import torch
 
 import epilogue_specs as es
 import torch_cubridge as tc
-from helpers import rel_err
+from helpers import rel_err, serve_through_program
 from torch_cubridge.ir.program import Program
 
 
@@ -55,9 +55,10 @@ def test_decode_step_merged_and_projected_over_a_growing_cache():
     assert dict(prog.requires).get("Sq") == 1 and "Skv" not in dict(prog.requires)
 
 
-def test_rows_all_masked_before_a_layer_norm():
+def test_rows_all_masked_before_a_layer_norm(monkeypatch):
     """Verification's structured masks leave rows with every key masked: NaN in the spec, and what the
     epilogue makes of the kernel's zero rows in the program; the rest must match."""
+    serve_through_program(monkeypatch)  # the value compared is the program's
     w = es.weights(64, 1)[0]
     mask = torch.zeros(2, 1, 40, 40)
     mask[:, :, 5] = float("-inf")
@@ -68,7 +69,7 @@ def test_rows_all_masked_before_a_layer_norm():
     assert torch.isnan(ref[:, 5]).all() and not torch.isnan(ref[:, 4]).any()
     keep = torch.arange(40) != 5
     assert rel_err(got[:, keep], ref[:, keep]) < 1e-5
-    assert f.entries()[0].result is not None  # transferred and verified (CPU: the spec serves)
+    assert f.served == {"kernel": 1} and f.entries()[0].result is not None
 
 
 def test_a_tuple_result_beside_the_projected_output():
@@ -86,12 +87,13 @@ def test_a_tuple_result_beside_the_projected_output():
         assert rel_err(got[0], ref[0]) < 1e-5 and torch.equal(got[2], bias * 2)
 
 
-def test_a_spec_taking_star_args():
+def test_a_spec_taking_star_args(monkeypatch):
+    serve_through_program(monkeypatch)
     w = es.weights(64, 1)[0]
     f = tc.compile(es.through_star_args, fallback="raise")
     args = es.qkv(2, 4, 40, 16) + (w,)
     assert rel_err(f(*args), es.merged_and_projected(*_to64(args))) < 1e-5
-    assert f.served["spec"] == 1 and f.entries()[0].result is not None  # transferred (CPU: the spec serves)
+    assert f.served == {"kernel": 1} and f.entries()[0].result is not None  # the program served it
 
 
 def test_whole_attention_with_projections_in_and_out():
@@ -128,6 +130,8 @@ def test_compiled_function_serves_the_epilogue_spec_on_the_cpu():
     ws = es.weights(64, 4)
     f = tc.compile(es.separate_projections, fallback="silent")
     x = es.hidden(2, 40, 64)
-    assert torch.allclose(f(x, *ws), es.separate_projections(x, *ws))
+    assert torch.equal(f(x, *ws), es.separate_projections(x, *ws)) and f.served == {"spec": 1}
     e = f.entries()[-1]
     assert e.result is not None and e.result.program.epilogue and e.result.report.ok
+    # what a kernel would serve: the verified program, against the spec in float64
+    assert rel_err(e.result.program.run(x, *ws), es.separate_projections(*_to64((x,) + ws))) < 1e-5
