@@ -8,7 +8,22 @@ from corpus_index import CASES, NOT_YET, SPEC_SERVES_IN_BF16, reference
 from helpers import first, rel_err
 
 pytestmark = pytest.mark.gpu
-SERVED = [c for c in CASES if c.name not in NOT_YET and c.name not in SPEC_SERVES_IN_BF16]
+
+
+def _runs_in_bf16(case) -> bool:
+    """Whether the spec itself runs on bfloat16 inputs: a few add a float32 bias to bf16 scores and then
+    meet v in another dtype (their authors' float32 only). Such a spec cannot be captured at a bfloat16
+    call, and the kernel computes in bfloat16 or float16 only, so no kernel serves it on any device; its
+    program is checked on the CPU in float32 (tests/transfer/test_corpus.py)."""
+    try:
+        with torch.no_grad():
+            case.fn(*case.make(1, 4, 2, 40, 64, torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
+
+
+SERVED = [c for c in CASES if c.name not in NOT_YET and c.name not in SPEC_SERVES_IN_BF16 and _runs_in_bf16(c)]
 
 
 def _cuda(args):
@@ -22,10 +37,6 @@ def _cpu(args):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("case", SERVED, ids=[c.name for c in SERVED])
 def test_corpus_served_by_kernel(case, D):
-    try:
-        case.fn(*case.make(1, 4, 2, 40, D, torch.bfloat16))
-    except RuntimeError as e:  # e.g. a float32 bias added to bf16 scores, then probs @ v: its authors' fp32 only
-        pytest.skip(f"the spec itself does not run in bfloat16 ({str(e)[:80]})")
     f = tc.compile(case.fn, fallback="raise")
     for seed in (0, 1):
         torch.manual_seed(seed)
