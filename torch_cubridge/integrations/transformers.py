@@ -278,7 +278,7 @@ def _own_tables_run_eager(name: str) -> None:
 
 def _route_own_attention(model: torch.nn.Module, args: Any) -> None:
     model._cubridge_route.remove()
-    serve_own_attention(model)
+    serve_own_attention(model, interface_served=True)  # the drop-in serves the modules that call the interface
 
 
 PAGED_NAME = "paged|eager"  # a name continuous batching accepts (with "sdpa" and flash ones)
@@ -324,8 +324,11 @@ def small_config(cfg: Any) -> Any:
     types = list(getattr(cfg, "layer_types", None) or [])
     if types:
         first = [types.index(t) for t in dict.fromkeys(types)]
-        cfg.layer_types = [types[i] for i in first]
-        cfg.num_hidden_layers = len(first)
+        try:
+            cfg.layer_types = [types[i] for i in first]
+            cfg.num_hidden_layers = len(first)
+        except AttributeError:  # types derived from other fields (jamba's periods): the layers up to each type's first
+            cfg.num_hidden_layers = max(first) + 1
     else:
         cfg.num_hidden_layers = min(getattr(cfg, "num_hidden_layers", 2), 2)
     for name in _FFN:
