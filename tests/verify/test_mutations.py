@@ -124,10 +124,17 @@ def _off_scale(factor):
 
 
 def _tile_wrong(qkv):
-    """Output rows 256..319 (one 64 x 64 tile at D = 64) miss key 0, the rest is right."""
+    """One output tile (batch 0, head 0, rows 256..319, all 64 columns at D = 64) misses key 0."""
     good = sk.kernel(*qkv, SPEC)
     lost = sk.kernel(*qkv, sk.Variant("lost", SPEC.score, lambda b, i, j: (i >= j) & (j > 0)))
-    good[:, :, 256:320] = lost[:, :, 256:320]
+    good[0, 0, 256:320] = lost[0, 0, 256:320]
+    return good
+
+
+def _one_head_shifted(qkv):
+    """Batch 1, head 2 only: rows 64..95 see one key too many."""
+    good = sk.kernel(*qkv, SPEC)
+    good[1, 2] = sk.kernel(*qkv, SPEC, mask_shift=(64, 96, 1))[1, 2]
     return good
 
 
@@ -136,7 +143,8 @@ def _tile_wrong(qkv):
     pytest.param(lambda qkv: sk.kernel(*qkv, SPEC, mask_shift=(300, 333, 1)), True,
                  id="mask_one_key_in_rows_300_332"),
     pytest.param(lambda qkv: sk.kernel(*qkv, SPEC, mask_shift=(64, 96, 1)), False, id="mask_one_key_in_rows_64_95"),
-    pytest.param(_tile_wrong, False, id="one_64x64_tile"),
+    pytest.param(_one_head_shifted, False, id="mask_one_key_in_rows_64_95_of_one_head"),
+    pytest.param(_tile_wrong, True, id="one_64x64_tile"),
 ])
 def test_a_wrong_kernel_is_rejected_by_the_gpu_verdict(gpu_case, wrong, norm_fooled):
     p, bound, ref, qkv = gpu_case
