@@ -150,6 +150,17 @@ def joined(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def calls_interface(cls: type) -> bool:
+    """Whether the class's forward picks its attention function from the attention interface (its eager
+    function can be told): the drop-in serves that call where it is made, with the module's own mask and
+    scaling. Routing such a module's whole forward as well would capture the drop-in inside the forward's
+    trace, where the module is a stand-in (capture failed, and the whole forward ran as the spec). transformers' model-level flag (`_supports_attention_backend`)
+    is False by default, so it does not tell these modules apart: many models that never set it call
+    the interface (wav2vec2, hubert, sew, biogpt, jamba, qwen3_next, ...)."""
+    from .eager_lookup import from_class
+    return from_class(cls).fn is not None
+
+
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The innermost modules named as attention (transformers' classes end in "Attention") that hold
     parameters: the self-attention of a BERT-style block, not the block around it."""
@@ -221,12 +232,16 @@ def _plain(x: Any) -> bool:
     return isinstance(x, _PLAIN)
 
 
-def serve_own_attention(model: torch.nn.Module) -> int:
+def serve_own_attention(model: torch.nn.Module, interface_served: bool = False) -> int:
     """Route each attention module of `model` through its compiled forward (see the module docstring);
-    the number of modules routed. Calling it again is a no-op for modules already routed."""
+    the number of modules routed. Calling it again is a no-op for modules already routed. With
+    `interface_served` (the model's attention interface is the drop-in), a module whose forward calls the
+    interface is left alone: the drop-in serves that call (calls_interface)."""
     n = 0
     for m in attention_modules(model):
         if "forward" in vars(m):  # routed already, or a forward set by someone else: left alone
+            continue
+        if interface_served and calls_interface(type(m)):
             continue
         spec = module_spec(type(m))
         own = type(m).forward

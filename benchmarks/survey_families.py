@@ -1,0 +1,274 @@
+"""Every transformers family that builds tiny, under attn_implementation="cubridge": is each answer right,
+and who computed each attention call (the kernel or the spec), and why.
+
+Per family, in a process of its own (a CUDA error or a hang stays there; a timeout kills it): a tiny
+random model from the family's config (generic small sizes where the config takes them, then
+integrations/transformers.py small_config), eager in float32 and ours from the same weights, on a
+left-padded batch for text models. Ours runs in bf16 on the GPU, or with --cpu in float32 on the CPU, where
+the CPU interpreter stands in for the kernel: a call counts as "kernel" where its spec was captured,
+transferred and verified into a program and a kernel choice for sm_90a exists and lowers (the decision the
+GPU makes before it builds), else "spec" with the reason. The families are transformers' own list of
+configs (CONFIG_MAPPING), or the ones named.
+
+Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [family ...]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# sizes a config takes where it has them (a config without the name keeps its own): small enough for a
+# CPU dry run, attention still multi-head with GQA where the family has it
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+TOLERANCE = {"cpu": 1e-3, "cuda": 3e-2}  # relative error of the outputs against eager in float32
+MARK = "SURVEY-RESULT "  # the child's one line of result on stdout
+
+
+# ---- the child: one family -------------------------------------------------------------------------
+
+
+def model_class(family: str, cfg) -> type:
+    """The model a config builds: the causal LM where the family has one, else its base model, else the
+    class of the config's own modeling file that names this config class (sub-configs: a vision tower)."""
+    import importlib
+    import transformers
+    from transformers.models.auto import modeling_auto as ma
+    for names in (ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, ma.MODEL_MAPPING_NAMES):
+        if family in names:
+            name = names[family]
+            return getattr(transformers, name if isinstance(name, str) else name[0])
+    mod = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
+    found = [c for c in vars(mod).values() if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel)
+             and getattr(c, "config_class", None) is type(cfg) and not c.__name__.endswith("PreTrainedModel")]
+    if not found:
+        raise LookupError(f"no model class of {type(cfg).__name__} in {mod.__name__}")
+    return min(found, key=lambda c: (not c.__name__.endswith("Model"), len(c.__name__)))
+
+
+def configs(family: str):
+    """The family's config with TINY's sizes, then with its own (where TINY does not fit), each shrunk."""
+    from transformers import AutoConfig
+    from torch_cubridge.integrations.transformers import small_config
+    for kw in (TINY, {}):
+        try:
+            yield small_config(AutoConfig.for_model(family, **kw))
+        except Exception:  # noqa: BLE001  (a config that refuses these sizes)
+            continue
+
+
+def inputs(model, cfg, device: str) -> tuple[dict, "torch.Tensor | None"]:
+    """The model's main input for a batch of two, and the [B, S] mask of real tokens where it is text."""
+    import inspect
+    import torch
+    g = torch.Generator().manual_seed(1)
+    params = inspect.signature(model.forward).parameters
+    name = model.main_input_name
+    keep = None
+    if name == "input_ids":
+        vocab = getattr(cfg, "vocab_size", None) or 128
+        ids = torch.randint(1, min(vocab, 128), (2, 16), generator=g)
+        keep = torch.ones_like(ids)
+        keep[0, :5] = 0  # left-padded
+        kw = {"input_ids": ids}
+        if "attention_mask" in params:
+            kw["attention_mask"] = keep
+        else:
+            keep = None
+        if "decoder_input_ids" in params:
+            kw["decoder_input_ids"] = ids[:, -6:]
+            keep = None
+    elif name == "pixel_values":
+        size = getattr(cfg, "image_size", 224)
+        size = size if isinstance(size, (list, tuple)) else (size, size)
+        kw = {name: torch.randn(2, getattr(cfg, "num_channels", 3), *size[-2:], generator=g)}
+    elif name == "input_values":
+        kw = {name: torch.randn(2, 4000, generator=g)}
+    elif name == "input_features":
+        bins = getattr(cfg, "num_mel_bins", None) or getattr(cfg, "feature_size", None) or 80
+        kw = {name: torch.randn(2, bins, 64, generator=g)}
+    else:
+        raise LookupError(f"no tiny input for main input {name!r}")
+    return {k: v.to(device) for k, v in kw.items()}, (keep.to(device) if keep is not None else None)
+
+
+def first_output(out) -> "torch.Tensor":
+    import torch
+    for name in ("logits", "last_hidden_state"):
+        t = getattr(out, name, None)
+        if isinstance(t, torch.Tensor):
+            return t
+    items = out.values() if hasattr(out, "values") else out if isinstance(out, (tuple, list)) else [out]
+    return next(t for t in items if isinstance(t, torch.Tensor))
+
+
+def cpu_kernel_stage(fn, res, bound):
+    """The GPU's kernel decision on the CPU: the sm_90a kernel choice (in bf16, at the call's head dims)
+    and its lowering; where both hold, the CPU interpreter serves the call in the kernel's place."""
+    from torch_cubridge.errors import UnsupportedSpec
+    from torch_cubridge.ir.prologue import operand_shapes
+    from torch_cubridge.lower import lower
+    from torch_cubridge.lower.choice import choose
+    from torch_cubridge.lower.tiles import decode_call
+    p = res.program
+    try:
+        ops = operand_shapes(p, bound)
+        q = ops["q"].shape
+        c = choose(p, "sm_90a", "bfloat16", q[p.q.dims.index("d")], ops["v"].shape[p.v.dims.index("d")],
+                   decode_call(q[p.q.dims.index("s")]))
+        if c.refusal:
+            return None, f"no kernel for this program: {c.refusal}"
+        lower(p, choice=c)
+    except UnsupportedSpec as e:
+        return None, f"no kernel for this program: {e}"
+    except Exception as e:  # noqa: BLE001
+        return None, f"kernel lowering failed ({type(e).__name__}: {e})"
+    return p.run, "interpreted in the kernel's place"
+
+
+def tables_of(model) -> list:
+    """The compiled tables of every attention module of this model (read while the model lives: an entry
+    dies with its module)."""
+    import torch_cubridge.integrations.transformers as tcx
+    from torch_cubridge.integrations import own_attention as oa
+    out = []
+    for m in model.modules():
+        out += tcx.tables(m)
+        out += [c for t in (oa._compiled, oa._compiled_cached) if (c := t.get(m)) is not None]
+    return out
+
+
+def reasons_of(tables: list) -> collections.Counter:
+    why: collections.Counter = collections.Counter()
+    for t in tables:
+        for e in t.entries():
+            if e.result is None:
+                why[e.reason] += 1
+            why.update(r for d, r in e.reasons.items() if e.runners.get(d) is None)
+            why.update(e.spec_calls)
+    return why
+
+
+def survey_one(family: str, cpu: bool) -> dict:
+    import importlib
+    import warnings
+    import torch
+    import torch_cubridge.integrations.transformers as tcx
+    warnings.simplefilter("ignore")
+    tcx.register()
+    device = "cpu" if cpu else "cuda"
+    if cpu:
+        importlib.import_module("torch_cubridge.compile").kernel_stage = cpu_kernel_stage
+    failed = "no config builds"
+    for cfg in configs(family):
+        try:
+            cls = model_class(family, cfg)
+            torch.manual_seed(0)
+            ref = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32).to(device).eval()
+            kw, keep = inputs(ref, cfg, device)
+            with torch.no_grad():
+                want = first_output(ref(**kw)).float()
+        except Exception as e:  # noqa: BLE001  (this config does not build or run eager: try the next)
+            failed = f"{type(e).__name__}: {str(e)[:160]}"
+            continue
+        break
+    else:
+        return {"status": "no-tiny", "why": failed}
+    import copy
+    dtype = torch.float32 if cpu else torch.bfloat16
+    try:
+        ours = cls._from_config(copy.deepcopy(cfg), attn_implementation=tcx.NAME, dtype=dtype).to(device).eval()
+        ours.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            got = first_output(ours(**{k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()}))
+    except Exception as e:  # noqa: BLE001  (eager ran: this is the drop-in's failure, or the model's table's)
+        return {"status": "error", "model": cls.__name__, "why": f"{type(e).__name__}: {str(e)[:200]}"}
+    got = got.float()
+    if keep is not None and got.shape[:2] == keep.shape:  # padded positions carry no answer
+        got, want = got[keep.bool()], want[keep.bool()]
+    err = float((got - want).norm() / want.norm().clamp_min(1e-30)) if got.shape == want.shape else float("inf")
+    tables = tables_of(ours)
+    served = sum((t.served for t in tables), collections.Counter())
+    why = reasons_of(tables)
+    if err > TOLERANCE[device] or err != err:
+        status = "wrong"
+    elif not served:
+        status = "no-call"
+    else:
+        status = "kernel" if not served["spec"] else "spec" if not served["kernel"] else "partial"
+    return {"status": status, "model": cls.__name__, "rel_err": err, "kernel": served["kernel"],
+            "spec": served["spec"], "why": [f"{n}x {r}" for r, n in why.most_common(3)]}
+
+
+# ---- the parent: one process a family ------------------------------------------------------------------
+
+
+def run_family(family: str, cpu: bool, timeout: float) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", family] + (["--cpu"] if cpu else [])
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"family": family, "status": "timeout", "why": f"over {timeout:.0f} s", "seconds": timeout}
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith(MARK)), None)
+    res = json.loads(line[len(MARK):]) if line else \
+        {"status": "crash", "why": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
+    return {"family": family, **res, "seconds": round(time.monotonic() - start, 1)}
+
+
+def families(named: list[str]) -> list[str]:
+    if named:
+        return named
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("families", nargs="*")
+    ap.add_argument("--cpu", action="store_true", help="float32 on the CPU, the interpreter in the kernel's place")
+    ap.add_argument("--out", default=None, help="folder for survey_families.json")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds a family at most")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print(MARK + json.dumps(survey_one(a.one, a.cpu)), flush=True)
+        return
+    fams = families(a.families)
+    start = time.monotonic()
+    rows = []
+    with ThreadPoolExecutor(a.jobs) as pool:
+        for row in pool.map(lambda f: run_family(f, a.cpu, a.timeout), fams):
+            rows.append(row)
+            print(f"{row['family']:34s} {row['status']:8s} {row.get('kernel', ''):>3} {row.get('spec', ''):>3}  "
+                  f"{_short(row.get('why'))}", flush=True)
+    counts = collections.Counter(r["status"] for r in rows)
+    total = round(time.monotonic() - start, 1)
+    print(f"{len(rows)} families in {total} s: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+    if a.out:
+        sys.path.insert(0, str(HERE))
+        from record import save
+        import transformers
+        print(save(a.out, "survey_families", {"device": "cpu" if a.cpu else "cuda", "transformers":
+                                               transformers.__version__, "seconds": total,
+                                               "counts": dict(counts), "rows": rows}))
+
+
+def _short(why) -> str:
+    text = why[0] if isinstance(why, list) and why else why if isinstance(why, str) else ""
+    return text[:150]
+
+
+if __name__ == "__main__":
+    main()
