@@ -93,6 +93,41 @@ def perceiver_pytorch_cross(q, k, v, mask):
     return out.reshape(b, h, n, -1).permute(0, 2, 1, 3).reshape(b, n, -1)  # '(b h) n d -> b n (h d)'
 
 
+class PerceiverAttention(torch.nn.Module):
+    """lucidrains/perceiver-pytorch Attention's projections: to_q, to_kv (one Linear, chunked), to_out."""
+
+    def __init__(self, query_dim: int, context_dim: int, heads: int, dim_head: int) -> None:
+        super().__init__()
+        inner = heads * dim_head
+        self.scale, self.heads = dim_head ** -0.5, heads
+        self.to_q = torch.nn.Linear(query_dim, inner, bias=False)
+        self.to_kv = torch.nn.Linear(context_dim, inner * 2, bias=False)
+        self.to_out = torch.nn.Linear(inner, query_dim)
+
+
+def perceiver_pytorch_module(module, x, context, mask):
+    """lucidrains/perceiver-pytorch: perceiver_pytorch.py Attention.forward whole (the latents x attend to the
+    context: q from to_q, k and v chunked from to_kv, each split 'b n (h d) -> (b h) n d', out through to_out)."""
+    h = module.heads
+    q = module.to_q(x)
+    k, v = module.to_kv(context).chunk(2, dim=-1)
+
+    def split_heads(t):
+        b, n, _ = t.shape
+        return t.reshape(b, n, h, -1).permute(0, 2, 1, 3).reshape(b * h, n, -1)
+
+    q, k, v = map(split_heads, (q, k, v))
+    sim = torch.einsum("b i d, b j d -> b i j", q, k) * module.scale
+    max_neg_value = -torch.finfo(sim.dtype).max
+    mask = mask[:, None, :].expand(mask.shape[0], h, mask.shape[-1]).reshape(-1, 1, mask.shape[-1])
+    sim = sim.masked_fill(~mask, max_neg_value)
+    attn = sim.softmax(dim=-1)
+    out = torch.einsum("b i j, b j d -> b i d", attn, v)
+    b = x.shape[0]
+    out = out.reshape(b, h, out.shape[1], -1).permute(0, 2, 1, 3).reshape(b, out.shape[1], -1)
+    return module.to_out(out)
+
+
 def perceiver_io_view_heads(q, k, v):
     """PerceiverIO-style cross-attention (deepmind perceiver io_processors, HF PerceiverSelfAttention's
     transpose_for_scores): the latent query [b, n, h*d] viewed into heads, keys and values already [b, h, m, d]."""
@@ -117,6 +152,12 @@ def _packed_latents(B, H, Hkv, S, D, dt):
     mask = torch.arange(S)[None, :] < torch.randint(1, S + 1, (B,))[:, None]
     return (torch.randn(B, n, PERCEIVER_HEADS * D, dtype=dt),) + tuple(
         torch.randn(B, S, PERCEIVER_HEADS * D, dtype=dt) for _ in range(2)) + (mask,)
+
+
+def _perceiver_module(B, H, Hkv, S, D, dt):
+    mask = torch.arange(S)[None, :] < torch.randint(1, S + 1, (B,))[:, None]
+    module = PerceiverAttention(96, 80, PERCEIVER_HEADS, D).to(dt).requires_grad_(False)
+    return (module, torch.randn(B, 24, 96, dtype=dt), torch.randn(B, S, 80, dtype=dt), mask)
 
 
 def _packed_query(B, H, Hkv, S, D, dt):
@@ -197,11 +238,12 @@ def _gpt2_cached_4d(B, H, Hkv, S, D, dt):
 
 
 CASES: list[Case] = [
-    # Case("layout_xtransformers_mem_kv", xtransformers_mem_kv, _mem),
-    # Case("layout_diffusion_mem_kv", diffusion_mem_kv, _mem_packed),
-    # Case("layout_perceiver_pytorch_packed", perceiver_pytorch_cross, _packed_latents),
+    Case("layout_xtransformers_mem_kv", xtransformers_mem_kv, _mem),
+    Case("layout_diffusion_mem_kv", diffusion_mem_kv, _mem_packed),
+    Case("layout_perceiver_pytorch_packed", perceiver_pytorch_cross, _packed_latents),
+    Case("layout_perceiver_pytorch_module", perceiver_pytorch_module, _perceiver_module),
     Case("layout_perceiver_io_view_heads", perceiver_io_view_heads, _packed_query),
-    # Case("layout_folded_query_heads", folded_query_heads, _folded_query),
+    Case("layout_folded_query_heads", folded_query_heads, _folded_query),
     Case("layout_gpt2_kv_cache_left_pad", gpt2_cached_eager, _gpt2_cached),
     Case("layout_gpt2_kv_cache_4d_mask", gpt2_cached_eager_4d, _gpt2_cached_4d),
 ]

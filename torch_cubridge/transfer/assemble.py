@@ -95,6 +95,16 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
     return op, {d: ix for d, ix in zip(dims, ld.args) if d in ("b", "h")}
 
 
+def _split_packed(*lds: Expr) -> None:
+    """Operands that index batch and heads differently, one of them with two axes packed in one dim (a query
+    kept as [(b h), n, d] against keys [b, h, m, d]): the walk is to be retried with that tensor's split view
+    (symbolic_backend: SplitLayoutRefused), made by the prologue as a view."""
+    for ld in lds:
+        if packs_axes(ld):
+            raise SplitLayoutRefused("an operand packs dims the others index apart (batch with heads?)",
+                                     op="matmul", input=ld.attr)
+
+
 def _fill(dims: list[str | None], left: list[str], big: list[bool], name: str) -> list[str]:
     """Unnamed dims take the names left in canonical order; one of size > 1 only a batch or head."""
     out = list(dims)
@@ -128,8 +138,13 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             ctx.roles[_var(ix)] = nm
     k, kb = _operand(ctx, kld, "key", paths)
     v, vb = _operand(ctx, vld, "value", paths)
-    head_map, by = _head_map(ctx, qb, kb, "key")
-    if _head_map(ctx, qb, vb, "value") != (head_map, by):
+    try:
+        head_map, by = _head_map(ctx, qb, kb, "key")
+        v_map = _head_map(ctx, qb, vb, "value")
+    except UnsupportedSpec:
+        _split_packed(qld, kld, vld)
+        raise
+    if v_map != (head_map, by):
         raise UnsupportedSpec("key and value map query heads differently (one is repeated over the query "
                               "heads before its matmul, the other is not)", op="value")
 

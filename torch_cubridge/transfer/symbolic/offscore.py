@@ -150,6 +150,10 @@ class OffScorePath:
             # repeat_kv): made here it would be read at the query's heads while the key reads its group
             repeated = any(len(ax) > 1 and not all(a in used for a in ax) for ax in sym.axes)
             merged = merged or (any(len(ax) == 0 for ax in sym.axes) and not repeated)
+            # a made tensor read with its own dims (permuted, unit dims added, batch and heads merged for bmm) names
+            # every dim the operand needs: made again at the matmul's shape it would merge batch and heads into one
+            # dim, or carry a unit dim (einsum's), that no operand layout names
+            merged = merged and not _names_its_dims(sym, self.env.get(x))
             # a prologue tensor the operand reads with dims packed (nn.MultiheadAttention's in-projection,
             # [S, B, 3 * E], read as [B * H, S, D] through views): a refused walk named it (symbolic_transfer's
             # split retry), and the operand is made at its last shape instead, with the spec's own dims
@@ -162,14 +166,14 @@ class OffScorePath:
                 self.env[x] = self.materialize_unflattened(x, self.env[x])
 
     def _materialize_keeping_merges(self, node: Node) -> Sym:
-        """materialize(node); on a split retry, a value with merged axes that reads a tensor with two axes
-        packed in one dim is made with its merged axes kept apart (materialize_unflattened): a [B*H, S, D] q
-        made from a packed projection stays batch by heads, as the other operands are made."""
+        """materialize(node); a value with merged axes that reads a tensor with two axes packed in one dim is
+        made with its merged axes kept apart (materialize_unflattened): a [B*H, S, D] q made from a packed
+        projection ([B*N, H*D], split by the spec) stays batch by heads, as the other operands are made."""
         sym = self.env.get(node)
         if isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
                 and sym.expr.attr in self.ctx.facts.get("unflattened", ()):
             return sym  # made so already: made again it would lose its merged axes
-        if self.split_inputs and _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
+        if _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
             return self.materialize_unflattened(node, sym)
         return self.materialize(node)
 
@@ -178,9 +182,8 @@ class OffScorePath:
         unflattened into its atoms' sizes ([B*H, S, D] as [B, H, S, D]), read back as `sym`'s axes: the
         operand then reaches the matmul with one index per dim."""
         assert self.prologue is not None
+        # a unit dim with no atom (einsum's) is viewed away: `sym` keeps it as an axis no index reads
         shape = [self.ctx.sizes[a] for ax in sym.axes for a in ax]
-        if any(len(ax) == 0 for ax in sym.axes):  # a unit dim with no atom: nothing to unflatten it into
-            raise UnsupportedSpec("an operand with a unit dim the walk does not name", op="prologue")
         step = self.prologue.record_view(node, tuple(shape))
         name = f"pro_{step}"
         val = node.meta["val"]
@@ -189,8 +192,8 @@ class OffScorePath:
         self.ctx.facts.setdefault("prologue", {})[name] = step
         self.ctx.facts.setdefault("unflattened", set()).add(name)
         atoms, i = [], 0
-        for ax in sym.axes:  # regroup the fresh atoms as `sym` groups its own
-            atoms.append(tuple(a for (a,) in flat.axes[i:i + len(ax)]))
+        for ax in sym.axes:  # regroup the fresh atoms as `sym` groups its own (a size-1 one has none)
+            atoms.append(tuple(a for fresh in flat.axes[i:i + len(ax)] for a in fresh))
             i += len(ax)
         return Sym(tuple(atoms), flat.expr, val.dtype)
 
@@ -268,6 +271,17 @@ def _to_merge(x: Node) -> list[Node]:
 def _packed(v: Any) -> bool:
     """v reads a tensor with two axes packed in one dim (contract.packs_axes)."""
     return isinstance(v, Sym) and v.expr is not None and any(packs_axes(n) for n in walk(v.expr) if n.op == "load")
+
+
+def _names_its_dims(top: Sym, operand: Any) -> bool:
+    """`top` reads one tensor with a bare atom per index (0 for a unit dim), and the matmul's `operand` has
+    its two contracted axes (rows, then columns or the reduction) as one atom each: only its batch axes merge."""
+    e = top.expr
+    if e is None or e.op != "load" or not all(a.op == "var" or a == const(0) for a in e.args):
+        return False
+    if sorted(a.attr for a in e.args if a.op == "var") != sorted(a for ax in top.axes for a in ax):
+        return False
+    return isinstance(operand, Sym) and len(operand.axes) >= 2 and all(len(ax) <= 1 for ax in operand.axes[-2:])
 
 
 def _made(a: Any) -> bool:
