@@ -64,6 +64,17 @@ class Local(ByInterface):
         return attention(self, q, k, v, None, scaling=0.25)[0]
 
 
+def _call(attention, module, q, k, v):
+    return attention(module, q, k, v, None, scaling=0.25)[0]
+
+
+class ThroughHelper(ByInterface):
+    """the lookup in forward, the call in a helper that looks nothing up: the class's forward tells"""
+    def forward(self, q, k, v):
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, other_attention)
+        return _call(attention, self, q, k, v)
+
+
 class Ambiguous(ByInterface):
     """two lookups with different fallbacks: no one function"""
     def forward(self, q, k, v):
@@ -94,7 +105,7 @@ def _qkv():
     return [torch.randn(2, 2, 6, 8, generator=g, dtype=torch.float64) for _ in range(3)]
 
 
-@pytest.mark.parametrize("cls", [ByInterface, Guarded, Local])
+@pytest.mark.parametrize("cls", [ByInterface, Guarded, Local, ThroughHelper])
 def test_the_module_is_served_by_its_lookup_repeated_with_eager(cls):
     q, k, v = _qkv()
     want = cls("eager")(q, k, v)

@@ -40,9 +40,11 @@ class _Lookup:
 
 @dataclass(frozen=True)
 class EagerLookup:
-    """The function eager would call (None when it cannot be told), and why."""
+    """The function eager would call (None when it cannot be told), and why; `lookups`: how many lookups
+    in the attention interface the code makes (none: the dispatch is made by other code)."""
     fn: Callable | None
     reason: str
+    lookups: int = 0
 
 
 def _is_str(node: ast.expr) -> bool:
@@ -99,10 +101,10 @@ def _code_lookups(code: types.CodeType) -> tuple[list[_Lookup], str]:
         lines, _ = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError, IndentationError) as e:
-        return [], f"the source of {code.co_qualname} cannot be read ({type(e).__name__})"
+        return [], f"the source of {code.co_name} cannot be read ({type(e).__name__})"
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if len(defs) != 1 or defs[0].name != code.co_name:
-        return [], f"the source of {code.co_qualname} is not one function"
+        return [], f"the source of {code.co_name} is not one function"
     return _lookups(defs[0]), ""
 
 
@@ -173,22 +175,24 @@ def resolve(code: types.CodeType, local: Callable[[], dict[str, Any]], globals_:
     if why:
         return EagerLookup(None, why)
     scope = _Scope(code, local, globals_)
+    name = getattr(code, "co_qualname", code.co_name)
     found: dict[int, Callable] = {}
+    seen = 0
     try:
         for lookup in lookups:
             fn = _eager_of(lookup, scope, interface)
             if fn is not None:
                 found[id(fn)] = fn
+                seen += 1
     except (LookupError, AttributeError, TypeError, KeyError) as e:
-        return EagerLookup(None, f"{code.co_qualname}'s attention lookup cannot be repeated for eager: {e}")
+        return EagerLookup(None, f"{name}'s attention lookup cannot be repeated for eager: {e}", seen + 1)
     if len(found) != 1:
-        return EagerLookup(None, f"{code.co_qualname} has {len(found)} attention-interface lookups with "
-                                 "different eager functions" if found else
-                                 f"{code.co_qualname} has no attention-interface lookup")
+        return EagerLookup(None, f"{name} has {seen} attention-interface lookups with {len(found)} different "
+                                 "eager functions" if found else f"{name} has no attention-interface lookup", seen)
     fn = next(iter(found.values()))
     if not callable(fn):
-        return EagerLookup(None, f"{code.co_qualname}'s eager fallback {fn!r} is not callable")
-    return EagerLookup(fn, "")
+        return EagerLookup(None, f"{name}'s eager fallback {fn!r} is not callable", seen)
+    return EagerLookup(fn, "", seen)
 
 
 def from_frame(frame: types.FrameType) -> EagerLookup:

@@ -43,9 +43,8 @@ def _eager_for(module: torch.nn.Module, caller: Any = None) -> Callable:
     if known is not None:
         return known
     found = eager_lookup.from_frame(caller) if caller is not None else None
-    if found is None or found.fn is None:
-        by_class = eager_lookup.from_class(type(module))
-        found = by_class if found is None or by_class.fn is not None else found
+    if found is None or not found.lookups:  # the calling code dispatches nothing: the class's forward may
+        found = eager_lookup.from_class(type(module))
     if found.fn is None:
         raise ValueError(f"cubridge cannot tell which attention function {type(module).__name__} runs under "
                          f"'eager' ({found.reason}); load the model with attn_implementation='eager'")
