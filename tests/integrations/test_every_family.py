@@ -1,10 +1,15 @@
 """Whole models of every family listed here under attn_implementation="cubridge" against "eager", in float64.
 
-Each family is built tiny (one or two layers, hidden 32-64) from a config of its own for each implementation,
-with the same weights, and run once: token models on a left-padded batch with its attention mask, vision
-models on a batch of images. On the CPU the spec computes every call, so this checks what the drop-in hands
-it: the function the module calls under "eager" (integrations/eager_lookup.py), the mask and the arguments.
-Every family's attention calls must reach the drop-in (a model that bypassed it would compare eager with eager).
+Each family is built tiny (one layer, hidden 32-64) from a config of its own for each implementation, with
+the same weights, and run once: token models on a left-padded batch with its attention mask, vision models
+on a batch of images. On the CPU the spec computes every call, so this checks what the drop-in hands it: the
+function the module calls under "eager" (integrations/eager_lookup.py), the mask and the arguments. Every
+family's attention calls must reach the drop-in (a model that bypassed it would compare eager with eager).
+
+The list: the causal-LM families of tiny_models, and a base model for each eager function of another name
+than eager_attention_forward and for each kind of mask. Every family of the installed transformers is
+benchmarks/survey_families.py's sweep (a process a family: minutes a hundred families, past the CPU suite's
+budget); a family it finds wrong belongs here.
 """
 import warnings
 
@@ -26,8 +31,8 @@ BASE_FAMILIES = {
     "phi4_multimodal_vision": ("transformers.models.phi4_multimodal.modeling_phi4_multimodal."
                                "Phi4MultimodalVisionModel", _VISION, "pixels"),
     "llama4_vision_model": ("transformers.models.llama4.modeling_llama4.Llama4VisionModel",
-                            dict(_VISION, intermediate_size=128, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
-                                 pixel_shuffle_ratio=0.5), "pixels"),
+                            dict(_VISION, intermediate_size=128, vision_output_dim=32, projector_input_dim=32,
+                                 projector_output_dim=32, pixel_shuffle_ratio=0.5), "pixels"),
     "siglip_vision_model": ("transformers.SiglipVisionModel", _VISION, "pixels"),
     "clip_vision_model": ("transformers.CLIPVisionModel", _VISION, "pixels"),
     "tipsv2_text_model": ("transformers.models.tipsv2.modeling_tipsv2.Tipsv2TextModel", _TEXT, "tokens"),
@@ -36,7 +41,7 @@ BASE_FAMILIES = {
 VISION_FAMILIES = {f for f, (_, _, kind) in BASE_FAMILIES.items() if kind == "pixels"}
 # families that cannot run here as this test runs them, with the reason (eager itself fails the same way)
 NOT_BUILDABLE: dict[str, str] = {
-    "gpt_oss": "its experts' grouped matmul takes no float64 on the CPU (test_transformers_models checks it in float32)",
+    "gpt_oss": "its experts' grouped matmul takes no float64 on the CPU (test_transformers_models: float32)",
 }
 # families with an eager function of another name that this test does not build, and why
 NOT_BUILT = {

@@ -146,7 +146,8 @@ def _is_causal_call(module: torch.nn.Module, query: torch.Tensor, mask: Any, kwa
     return config is None or _skipped_for(config)  # a module without a config: SDPA's reading alone
 
 
-_causal_skips: dict[int, Any] = {}  # id(config) -> a weak reference to each config skipping_mask skipped a causal mask for
+# id(config) -> a weak reference to each config skipping_mask skipped a causal mask for
+_causal_skips: dict[int, Any] = {}
 
 
 def _skipped_for(config: Any) -> bool:
@@ -326,7 +327,7 @@ def small_config(cfg: Any) -> Any:
         try:
             cfg.layer_types = [types[i] for i in first]
             cfg.num_hidden_layers = len(first)
-        except AttributeError:  # types derived from other fields (jamba's periods): the layers up to each type's first
+        except KeyError:  # types derived from other fields (jamba's periods): the layers up to each type's first
             cfg.num_hidden_layers = max(first) + 1
     else:
         cfg.num_hidden_layers = min(getattr(cfg, "num_hidden_layers", 2), 2)
