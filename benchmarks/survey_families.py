@@ -94,7 +94,8 @@ def inputs(model, cfg, device: str) -> tuple[dict, "torch.Tensor | None"]:
         kw = {name: torch.randn(2, 4000, generator=g)}
     elif name == "input_features":
         bins = getattr(cfg, "num_mel_bins", None) or getattr(cfg, "feature_size", None) or 80
-        kw = {name: torch.randn(2, bins, 64, generator=g)}
+        frames = 2 * getattr(cfg, "max_source_positions", 32)  # whisper-style encoders take exactly this many
+        kw = {name: torch.randn(2, bins, frames, generator=g)}
     else:
         raise LookupError(f"no tiny input for main input {name!r}")
     return {k: v.to(device) for k, v in kw.items()}, (keep.to(device) if keep is not None else None)

@@ -154,9 +154,10 @@ def calls_interface(cls: type) -> bool:
     """Whether the class's forward picks its attention function from the attention interface (its eager
     function can be told): the drop-in serves that call where it is made, with the module's own mask and
     scaling. Routing such a module's whole forward as well would capture the drop-in inside the forward's
-    trace, where the module is a stand-in (capture failed, and the whole forward ran as the spec). transformers' model-level flag (`_supports_attention_backend`)
-    is False by default, so it does not tell these modules apart: many models that never set it call
-    the interface (wav2vec2, hubert, sew, biogpt, jamba, qwen3_next, ...)."""
+    trace, where the module is a stand-in: the capture failed, and the whole forward ran as the spec.
+    transformers' model-level flag (`_supports_attention_backend`) is False by default, so it does not
+    tell these modules apart: many models that never set it call the interface (wav2vec2, hubert, sew,
+    biogpt, jamba, qwen3_next, ...)."""
     from .eager_lookup import from_class
     return from_class(cls).fn is not None
 

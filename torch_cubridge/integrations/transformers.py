@@ -327,7 +327,8 @@ def small_config(cfg: Any) -> Any:
         try:
             cfg.layer_types = [types[i] for i in first]
             cfg.num_hidden_layers = len(first)
-        except KeyError:  # types derived from other fields (jamba's periods): the layers up to each type's first
+        except AttributeError:  # types derived from other fields (jamba's periods): the first layers up to
+            # each type's first layer
             cfg.num_hidden_layers = max(first) + 1
     else:
         cfg.num_hidden_layers = min(getattr(cfg, "num_hidden_layers", 2), 2)
