@@ -146,3 +146,16 @@ def test_no_function_is_guessed_where_the_lookup_does_not_tell_one(cls):
     ours = cls(tcx.NAME)
     with pytest.raises(ValueError, match="cannot tell which attention function"):
         ours(*_qkv())
+
+
+def test_a_model_first_called_under_torch_compile_is_served_by_its_class_lookup():
+    """No frame to read while dynamo traces: the class lookups worked out when the model was built serve
+    (fullgraph: the lookup itself is never traced)."""
+    from tiny_models import inputs, pair
+    ref, ours = pair("llama", layers=1)
+    ids, mask = inputs()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(ids, attention_mask=mask).logits
+        got = torch.compile(ours, fullgraph=True, backend="eager")(ids, attention_mask=mask).logits
+    assert float((got - want).norm() / want.norm()) < 1e-5

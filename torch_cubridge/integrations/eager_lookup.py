@@ -209,3 +209,13 @@ def from_class(cls: type) -> EagerLookup:
         return EagerLookup(None, f"{cls.__name__}.forward is not a Python function")
     cells = dict(zip(code.co_freevars, (c.cell_contents for c in (fwd.__closure__ or ()))))
     return resolve(code, lambda: cells, fwd.__globals__)
+
+
+@functools.lru_cache(maxsize=None)
+def names_interface(cls: type) -> bool:
+    """Whether the forward bound on `cls` names an attention interface among its globals (a cheap test
+    before from_class parses it)."""
+    interface = _interface_type()
+    fwd = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    code, g = getattr(fwd, "__code__", None), getattr(fwd, "__globals__", {})
+    return interface is not None and code is not None and any(isinstance(g.get(n), interface) for n in code.co_names)

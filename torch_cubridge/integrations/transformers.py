@@ -42,6 +42,12 @@ def _eager_for(module: torch.nn.Module, caller: Any = None) -> Callable:
     known = _eager_fns.get(module)
     if known is not None:
         return known
+    if torch.compiler.is_compiling():  # no frame to read while tracing: the class's, worked out at the model's build
+        known = _class_eager_fns.get(module)
+        if known is None:
+            raise ValueError(f"cubridge: {type(module).__name__} was built outside a model loaded with 'cubridge' "
+                             "and first called under torch.compile: call it once eagerly first")
+        return known
     found = eager_lookup.from_frame(caller) if caller is not None else None
     if found is None or not found.lookups:  # the calling code dispatches nothing: the class's forward may
         found = eager_lookup.from_class(type(module))
@@ -50,6 +56,19 @@ def _eager_for(module: torch.nn.Module, caller: Any = None) -> Callable:
                          f"'eager' ({found.reason}); load the model with attn_implementation='eager'")
     _eager_fns[module] = found.fn
     return found.fn
+
+
+# the eager function of each attention module's class, for a first call under torch.compile (no frame to read)
+_class_eager_fns: ModuleTable[Callable] = ModuleTable("dropin_class_eager")
+
+
+def _note_class_eager(model: torch.nn.Module) -> None:
+    """Each module of a model built for the drop-in whose class's forward looks up the attention interface:
+    the function that lookup gives for "eager", kept for a first call under torch.compile."""
+    for m in model.modules():
+        found = eager_lookup.from_class(type(m)) if eager_lookup.names_interface(type(m)) else None
+        if found is not None and found.fn is not None:
+            _class_eager_fns[m] = found.fn
 
 
 def eager_function(cls: type) -> Callable:
@@ -237,6 +256,7 @@ def register(name: str = NAME) -> str:
     from transformers import AttentionInterface
     AttentionInterface.register(name, cubridge_attention_forward)
     _own_tables_run_eager(name)
+    _class_eager_at_post_init(name)
     try:
         from transformers import AttentionMaskInterface
         from transformers.masking_utils import eager_mask
@@ -274,6 +294,25 @@ def _own_tables_run_eager(name: str) -> None:
     __init__._cubridge_names = {name}
     __init__.__wrapped__ = init
     PreTrainedModel.__init__ = __init__
+
+
+def _class_eager_at_post_init(name: str) -> None:
+    """A model's modules exist once its __init__ has built them, which transformers ends with post_init:
+    there, a model built for `name` has its attention modules' class lookups worked out (_note_class_eager)."""
+    from transformers import PreTrainedModel
+    post = PreTrainedModel.post_init
+    if getattr(post, "_cubridge_names", None) is not None:
+        post._cubridge_names.add(name)
+        return
+
+    @functools.wraps(post)
+    def post_init(self, *args, **kwargs):
+        out = post(self, *args, **kwargs)
+        if getattr(getattr(self, "config", None), "_attn_implementation", None) in post_init._cubridge_names:
+            _note_class_eager(self)
+        return out
+    post_init._cubridge_names = {name}
+    PreTrainedModel.post_init = post_init
 
 
 def _route_own_attention(model: torch.nn.Module, args: Any) -> None:
