@@ -51,9 +51,11 @@ def _is_str(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
-def _own_nodes(fn: ast.AST) -> list[ast.AST]:
-    """The nodes of a function's body, without those of functions defined inside it (other code objects)."""
-    out, todo = [], list(ast.iter_child_nodes(fn))
+def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """The nodes of a function's body (not its decorators or defaults, which run elsewhere), without those
+    of functions defined inside it (other code objects)."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(fn.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
@@ -71,7 +73,7 @@ def _target_names(node: ast.AST) -> list[str]:
     return []
 
 
-def _lookups(fn: ast.AST) -> list[_Lookup]:
+def _lookups(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[_Lookup]:
     nodes = _own_nodes(fn)
     assigned: dict[str, list[ast.expr]] = {}
     for n in nodes:
