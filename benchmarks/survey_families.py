@@ -1,14 +1,14 @@
 """Every transformers family that builds tiny, under attn_implementation="cubridge": is each answer right,
 and who computed each attention call (the kernel or the spec), and why.
 
-Per family, in a process of its own (a CUDA error or a hang stays there; a timeout kills it): a tiny
-random model from the family's config (generic small sizes where the config takes them, then
-integrations/transformers.py small_config), eager in float32 and ours from the same weights, on a
+Per family, in a process of its own (forked, `--jobs` at a time; a CUDA error or a hang stays there, and a
+timeout kills it): a tiny random model from the family's config (generic small sizes where the config takes
+them, then integrations/transformers.py small_config), eager in float32 and ours from the same weights, on a
 left-padded batch for text models. Ours runs in bf16 on the GPU, or with --cpu in float32 on the CPU, where
 the CPU interpreter stands in for the kernel: a call counts as "kernel" where its spec was captured,
-transferred and verified into a program and a kernel choice for sm_90a exists and lowers (the decision the
-GPU makes before it builds), else "spec" with the reason. The families are transformers' own list of
-configs (CONFIG_MAPPING), or the ones named.
+transferred and verified into a program and a kernel choice for sm_90a exists and lowers (the decision the GPU
+makes before it builds), else "spec" with the reason. The families are transformers' own list of configs
+(CONFIG_MAPPING), or the ones named.
 
 Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [family ...]
 """
@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the checkout's torch_cubridge, run from anywhere
 # sizes a config takes where it has them (a config without the name keeps its own): small enough for a
 # CPU dry run, attention still multi-head with GQA where the family has it
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
 TOLERANCE = {"cpu": 1e-3, "cuda": 3e-2}  # relative error of the outputs against eager in float32
-MARK = "SURVEY-RESULT "  # the child's one line of result on stdout
 
 
 # ---- the child: one family -------------------------------------------------------------------------
@@ -163,7 +160,9 @@ def survey_one(family: str, cpu: bool) -> dict:
     import warnings
     import torch
     import torch_cubridge.integrations.transformers as tcx
+    import transformers
     warnings.simplefilter("ignore")
+    transformers.logging.set_verbosity_error()
     tcx.register()
     device = "cpu" if cpu else "cuda"
     if cpu:
@@ -212,19 +211,56 @@ def survey_one(family: str, cpu: bool) -> dict:
 # ---- the parent: one process a family ------------------------------------------------------------------
 
 
-def run_family(family: str, cpu: bool, timeout: float) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", family] + (["--cpu"] if cpu else [])
-    start = time.monotonic()
+def _child(family: str, cpu: bool, conn) -> None:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"family": family, "status": "timeout", "why": f"over {timeout:.0f} s", "seconds": timeout}
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith(MARK)), None)
-    res = json.loads(line[len(MARK):]) if line else \
-        {"status": "crash", "why": f"exit {p.returncode}: {p.stderr.strip()[-300:]}"}
-    return {"family": family, **res, "seconds": round(time.monotonic() - start, 1)}
+        res = survey_one(family, cpu)
+    except BaseException as e:  # noqa: BLE001  (whatever it was, the parent gets a row)
+        res = {"status": "crash", "why": f"{type(e).__name__}: {str(e)[:200]}"}
+    conn.send(res)
+    conn.close()
+
+
+def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report) -> list[dict]:
+    """Each family in a process of its own, `jobs` at a time, forked from this one after torch, transformers
+    and torch_cubridge are imported (seconds a family saved) and before CUDA is touched (a forked CUDA
+    context is unusable: each child makes its own). A child past `timeout` is killed."""
+    import multiprocessing as mp
+    import torch  # noqa: F401  (imported once, inherited by every child)
+    import transformers  # noqa: F401
+    import torch_cubridge.integrations.transformers  # noqa: F401
+    ctx = mp.get_context("fork")
+    todo, running, rows = list(fams), {}, {}
+    while todo or running:
+        while todo and len(running) < jobs:
+            fam = todo.pop(0)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(fam, cpu, send), daemon=True)
+            proc.start()
+            send.close()
+            running[fam] = (proc, recv, time.monotonic())
+        time.sleep(0.05)
+        for fam, (proc, recv, start) in list(running.items()):
+            took = time.monotonic() - start
+            if recv.poll():
+                try:
+                    res = recv.recv()
+                except EOFError:
+                    res = None
+            elif not proc.is_alive():
+                res = None
+            elif took > timeout:
+                proc.kill()
+                res = {"status": "timeout", "why": f"over {timeout:.0f} s"}
+            else:
+                continue
+            if res is None:
+                proc.join(1)
+                res = {"status": "crash", "why": f"the process ended with {proc.exitcode} and no result"}
+            proc.join(5)
+            del running[fam]
+            rows[fam] = {"family": fam, **res, "seconds": round(took, 1)}
+            report(rows[fam])
+    return [rows[f] for f in fams]
 
 
 def families(named: list[str]) -> list[str]:
@@ -241,19 +277,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for survey_families.json")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds a family at most")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.one:
-        print(MARK + json.dumps(survey_one(a.one, a.cpu)), flush=True)
-        return
     fams = families(a.families)
     start = time.monotonic()
-    rows = []
-    with ThreadPoolExecutor(a.jobs) as pool:
-        for row in pool.map(lambda f: run_family(f, a.cpu, a.timeout), fams):
-            rows.append(row)
-            print(f"{row['family']:34s} {row['status']:8s} {row.get('kernel', ''):>3} {row.get('spec', ''):>3}  "
-                  f"{_short(row.get('why'))}", flush=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one intra-op thread a child: the children fill the cores
+    rows = run_all(fams, a.cpu, a.jobs, a.timeout, lambda row: print(
+        f"{row['family']:34s} {row['status']:8s} {row.get('kernel', ''):>3} {row.get('spec', ''):>3}  "
+        f"{_short(row.get('why'))}", flush=True))
     counts = collections.Counter(r["status"] for r in rows)
     total = round(time.monotonic() - start, 1)
     print(f"{len(rows)} families in {total} s: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
@@ -268,6 +298,7 @@ def main() -> None:
 
 def _short(why) -> str:
     text = why[0] if isinstance(why, list) and why else why if isinstance(why, str) else ""
+    text = " ".join(text.split("`: ")[-1].split())  # the refusal itself, past the line it names
     return text[:150]
 
 
