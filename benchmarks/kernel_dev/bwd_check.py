@@ -3,9 +3,12 @@
 For each zoo program (causal, full, softcap, sliding window, GQA, document mask, plus a spec with fully masked
 rows), B=2, H=4, S in {128, 257, 1024}, D in {64, 128}, bf16: O and the LSE from the CuIR interpreter in float64,
 the backward kernels built through the library (build.compile_cubin) and launched through ops/launch.py, and dQ,
-dK, dV compared per row with float64 autograd of the spec (max abs error of a row / the row's max abs, rows of
-near-zero reference judged against the tensor's max). Then the backward's time against SDPA's flash and cuDNN
-backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
+dK, dV compared per row (max abs error of a row / the row's max abs, rows of near-zero reference judged against
+the tensor's max) with the float64 backward of the kernel's own inputs (delta from the bf16 O it is handed; the
+verdict), and dQ also with float64 autograd of the spec (end to end: rows that keep few keys carry the bf16 O's
+error in delta there, in any FlashAttention-style backward; bwd_rows.py says why). A mismatch prints its worst
+rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
+and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench]
 """
 from __future__ import annotations
@@ -15,7 +18,6 @@ import struct
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch_cubridge as tc  # noqa: E402
 from torch_cubridge.build import compile_cubin  # noqa: E402
@@ -34,6 +37,7 @@ from torch_cubridge.lower.backward import ROWS_PER_CTA, lower_backward  # noqa: 
 from torch_cubridge.ops.launch import CubinKernel  # noqa: E402
 from torch_cubridge.ops.pack import pack_params, params_format  # noqa: E402
 from zoo import CASES, std  # noqa: E402
+from bwd_rows import diagnose, kernel_reference, live_keys, lse_program, row_errors  # noqa: E402
 
 TOL_ROW = 0.05   # a row's max abs error over its max abs (bf16 P and dS on the tensor cores: ~1e-2 typical)
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
@@ -116,14 +120,8 @@ def run_backward(p, bound, q, k, v, o, lse, do, D, arch):
     return (dq, dk, dv), go, (delta, dq_acc, tensors)
 
 
-def row_errors(got, ref):
-    """Max over rows of (max abs error of the row) / (the row's max abs, at least 1e-3 of the tensor's)."""
-    g, r = got.double().flatten(0, -2), ref.flatten(0, -2)
-    floor = max(r.abs().max().item(), 1e-30) * 1e-3
-    return ((g - r).abs().amax(-1) / r.abs().amax(-1).clamp_min(floor)).max().item()
-
-
 def check(name, B, H, Hkv, S, D, arch):
+    """(ok, [dQ, dK, dV] errors against the kernel-input reference, dQ's end-to-end error, finite, lines)."""
     fn, make, ref_fn = case(name)
     small = make(2, 4, Hkv, 70, D, torch.float32)
     p = tc.transfer(fn, *small)
@@ -135,21 +133,31 @@ def check(name, B, H, Hkv, S, D, arch):
     out = ref_fn(q64, k64, v64, *extras)
     do = torch.randn_like(q, dtype=torch.float32).to(torch.bfloat16)
     out.backward(do.double())
-    ref = (q64.grad, k64.grad, v64.grad)
-    p_lse = replace(p, out=replace(p.out, tuple_len=2, index=0, lse_index=1, lse_dims=("b", "h", "s"),
-                                   lse_dtype="float64"))
-    o64, lse64 = run_program(p_lse, q.double(), k.double(), v.double(), *extras)
+    e2e = (q64.grad, k64.grad, v64.grad)
+    o64, lse64 = run_program(lse_program(p), q.double(), k.double(), v.double(), *extras)
     o = o64.to(torch.bfloat16).contiguous()
     lse = lse64.float().contiguous()
     bound = bind_args(p.signature, (q, k, v, *extras), {})
     got, _, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
     torch.cuda.synchronize()
+    ref = kernel_reference(p, q, k, v, extras, o, do)
     finite = all(torch.isfinite(g).all().item() for g in got)
-    errs = [row_errors(g, r) for g, r in zip(got, ref)]
+    row_errs = [row_errors(g, r) for g, r in zip(got, ref)]
+    errs = [e.max().item() for e in row_errs]
+    e2e_dq = row_errors(got[0], e2e[0])
     if name == "empty_rows_causal":  # rows 0..4 keep no key: dQ zero there
         finite = finite and got[0][:, :, :5].abs().max().item() == 0.0
     ok = finite and max(errs) < TOL_ROW
-    return ok, errs, finite
+    lines = []
+    tile = kernels(p, D, arch)[0].tile
+    live = live_keys(fn, q, k, extras) if not ok or e2e_dq.max().item() >= TOL_ROW else None
+    if not ok:
+        for label, e, r, blk in zip(("dQ", "dK", "dV"), row_errs, ref, (tile.block_m, tile.block_n, tile.block_n)):
+            if e.max().item() >= TOL_ROW:
+                lines += diagnose(label, e, r, blk, TOL_ROW, live if label == "dQ" else None)
+    if e2e_dq.max().item() >= TOL_ROW:
+        lines += diagnose("dQ end to end", e2e_dq, e2e[0], tile.block_m, TOL_ROW, live, worst=2)
+    return ok, errs, e2e_dq.max().item(), finite, lines
 
 
 def bench(arch):
@@ -204,7 +212,9 @@ def main() -> int:
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"
     print(f"bwd_check on {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}; row tolerance {TOL_ROW}")
-    print(f"{'program':22s} {'S':>5s} {'D':>4s}  {'dQ':>8s} {'dK':>8s} {'dV':>8s}  finite  verdict")
+    print("dQ, dK, dV: against the float64 backward of the kernel's inputs (the verdict); dQ e2e: against float64"
+          " autograd of the spec")
+    print(f"{'program':22s} {'S':>5s} {'D':>4s}  {'dQ':>8s} {'dK':>8s} {'dV':>8s}  {'dQ e2e':>8s}  finite  verdict")
     bad = 0
     t0 = time.time()
     for name in NAMES + ["empty_rows_causal"]:
@@ -212,9 +222,11 @@ def main() -> int:
             for S in (128, 257, 1024):
                 Hkv = 2 if name == "gqa_expand" else 4
                 try:
-                    ok, errs, finite = check(name, 2, 4, Hkv, S, D, arch)
-                    print(f"{name:22s} {S:5d} {D:4d}  " + " ".join(f"{e:8.2e}" for e in errs)
+                    ok, errs, e2e, finite, lines = check(name, 2, 4, Hkv, S, D, arch)
+                    print(f"{name:22s} {S:5d} {D:4d}  " + " ".join(f"{e:8.2e}" for e in errs) + f"  {e2e:8.2e}"
                           + f"  {str(finite):6s}  {'ok' if ok else 'MISMATCH'}", flush=True)
+                    for line in lines:
+                        print(line, flush=True)
                     bad += not ok
                 except Exception as e:
                     bad += 1
