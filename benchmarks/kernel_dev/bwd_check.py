@@ -157,7 +157,21 @@ def check(name, B, H, Hkv, S, D, arch):
                 lines += diagnose(label, e, r, blk, TOL_ROW, live if label == "dQ" else None)
     if e2e_dq.max().item() >= TOL_ROW:
         lines += diagnose("dQ end to end", e2e_dq, e2e[0], tile.block_m, TOL_ROW, live, worst=2)
+    if name == "causal_sdpa":  # the yardstick: torch's flash backward on the same inputs, held to the same rows
+        lines.append(f"    SDPA flash's dQ end to end on these inputs: {flash_dq_error(q, k, v, do, e2e[0]):.2e}")
     return ok, errs, e2e_dq.max().item(), finite, lines
+
+
+def flash_dq_error(q, k, v, do, ref) -> float:
+    """dQ's end-to-end row error of SDPA's flash backward (causal) on the same bf16 inputs; nan where absent."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:
+        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+        return row_errors(torch.autograd.grad(out, qq, do)[0], ref).max().item()
+    except Exception:  # a torch build without the flash backend
+        return float("nan")
 
 
 def bench(arch):
