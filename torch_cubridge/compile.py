@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
+import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .capture.signature import alive, call_signature, traced_signature
@@ -30,6 +31,7 @@ from .ir.guards import GuardSet, reader
 from .ir.prologue import operand_shapes
 from .lower.tiles import decode_call
 from .ops import hotpath
+from .ops.backward_runner import prepare as prepare_autograd
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer
 
@@ -56,6 +58,9 @@ def user_stacklevel() -> int:
         frame, level = frame.f_back, level + 1
     return level
 
+
+# torch.utils.checkpoint stops a recompute early by raising this through the recomputed forward
+_STOP_RECOMPUTE = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
 
 MAX_PROGRAMS = 32  # per function; past it (a size that moves with every call, say) the spec serves, with a warning
 
@@ -150,8 +155,19 @@ class CompiledAttention:
                     self._remember(runner, args, out)
                 return out
             except NeedsAutograd:
-                # a silent missing gradient would be a wrong answer: autograd goes through the spec
-                self._spec_call(e, "inputs require grad and the kernel has no backward yet; the spec computes this call")
+                # through the custom op, whose autograd runs the backward (ops/backward_runner.py); where the
+                # op has no backward for this program, the spec: a silent missing gradient would be a wrong answer
+                try:
+                    out = runner.op_call(args, kwargs)
+                    why = getattr(runner, "autograd_refusal", None)
+                except _STOP_RECOMPUTE:  # activation checkpointing ends its recompute so; never ours to catch
+                    raise
+                except Exception as err:
+                    out, why = None, f"the kernel's autograd path failed ({type(err).__name__}: {err})"
+                if out is not None:
+                    self._served["kernel"] += 1
+                    return out
+                self._spec_call(e, f"inputs require grad and {why}; the spec computes this call")
             except SpecServes as why:
                 self._spec_call(e, f"the spec computes this call: {why}")
             except Exception as err:  # never an internal exception out of a call: retire this kernel
@@ -195,6 +211,8 @@ class CompiledAttention:
         if d not in e.runners:  # a head dim this program has no kernel for yet: build and verify one
             bound = bind_example(self.fn, args, kwargs)
             e.runners[d], e.reasons[d] = kernel_stage(self.fn, e.result, bound)
+            if e.runners[d] is not None:
+                prepare_autograd(e.runners[d])
             if e.runners[d] is None:
                 if self.options.fallback == "raise" and on_cuda(bound):
                     raise UnsupportedSpec(e.reasons[d], op="kernel")
@@ -305,7 +323,8 @@ class CompiledAttention:
             # No warning here: warnings.warn cannot be traced under fullgraph=True. explain() says which
             # calls a kernel serves.
             return self.fn(*args, **kwargs)
-        return runner.op_call(args, kwargs)
+        out = runner.op_call(args, kwargs)
+        return self.fn(*args, **kwargs) if out is None else out  # None: gradients the op has no backward for
 
     def _warn(self, reason: str) -> None:
         if self.options.fallback != "silent" and reason not in self._warned:

@@ -4,12 +4,16 @@
 declared), its extra tensors and its argument scalars, and a kernel id from
 the in-process registry; `cubridge::attention_lse` the same, for a program
 whose spec also returns the rows' log-sum-exp (the kernel's own, [B, H, Sq]
-in float32; bind.as_result puts it in the spec's layout and dtype). The fake implementation gives the output's shape
+in float32; bind.as_result puts it in the spec's layout and dtype). Both are differentiable: a call that needs
+gradients goes through `attention_lse`, which saves q, k, v, the extras, O and the LSE (nothing quadratic), and
+its backward is the op `attention_backward` (ops/backward_runner.py). The fake implementation gives the output's shape
 from the program's layout, so torch.compile(fullgraph=True) traces through
 without running anything. Kernels are built and verified before any trace
 (ops/registry.py holds them; this module is imported at the first trace).
 """
 from __future__ import annotations
+
+from typing import Any, Optional
 
 import torch
 
@@ -40,7 +44,7 @@ def _(q, k, v, extras, scalars, kernel_id):
 @torch.library.custom_op("cubridge::attention_lse", mutates_args=())
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                   scalars: list[float], kernel_id: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _runner(kernel_id).op_forward(q, k, v, extras, scalars)
+    out, lse = _runner(kernel_id).op_forward(q, k, v, extras, scalars, want_lse=True)
     return out, lse
 
 
@@ -48,3 +52,48 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: lis
 def _(q, k, v, extras, scalars, kernel_id):
     out, rows = _empty_out(q, v, kernel_id)
     return out, q.new_empty(rows, dtype=torch.float32)
+
+
+# -- autograd: the forward saves q, k, v, the extras, O and the LSE; the backward is one more op ----------------
+@torch.library.custom_op("cubridge::attention_backward", mutates_args=())
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                       scalars: list[float], out: torch.Tensor, lse: Optional[torch.Tensor], dout: torch.Tensor,
+                       dlse: Optional[torch.Tensor], learn: list[int], kernel_id: str
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """dQ, dK, dV (in q's, k's and v's layouts) and the gradients of extras[i] for i in `learn`, by the
+    program's backward runner (ops/backward_runner.py: the GPU kernel where verified, else the reference)."""
+    from .backward_runner import backward_for
+    dq, dk, dv, dx = backward_for(kernel_id)(q, k, v, extras, scalars, out, lse, dout, dlse, learn)
+    return dq, dk, dv, list(dx)
+
+
+@attention_backward.register_fake
+def _(q, k, v, extras, scalars, out, lse, dout, dlse, learn, kernel_id):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), [torch.empty_like(extras[i]) for i in learn]
+
+
+def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
+    q, k, v, extras, scalars, kernel_id = inputs
+    out, lse = output if isinstance(output, tuple) else (output, None)
+    ctx.save_for_backward(q, k, v, out, lse, *extras)
+    ctx.scalars, ctx.kernel_id = scalars, kernel_id
+    ctx.learn = [i for i, t in enumerate(extras) if t.is_floating_point() and t.requires_grad]
+    # a gradient reaching the LSE counts only where the spec returns it (else it is the backward's own input)
+    ctx.lse_grad = bool(getattr(_runner(kernel_id), "_lse_out", False))
+
+
+def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None = None) -> tuple:
+    if torch.is_grad_enabled():
+        raise RuntimeError("torch_cubridge: the compiled attention's backward is not differentiable itself "
+                           "(double backward, create_graph=True); call the spec function for that")
+    q, k, v, out, lse, *extras = ctx.saved_tensors
+    dq, dk, dv, dx = attention_backward(q, k, v, extras, ctx.scalars, out, lse, dout,
+                                        dlse if ctx.lse_grad else None, ctx.learn, ctx.kernel_id)
+    grads: list[torch.Tensor | None] = [None] * len(extras)
+    for i, g in zip(ctx.learn, dx):
+        grads[i] = g
+    return dq, dk, dv, grads, [None] * len(ctx.scalars), None
+
+
+attention.register_autograd(_backward, setup_context=_setup)
+attention_lse.register_autograd(_backward, setup_context=_setup)

@@ -22,7 +22,8 @@ class CustomOpCalls:
         return self.info["key"] + "/" + self.info.get("program", "")
 
     def op_call(self, args: tuple, kwargs: dict) -> Any:
-        """Route a call through torch.ops.cubridge.attention (traceable by torch.compile)."""
+        """Route a call through torch.ops.cubridge.attention (traceable by torch.compile). None where the
+        call needs gradients and the op has no backward for this program: the spec serves it."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
         in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
@@ -36,25 +37,30 @@ class CustomOpCalls:
         else:
             k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
         scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *extras))
+        if grad and getattr(self, "autograd_refusal", "no backward was prepared") is not None:
+            return None  # ops/backward_runner.py says why; the caller runs the spec
         lse = None
-        if self._lse_out:  # the spec returns the rows' log-sum-exp too: the op that gives the kernel's
+        if self._lse_out or grad:  # the op that gives the kernel's LSE too: the spec returns it, or the
+            # backward reads it (the op's autograd, ops/custom_op.py)
             out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
         else:
             out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        return as_result(self.p, out, lse, q.dtype)
+        return as_result(self.p, out, lse if self._lse_out else None, q.dtype)
 
-    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list) -> Any:
+    def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list,
+                   want_lse: bool = False) -> Any:
         """The custom op's body: the output in the kernel's layout, with the rows' log-sum-exp where the
-        spec returns it (the op `attention_lse`)."""
+        spec returns it or `want_lse` (the op `attention_lse`)."""
         it = iter(scalars)
         bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
         ex = {x.name: t for x, t in zip(self.p.extras, extras)}
         if self.paged is not None:
             (kr, vr), (kt, vt) = self.paged, extras[-2:]
             kv = self._pages({kr.pages: k, vr.pages: v, kr.table: kt, vr.table: vt})
-            return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
+            return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, paged=kv[2:], want_lse=want_lse)
         if self.segments is not None:  # one piece each
             kv = self._pieces([k], [v])
-            return self._execute(q, kv[0], kv[1], self.plan.perms, ex, bound, False, raw=True, paged=kv[2:])
-        return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True)
+            return self._execute(q, kv[0], kv[1], self.plan.perms, ex, bound, False, raw=True, paged=kv[2:], want_lse=want_lse)
+        return self._execute(q, k, v, self.plan.perms, ex, bound, False, raw=True, want_lse=want_lse)

@@ -174,9 +174,11 @@ class KernelRunner(KVReads, CustomOpCalls):
 
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
-                 bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None) -> Any:
+                 bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None,
+                 want_lse: bool = False) -> Any:
         """paged: K's and V's canonical sizes and strides over their pages (or pieces) and the PagedKV (or
-        SegKV) words (k and v are then the pages, or the first pieces)."""
+        SegKV) words (k and v are then the pages, or the first pieces). want_lse: a raw call also returns
+        the rows' log-sum-exp (the custom op's autograd saves it for the backward)."""
         p = self.p
         self._last = None
         qn, qs = canon(q, perms[0])
@@ -231,7 +233,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         scale = self._scale_const if self._scale_const is not None else self._scale(sizes, scal)
         # [B, H, Sq] natural-log LSE for a row scale that reads it; every key empty: -inf, as the kernel writes
         lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device) \
-            if self._row_lse or self._lse_out else None
+            if self._row_lse or self._lse_out or want_lse else None
         if Sq and Skv:
             stream = torch._C._cuda_getCurrentRawStream(di)
             fwd = pack_fwd_raw((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
@@ -249,7 +251,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
                                                             "D": D}, scal, tensors, lse)
-        return self._result(out, raw, lse)
+        return self._result(out, raw, lse, want_lse)
 
     def _launch(self, blocks: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qs: tuple, ks: tuple,
                 vs: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, Dv: int, di: int, stream: int,
@@ -299,10 +301,10 @@ class KernelRunner(KVReads, CustomOpCalls):
         o = out.as_strided(shape, strides)
         o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
 
-    def _result(self, out: torch.Tensor, raw: bool, lse: torch.Tensor | None = None) -> Any:
+    def _result(self, out: torch.Tensor, raw: bool, lse: torch.Tensor | None = None, want_lse: bool = False) -> Any:
         p = self.p
         if raw:
-            return (out, lse) if self._lse_out else out
+            return (out, lse) if self._lse_out or want_lse else out
         return as_result(p, out if p.out.dtype == "q" else out.to(getattr(torch, p.out.dtype)), lse, self.dtype)
 
     def _check_bounds(self, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, scal: dict,

@@ -1,0 +1,200 @@
+"""Autograd through the custom op on the CPU: the op's forward by the interpreter (interpreted_op.py), its
+backward by the backward runner, against float64 autograd of the spec, in eager, torch.compile(fullgraph),
+activation checkpointing and autocast; the GPU kernel's gate exercised with stand-in kernels."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import torch_cubridge as tc
+from torch_cubridge.ops import backward_gpu, backward_runner
+from torch_cubridge.ops.backward_reference import reference_backward
+from torch_cubridge.verify.judge import judge_rows
+from interpreted_op import serve_by_op
+from zoo import CASES
+
+NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal",
+         "alibi_tensor", "sinks_column", "rel_bias_table"]
+ROW_TOL = 1e-4  # float32 against float64, a row's error over its own scale
+
+
+def empty_rows_causal(q, k, v):
+    """Causal, and the first 3 query rows keep no key (the spec's softmax gives NaN there)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 3)
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def empty_rows_reference(q, k, v):
+    """The same without NaN rows: a huge finite fill, the empty rows' probabilities zeroed by a where."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 3)
+    pr = torch.softmax(s.masked_fill(~keep, -1e300), dim=-1)
+    return torch.where(keep.any(-1)[:, None], pr, torch.zeros_like(pr)) @ v
+
+
+def _case(name):
+    c = next(c for c in CASES if c.name == name)
+    return c.fn, lambda: c.make(2, 4, 2 if name == "gqa_expand" else 4, 37, 16, torch.float32), c.fn
+
+
+def _grads(fn, args, dout):
+    """The outputs' gradients of every floating tensor argument (and the output), in float64 where args are."""
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in args]
+    out = fn(*leaves)
+    out.backward(dout.to(out.dtype))
+    return out, [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+def _check(got, want, tol=ROW_TOL):
+    for g, w in zip(got, want):
+        assert g is not None and torch.isfinite(g).all()
+        v = judge_rows(g, w, tol)
+        assert v.ok, v
+
+
+def _reference(fn, args, dout):
+    return _grads(fn, tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                            for a in args), dout.double())
+
+
+@pytest.mark.parametrize("name", NAMES + ["empty_rows"])
+def test_eager_backward_matches_float64_autograd(monkeypatch, name):
+    made = serve_by_op(monkeypatch)
+    if name == "empty_rows":
+        fn, make, ref_fn = empty_rows_causal, lambda: tuple(torch.randn(2, 4, 37, 16) for _ in range(3)), \
+            empty_rows_reference
+    else:
+        fn, make, ref_fn = _case(name)
+    f = tc.compile(fn)
+    args = make()
+    dout = torch.randn(args[0].shape[:-1] + (args[2].shape[-1],))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out, got = _grads(f, args, dout)
+    assert out.grad_fn is not None and f.served["kernel"] == 1 and f.served["spec"] == 0, f.served
+    runner = made[-1]
+    assert runner.forward_calls == 1
+    assert backward_runner.backward_for(runner.kernel_id).served == {"reference": 1}
+    assert any("reference backward" in str(w.message) for w in seen)  # on the CPU the kernel is refused, said
+    _, want = _reference(ref_fn, args, dout)
+    _check(got, want)
+
+
+def _compiled_pair(monkeypatch, name="softcap_causal"):
+    serve_by_op(monkeypatch)
+    fn, make, _ = _case(name)
+    f = tc.compile(fn, fallback="silent")
+    args = make()
+    with torch.no_grad():
+        f(*args)  # builds (here: registers) the runner eagerly, before any trace
+    return f, fn, args
+
+
+def test_torch_compile_fullgraph_backward(monkeypatch):
+    torch._dynamo.reset()
+    f, fn, args = _compiled_pair(monkeypatch, "alibi_tensor")
+    model = torch.compile(lambda q, k, v, s: f(q, k, v, s) * 2, fullgraph=True)
+    dout = torch.randn_like(args[0])
+    _, got = _grads(model, args, dout)
+    _, want = _reference(lambda *a: fn(*a) * 2, args, dout)
+    _check(got, want)
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served["reference"] >= 1
+
+
+def test_checkpointed_backward(monkeypatch):
+    f, fn, args = _compiled_pair(monkeypatch)
+    dout = torch.randn_like(args[0])
+    _, got = _grads(lambda *a: checkpoint(f, *a, use_reentrant=False), args, dout)
+    _, want = _reference(fn, args, dout)
+    _check(got, want)
+    assert f.kernels()[-1].forward_calls == 2  # the forward and its recompute (the no-grad call: no op)
+
+
+def test_autocast_backward(monkeypatch):
+    """Forward under autocast, backward after it (as a training step does): the gradients are the inputs'
+    dtype and as close to float64 as the spec's own under autocast."""
+    f, fn, args = _compiled_pair(monkeypatch)
+    dout = torch.randn_like(args[0])
+    errs = []
+    _, want = _reference(fn, args, dout)
+    for g in (f, fn):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = g(*leaves)
+        out.backward(dout.to(out.dtype))
+        assert all(a.grad.dtype == a.dtype for a in leaves)
+        errs.append(max(float((a.grad.double() - w).norm() / w.norm()) for a, w in zip(leaves, want)))
+    assert errs[0] <= 2 * errs[1] + 1e-4, errs
+    assert f.served["kernel"] == 2 and f.served["spec"] == 0  # the no-grad build call, and this one
+
+
+def test_no_grad_keeps_the_kernel_path(monkeypatch):
+    f, fn, args = _compiled_pair(monkeypatch)
+    leaves = [a.requires_grad_() for a in args]
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            out = f(*leaves)
+        assert out.grad_fn is None
+    assert f.kernels()[-1].forward_calls == 0  # served by the kernel path: no op call, nothing saved
+
+
+def test_double_backward_raises_clearly(monkeypatch):
+    f, fn, args = _compiled_pair(monkeypatch)
+    q = args[0].clone().requires_grad_()
+    out = f(q, *args[1:])
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+
+
+def _stand_in(scale_row: float | None):
+    """A stand-in 'GPU kernel': the float32 reference's dQ, dK, dV, one row of dQ scaled where asked."""
+    def build(p, arch, dtype, head_dim):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
+            if scale_row is not None:
+                dq[0, 0, 5] *= scale_row
+            return dq, dk, dv
+        return kern
+    return build
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+def test_kernel_gate_serves_a_verified_kernel_and_refuses_a_wrong_one(monkeypatch, wrong):
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(1.2 if wrong else None))
+    f, fn, args = _compiled_pair(monkeypatch)
+    dout = torch.randn_like(args[0])
+    bw, first = None, None
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _, got = _grads(f, args, dout)
+        first = seen if first is None else first
+        bw = backward_runner.backward_for(f.kernels()[-1].kernel_id)
+        _, want = _reference(fn, args, dout)
+        _check(got, want)  # right either way: a wrong kernel is caught on its first backward
+    if wrong:
+        assert bw.served == {"reference": 2}
+        assert any("failed its check" in str(w.message) and "dQ" in str(w.message) for w in first)
+    else:
+        assert bw.served == {"kernel": 2}
+
+
+def test_kernel_gate_passes_learnable_extras_to_the_reference(monkeypatch):
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
+    f, fn, args = _compiled_pair(monkeypatch, "alibi_tensor")
+    dout = torch.randn_like(args[0])
+    _, got = _grads(f, args, dout)
+    assert got[3] is not None  # the slopes' gradient
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
+    _, want = _reference(fn, args, dout)
+    _check(got, want)

@@ -1,0 +1,106 @@
+"""The sm_80-class backward kernel (lower/backward.py, csrc/cubridge/bwd_*.cuh) for one program at one head
+dim and dtype: built once, then launched per backward as three kernels (the preprocess: delta and dQ's
+float32 accumulator; the main kernel: a CTA per key tile; the postprocess: dQ in the input dtype).
+
+It reads q, k, v, O, dO as [B, H, S, D] with the last dim contiguous, the forward's LSE [B, H, Sq] in
+float32, and writes dQ, dK, dV straight into tensors in the operands' own layouts.
+"""
+from __future__ import annotations
+
+import struct
+import torch
+
+from ..ir.bind import scalar_values, sizes_of, to_canonical
+from ..ir.interval import interval
+from ..ir.program import Program
+from .backward_reference import canonical_out
+
+FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
+BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
+
+
+def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
+    """Why the kernel cannot take this call (before lower_backward's own refusals); None where it can."""
+    if not q.is_cuda:
+        return "the tensors are not on a CUDA device"
+    if not has_lse:
+        return "the forward saved no log-sum-exp"
+    if p.sink is not None:
+        return "an attention sink has no backward kernel"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"the backward kernel computes in bfloat16 or float16, not {q.dtype}"
+    qc, kc, vc = (to_canonical(t, op) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
+    if not (kc.shape[0] == vc.shape[0] == qc.shape[0]) or 0 in (*kc.stride()[:2], *vc.stride()[:2]):
+        return "K or V is broadcast over the batch or the heads"
+    return None
+
+
+class GpuBackward:
+    """The three kernels of one program's backward, at one head dim, dtype and arch."""
+
+    def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int) -> None:
+        from ..build import compile_cubin
+        from ..config import csrc_dir
+        from ..lower.backward import ROWS_PER_CTA, lower_backward
+        from ..ops.launch import CubinKernel
+        from ..ops.pack import params_format
+        self.p = p
+        self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim)
+        cub = compile_cubin(low.source, arch, include_dirs=[csrc_dir()])
+        rows = 32 * ROWS_PER_CTA
+        self.rows_per_cta = ROWS_PER_CTA
+        self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)
+        self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
+        self.post = CubinKernel(cub, low.kernels[2], threads=rows, smem_bytes=0)
+        self.fmt = params_format(low.params)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                 scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """dQ, dK, dV in q's, k's and v's layouts (out and dout in the kernel's layout; lse [B, H, Sq])."""
+        from ..ops.pack import pack_params
+        p = self.p
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        qc, kc, vc = (_rows(to_canonical(t, op)) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
+        dqc, dkc, dvc = (to_canonical(t, op) for t, op in ((dq, p.q), (dk, p.k), (dv, p.v)))
+        B, H, Sq, D = qc.shape
+        Hkv, Skv = kc.shape[1], kc.shape[2]
+        oc = _rows(canonical_out(p, out, B, H, Sq, vc.shape[-1]))
+        doc = _rows(canonical_out(p, dout, B, H, Sq, vc.shape[-1]))
+        lse = lse.float().contiguous()
+        sizes = sizes_of(p, qc, kc)
+        it = iter(scalars)
+        scal = scalar_values(p, {s.arg: next(it) for s in p.scalars if s.arg is not None}, sizes)
+        scale = 1.0
+        if self.low.scale is not None:
+            scale = interval(self.low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
+        tensors = {x.name: t for x, t in zip(p.extras, extras)}
+        params = pack_params(self.fmt, self.low.params, tensors, scal, {})
+        delta = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
+        dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
+        # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
+        # dim strided, they write a dense buffer copied over after
+        bufs = [t if t.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                for t in (dqc, dkc, dvc)]
+        args = struct.pack(BWD, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
+                           *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
+                           doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
+                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))))
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        rows = (-(-Sq // self.rows_per_cta), H, B)
+        self.pre.launch(rows, (args,), stream)
+        self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), (args, params), stream)
+        self.post.launch(rows, (args,), stream)
+        for t, b in zip((dqc, dkc, dvc), bufs):
+            if b is not t:
+                t.copy_(b)
+        return dq, dk, dv
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t with its last dim contiguous (the kernel reads rows of D elements)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _st(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)

@@ -1,0 +1,87 @@
+"""The custom op's call seen by the backward: its operands as [B, H, S, D] views, the environment the
+program's expressions read, and the reference backward of the attention (ir/backward.py) on them.
+
+The op takes the spec's own q, k and v (after any prologue), its extra tensors and its argument scalars; the
+output it returns is in the kernel's layout (Plan.out_layout). The reference backward recomputes O and the
+rows' log-sum-exp from the operands (never trusting the forward kernel's LSE) and gives dQ, dK, dV and the
+learnable extras' gradients in the operands' own layouts. It runs wherever the tensors lie, a query tile at
+a time (ir/backward.py's BLOCK_M rows against every key), so nothing of size Sq x Skv is ever held.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ir.backward import attention_backward, saved_forward
+from ..ir.bind import head_index, scalar_values, sizes_of, to_canonical
+from ..ir.interpreter import index_env
+from ..ir.program import Program
+
+
+@dataclass
+class OpCall:
+    """One call of the op, canonical: q, k, v as [B, H, S, D] views in `fdt`; env for the expressions."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    env: dict[str, Any]
+    hk: torch.Tensor
+    fdt: torch.dtype
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every other dtype is computed in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def op_call(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+            scalars: list[float], fdt: torch.dtype) -> OpCall:
+    """The op's arguments as the reference reads them (extras in p.extras' order; scalars: the values of
+    the scalars read from arguments, in p.scalars' order)."""
+    qc, kc, vc = (to_canonical(t, op).to(fdt) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
+    sizes = sizes_of(p, qc, kc)
+    B, H = qc.shape[:2]
+    it = iter(scalars)
+    bound = {s.arg: next(it) for s in p.scalars if s.arg is not None}
+    # float scalars as fdt tensors: `evaluate` meets two Python floats in torch's default float32
+    scal = {n: torch.tensor(x, dtype=fdt) if isinstance(x, float) else x
+            for n, x in scalar_values(p, bound, sizes).items()}
+    tensors = {x.name: t.detach() for x, t in zip(p.extras, extras)}
+    env = index_env(sizes, scal, tensors, B, H, qc.device)
+    return OpCall(qc, kc, vc, env, head_index(p, H, sizes["Hkv"]).to(qc.device), fdt)
+
+
+def canonical_out(p: Program, out: torch.Tensor, B: int, H: int, Sq: int, Dv: int) -> torch.Tensor:
+    """The op's output (or its gradient), in the kernel's layout, viewed as [B, H, Sq, Dv]."""
+    from .fastpath import Plan
+    shape, strides = Plan(p).out_layout(B, H, Sq, Dv)
+    return out.reshape(shape).contiguous().as_strided((B, H, Sq, Dv), strides)
+
+
+def in_layout_of(like: torch.Tensor, op: Any, g: torch.Tensor) -> torch.Tensor:
+    """g ([B, H, S, D]) written into a tensor of like's shape, dtype and strides (the operand's layout)."""
+    out = torch.empty_like(like)
+    to_canonical(out, op).copy_(g)
+    return out
+
+
+def reference_backward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                       scalars: list[float], dout: torch.Tensor, dlse: torch.Tensor | None, learn: list[int],
+                       fdt: torch.dtype | None = None, o: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """dQ, dK, dV in q's, k's and v's layouts and dtypes, and the gradients of extras[i] for i in `learn`.
+    `dout`: the output's gradient in the kernel's layout; `dlse`: the LSE's ([B, H, Sq]) or None. `o`: the
+    forward's O as [B, H, Sq, Dv] (the verification hands the kernel's own, as its delta reads it); None:
+    recomputed with the LSE in `fdt` (default: float32, float64 for float64 operands)."""
+    c = op_call(p, q, k, v, extras, scalars, fdt or compute_dtype(q))
+    B, H, Sq, _ = c.q.shape
+    o_ref, lse = saved_forward(p, c.q, c.k, c.v, c.env, c.hk, c.fdt)
+    o = o_ref if o is None else o.to(c.fdt)
+    do = canonical_out(p, dout, B, H, Sq, c.v.shape[-1]).to(c.fdt)
+    dl = None if dlse is None else dlse.to(c.fdt).unsqueeze(-1)
+    names = {p.extras[i].name for i in learn}
+    dq, dk, dv, grads = attention_backward(p, c.q, c.k, c.v, dict(c.env), c.hk, o, lse, do, dl, names, c.fdt)
+    return (in_layout_of(q, p.q, dq), in_layout_of(k, p.k, dk), in_layout_of(v, p.v, dv),
+            [grads[p.extras[i].name].to(extras[i].dtype) for i in learn])

@@ -1,0 +1,177 @@
+"""The backward of the custom op (ops/custom_op.py): one interface, two implementations.
+
+- The GPU kernel (ops/backward_gpu.py), where lower_backward takes the program and the call (dtype, head dim,
+  no learnable extras, no sink, no gradient reaching a returned LSE) and its first backward, at each head
+  dim and dtype, matched the float64 reference on the call's own inputs, row by row. A kernel that fails
+  that check, or raises, never serves that program again in this process.
+- The reference backward (ops/backward_reference.py: ir/backward.py's backward of the program, checked
+  against float64 autograd of the spec in tests/ir), recomputed from the saved operands, a query tile at a
+  time, in float32 (float64 for float64 operands). It serves everything else, with a warning once per
+  program and reason.
+
+`served` counts who computed each backward: "kernel" or "reference".
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any
+
+import torch
+
+from ..ir.bind import to_canonical
+from ..verify.judge import judge_rows
+from . import backward_gpu
+from .backward_reference import canonical_out, reference_backward
+
+# a row of dQ, dK or dV may be off by this fraction of its own largest element (floored at 1/32 of the median
+# row's): bf16 P and dS on the tensor cores give ~1e-2 (benchmarks/kernel_dev/bwd_check.py), a wrong tile,
+# a missed mask or a lost key is of the order of the row itself
+ROW_TOL = 0.05
+
+
+def autograd_refusal(runner: Any) -> str | None:
+    """Why a call of `runner`'s program that needs gradients cannot go through the op; None where it can.
+    The op's output is the kernel's, before anything PyTorch applies after it but the layout."""
+    from ..ir.backward import derive
+    p = runner.p
+    if getattr(runner, "paged", None) is not None or getattr(runner, "segments", None) is not None:
+        return "K and V read in place from pages or pieces have no backward"
+    if p.row_scale is not None:
+        return "a row scale applied inside the op has no backward yet"
+    if p.epilogue:
+        return "ops after the attention output run outside the op only in eager calls without gradients"
+    learnable = {x.name for x in p.extras if x.dtype.startswith(("float", "bfloat"))}
+    try:
+        derive(p, learnable)
+    except Exception as err:  # NotDifferentiable: a step function of the scores
+        return f"the score has no derivative ({err})"
+    return None
+
+
+def prepare(runner: Any) -> None:
+    """Decide once, before any trace, whether calls that need gradients may go through the op."""
+    try:
+        why = autograd_refusal(runner)
+    except Exception as err:  # never an internal exception: such calls run the spec
+        why = f"{type(err).__name__}: {err}"
+    try:
+        runner.autograd_refusal = why
+    except AttributeError:  # a plain function serving (tests): no op path
+        pass
+
+
+class BackwardRunner:
+    """The backward of one kernel id's program: `__call__` gives dQ, dK, dV and the learnable extras'
+    gradients, by the GPU kernel where it is verified, else by the reference."""
+
+    def __init__(self, runner: Any) -> None:
+        self.p = runner.p
+        self.name = getattr(runner, "kernel_id", "attention")
+        self.lse_out = bool(getattr(runner, "_lse_out", False))
+        self.served: collections.Counter = collections.Counter()
+        self._kernels: dict[tuple, Any] = {}     # (arch, dtype, head dim) -> GpuBackward, or None
+        self._verified: dict[tuple, bool] = {}   # its verdict on its first call
+        self._why: dict[tuple, str] = {}         # why it does not serve
+        self._warned: set[str] = set()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                 scalars: list[float], out: torch.Tensor, lse: torch.Tensor | None, dout: torch.Tensor,
+                 dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   list[torch.Tensor]]:
+        why = self._refusal(q, k, v, lse, dlse, learn)
+        if why is None:
+            key = self._key(q)
+            try:
+                got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout)
+            except Exception as err:  # a build or launch failure: the reference serves this program from now on
+                self._kernels[key] = None
+                self._why[key] = f"the backward kernel failed ({type(err).__name__}: {err})"
+                got = None
+            if got is not None:
+                self.served["kernel"] += 1
+                return (*got, [])
+            why = self._why[key]
+        self._warn(why)
+        self.served["reference"] += 1
+        return reference_backward(self.p, q, k, v, extras, scalars, dout, dlse if self.lse_out else None, learn)
+
+    # -- the kernel's gate -----------------------------------------------------------------
+    def _refusal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor | None,
+                 dlse: torch.Tensor | None, learn: list[int]) -> str | None:
+        if learn:
+            return "gradients of learnable tensors the score reads have no backward kernel yet"
+        if self.lse_out and dlse is not None:
+            return "the spec returns the rows' log-sum-exp, whose gradient the backward kernel does not take"
+        return backward_gpu.refusal(self.p, q, k, v, lse is not None)
+
+    def _key(self, q: torch.Tensor) -> tuple:
+        """(arch, dtype, head dim, device model): one kernel and one verdict each."""
+        d = to_canonical(q, self.p.q).shape[-1]
+        if not q.is_cuda:
+            return q.device.type, q.dtype, d, q.device.type
+        major, minor = torch.cuda.get_device_capability(q.device)
+        return f"sm_{major}{minor}", q.dtype, d, torch.cuda.get_device_name(q.device)
+
+    def _kernel(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The kernel's gradients, or None where it does not serve (self._why says why)."""
+        if key not in self._kernels:
+            self._kernels[key] = None
+            try:
+                self._kernels[key] = build_kernel(self.p, key[0], key[1], key[2])
+            except Exception as err:  # UnsupportedSpec from lower_backward, or a build error
+                self._why[key] = f"no backward kernel ({type(err).__name__}: {err})"
+        kern = self._kernels[key]
+        if kern is None:
+            return None
+        got = kern(q, k, v, extras, scalars, out, lse, dout)
+        if key not in self._verified:
+            bad = self.check(q, k, v, extras, scalars, out, dout, got)
+            self._verified[key] = bad is None
+            if bad is not None:
+                self._kernels[key] = None
+                self._why[key] = f"the backward kernel failed its check against float64 on this call ({bad})"
+                return None
+        return got
+
+    def check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+              scalars: list[float], out: torch.Tensor, dout: torch.Tensor,
+              got: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> str | None:
+        """got (dQ, dK, dV) against the float64 backward of the same call, with the O the kernel was handed
+        (its delta = rowsum(dO * O) reads that O, as every FlashAttention-style backward does), each row held
+        to ROW_TOL of its own scale. None where every row holds; else which gradient failed and how."""
+        p = self.p
+        qc, vc = to_canonical(q, p.q), to_canonical(v, p.v)
+        o = canonical_out(p, out, *qc.shape[:3], vc.shape[-1])
+        ref = reference_backward(p, q, k, v, extras, scalars, dout, None, [], fdt=torch.float64, o=o)
+        for name, g, r, op in zip(("dQ", "dK", "dV"), got, ref, (p.q, p.k, p.v)):
+            verdict = judge_rows(to_canonical(g, op), to_canonical(r, op), ROW_TOL)
+            if not verdict.ok:
+                return f"{name} {verdict}"
+        return None
+
+    def _warn(self, why: str) -> None:
+        if why in self._warned:
+            return
+        self._warned.add(why)
+        from ..compile import user_stacklevel
+        warnings.warn(f"torch_cubridge: {self.name}: the reference backward computes the gradients: {why}",
+                      RuntimeWarning, stacklevel=user_stacklevel())
+
+
+def build_kernel(p: Any, arch: str, dtype: torch.dtype, head_dim: int) -> Any:
+    """The GPU backward of p (ops/backward_gpu.py); tests replace it to stand in for the kernel."""
+    return backward_gpu.GpuBackward(p, arch, dtype, head_dim)
+
+
+_RUNNERS: dict[str, BackwardRunner] = {}
+
+
+def backward_for(kernel_id: str) -> BackwardRunner:
+    """The backward runner of a registered kernel (ops/registry.py), made at its first backward."""
+    if kernel_id not in _RUNNERS:
+        from .registry import runner_for
+        _RUNNERS[kernel_id] = BackwardRunner(runner_for(kernel_id))
+    return _RUNNERS[kernel_id]
