@@ -28,6 +28,8 @@ struct BwdArgs {
 };
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
+// lower/backward.py picks BM (bwd_block_m: registers and the arch's shared memory) and checks its copy of
+// kSmemBytes against this one in the generated source.
 template <int D, int BM, int Warps>
 struct BwdTile {
   static constexpr int kHeadDim = D;
@@ -38,24 +40,17 @@ struct BwdTile {
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kLd = kPadD + 8;           // padded row pitch of Q, K, V, dO (ldmatrix rows in distinct banks)
   static constexpr int kLdS = kBlockN + 8;        // dS staged as [query][key] for dQ = dS K
-  // The dQ step: warps tile dQ's BM x kPadD as (BM / 16) row tiles by kDqGroups column groups.
+  // The dQ step: warps tile dQ's BM x kPadD as (BM / 16) row tiles by kDqGroups column groups; group g takes
+  // the 16-column pairs g, g + kDqGroups, ... (kDqPairs at most; fewer where the pairs do not split evenly,
+  // as 96 columns over 4 groups).
   static constexpr int kDqGroups = Warps / (BM / 16);
-  static constexpr int kDqCols = kPadD / kDqGroups;
+  static constexpr int kDqPairs = (kPadD / 16 + kDqGroups - 1) / kDqGroups;
   // K and V (resident), two stages of Q and dO, dS, two stages of the rows' LSE and delta (floats).
   static constexpr int kSmemBytes =
       (2 * kBlockN * kLd + 4 * BM * kLd + BM * kLdS) * 2 + 4 * BM * 4;
 
   static_assert(D % 8 == 0 && D >= 8 && D <= 256, "head dim in steps of 8, at most 256");
   static_assert(BM % 16 == 0 && Warps % (BM / 16) == 0, "dQ's row tiles split the warps evenly");
-  static_assert(kDqCols % 16 == 0, "dQ's column groups are whole k16 pairs");
 };
-
-// Per head dim (padded to 16): 8 warps of 16 keys (128 keys a CTA). A warp's dK and dV rows take kPadD
-// registers a thread, S^T and dP^T BM / 2 each, dQ's share kPadD * 16 / BM: past 64 columns, 64 query rows a
-// step spilled at 255 registers (sm_80), and 32 still did where a mask hook is called, so wider heads take 16
-// (lower/backward.py bwd_block_m agrees).
-__host__ __device__ constexpr int bwd_block_m(int d) { return pad16(d) <= 64 ? 64 : 16; }
-template <int D, class T>
-struct BwdConfig : BwdTile<D, bwd_block_m(D), 8> {};
 
 }  // namespace cubridge

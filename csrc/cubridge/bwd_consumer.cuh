@@ -20,7 +20,7 @@ struct BwdWarp {
   static constexpr int NT = BM / 8;             // n8 query tiles of S^T
   static constexpr int KC = Cfg::kPadD / 16;    // k16 steps over the head dim
   static constexpr int DT = Cfg::kPadD / 8;     // n8 tiles of a dK / dV row
-  static constexpr int QT = Cfg::kDqCols / 8;   // n8 tiles of a warp's dQ columns
+  static constexpr int QP = Cfg::kDqPairs;      // 16-column pairs of a warp's dQ share
   // The default score s * scale: X kept as the raw dot product, scale * log2e folded into the exponent
   // (softmax.cuh's factor), and dscore/ds is the scale.
   static constexpr bool kRaw = score_is_default<Variant>(0);
@@ -47,16 +47,28 @@ struct BwdWarp {
     constexpr float kLog2e = 1.4426950408889634f;
     const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
     const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-    const bool call_mask = Variant::kHasMask && cls == kPartial;
+    // The mask's verdicts, first, as bits of one register (element nt * 4 + e): as per-element predicates
+    // alive through the exponentials they take registers the masked variants lack at 32 rows a step.
+    static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
+    unsigned drop = 0;
+    if constexpr (Variant::kHasMask)
+      if (cls == kPartial) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int q = imin(q_lo + nt * 8 + (lane % 4) * 2 + e % 2, sq - 1);
+            const int kv = imin(kv_row0 + (e / 2) * 8, skv - 1);
+            drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
+          }
+      }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
         const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
-        bool keep = q < sq && kv < skv;
-        if constexpr (Variant::kHasMask)
-          if (call_mask) keep = keep && Hook<Variant>::mask(a, p, b, h, qc, kc);
+        const bool keep = q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u);
         const float raw = s[0][nt][e];
         const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
         const float lse = sLse[ql];
@@ -85,26 +97,30 @@ struct BwdWarp {
       for (int e = 0; e < 4; ++e) sdS[(nt * 8 + (lane % 4) * 2 + e % 2) * LDS + kl + (e / 2) * 8] = from_f32<T>(ds[0][nt][e]);
   }
 
-  // dQ[q_lo.., :] += dS K: this warp's 16 rows (row tile warp % (BM / 16)) and kDqCols columns (group
-  // warp / (BM / 16)), added to the float32 accumulator of head h. After a barrier past every warp's stage_ds.
+  // dQ[q_lo.., :] += dS K: this warp's 16 rows (row tile warp % (BM / 16)) and its column group's 16-column
+  // pairs (group warp / (BM / 16)), added to the float32 accumulator of head h. After a barrier past every
+  // warp's stage_ds.
   __device__ __forceinline__ void dq(const T* sdS, const T* sK, const BwdArgs& a, int b, int h, int q_lo) const {
-    constexpr int D = Cfg::kHeadDim;
-    const int mt = warp % (BM / 16), c0 = (warp / (BM / 16)) * Cfg::kDqCols;
-    float acc[QT][4];
+    constexpr int D = Cfg::kHeadDim, G = Cfg::kDqGroups, PAIRS = Cfg::kPadD / 16;
+    const int mt = warp % (BM / 16), g = warp / (BM / 16);
+    float acc[QP][2][4];
 #pragma unroll
-    for (int t = 0; t < QT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int j = 0; j < QP; ++j)
+#pragma unroll
+      for (int t = 0; t < 2; ++t) acc[j][t][0] = acc[j][t][1] = acc[j][t][2] = acc[j][t][3] = 0.f;
     const unsigned a_addr = smem_u32(sdS) + (mt * 16 * LDS + lane_off_a<LDS>(lane)) * 2;
-    const unsigned b_addr = smem_u32(sK) + (lane_off_v<LD>(lane) + c0) * 2;
+    const unsigned b_addr = smem_u32(sK) + (lane_off_v<LD>(lane) + g * 16) * 2;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       unsigned fa[4];
       ldsm_x4(fa, a_addr + kk * 16 * 2);
 #pragma unroll
-      for (int dp = 0; dp < QT / 2; ++dp) {
+      for (int j = 0; j < QP; ++j) {
+        if (PAIRS % G != 0 && g + j * G >= PAIRS) continue;  // warp-uniform: this group has fewer pairs
         unsigned fb[4];
-        ldsm_x4_t(fb, b_addr + (kk * 16 * LD + dp * 16) * 2);
-        mma16816<T>(acc[2 * dp], fa, fb[0], fb[1]);
-        mma16816<T>(acc[2 * dp + 1], fa, fb[2], fb[3]);
+        ldsm_x4_t(fb, b_addr + (kk * 16 * LD + j * G * 16) * 2);
+        mma16816<T>(acc[j][0], fa, fb[0], fb[1]);
+        mma16816<T>(acc[j][1], fa, fb[2], fb[3]);
       }
     }
     const int sq = static_cast<int>(a.f.Sq);
@@ -114,11 +130,15 @@ struct BwdWarp {
       const int q = q_lo + mt * 16 + lane / 4 + hf * 8;
       if (q >= sq) continue;
 #pragma unroll
-      for (int t = 0; t < QT; ++t) {
-        const int c = c0 + t * 8 + (lane % 4) * 2;
-        if (D % 16 != 0 && c >= D) continue;  // the padded columns
-        atomicAdd(row + static_cast<long long>(q) * D + c, acc[t][2 * hf]);
-        atomicAdd(row + static_cast<long long>(q) * D + c + 1, acc[t][2 * hf + 1]);
+      for (int j = 0; j < QP; ++j) {
+        if (PAIRS % G != 0 && g + j * G >= PAIRS) continue;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const int c = (g + j * G) * 16 + t * 8 + (lane % 4) * 2;
+          if (D % 16 != 0 && c >= D) continue;  // the padded columns
+          atomicAdd(row + static_cast<long long>(q) * D + c, acc[j][t][2 * hf]);
+          atomicAdd(row + static_cast<long long>(q) * D + c + 1, acc[j][t][2 * hf + 1]);
+        }
       }
     }
   }

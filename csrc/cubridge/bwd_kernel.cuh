@@ -54,6 +54,14 @@ __device__ __forceinline__ void attention_bwd(const BwdArgs& a, const typename V
   int item = walk.next(0), stage = 0;
   if (item < walk.n_items) loads.load_q_block(sQ, sdO, sLse, sDelta, walk.head(item), walk.q_lo(item), tid);
 
+  // Shared buffers and the barriers between their writers and readers, the same on every path (only live
+  // items are visited, each takes both barriers, full and partial alike; rows past Sq are zero-filled copies):
+  //   sK, sV: copied once before the loop, read by every step (products, dq) after its first barrier.
+  //   stage s of sQ, sdO, sLse, sDelta: copied (cp.async) by step i - 1 after its first barrier, read by step i
+  //     (products, grads, accumulate) after its wait and first barrier; copied over again by step i + 1, after
+  //     step i + 1's first barrier, which every warp reaches only past its step-i reads.
+  //   sdS: written by stage_ds before step i's second barrier, read by dq after it; written again by step
+  //     i + 1 only after its first barrier, which every warp reaches only past its step-i dq.
   while (item < walk.n_items) {
     const int h = walk.head(item), q_lo = walk.q_lo(item), cls = walk.cls(item);
     cp_async_wait<0>();

@@ -23,7 +23,7 @@ ROWS_PER_CTA = 8  # bwd_prepost.cuh kBwdRowsPerCta: a warp per query row
 
 @dataclass(frozen=True)
 class BwdTile:
-    """bwd_config.cuh's BwdConfig: BM query rows a step, 16 keys a warp (block_n = 16 * warps)."""
+    """bwd_config.cuh's BwdTile: BM query rows a step, 16 keys a warp (block_n = 16 * warps)."""
     head_dim: int
     block_m: int = 64
     warps: int = 8
@@ -42,9 +42,26 @@ class BwdTile:
         return (2 * self.block_n * ld + 4 * self.block_m * ld + self.block_m * lds) * 2 + 4 * self.block_m * 4
 
 
-def bwd_block_m(head_dim: int) -> int:
-    """bwd_config.cuh's bwd_block_m: query rows a step (fewer for wide heads, whose dK and dV fill registers)."""
-    return 64 if pad16(head_dim) <= 64 else 16
+# The most dynamic shared memory one CTA may take (bytes) by compute capability; others take the least
+# (sm_86, sm_89, sm_120: 99 KB).
+_SMEM_MAX = {80: 166912, 87: 166912, 90: 232448, 100: 232448, 103: 232448}
+_SMEM_LEAST = 101376
+
+
+def smem_max(arch: str) -> int:
+    """The dynamic shared memory one CTA may take on `arch` ("sm_80", "sm_90a", ...)."""
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    return _SMEM_MAX.get(int(digits), _SMEM_LEAST) if digits else _SMEM_LEAST
+
+
+def bwd_block_m(head_dim: int, arch: str = "sm_80") -> int:
+    """Query rows a step. A warp's dK and dV rows take pad16(D) registers a thread and S^T and dP^T BM / 2
+    each: 64 rows up to 64 columns; past them 64 spills at 255 registers where a mask or score hook is called
+    (sm_80 and sm_90), so 32. Halved while the tile's shared memory passes the arch's."""
+    bm = 64 if pad16(head_dim) <= 64 else 32
+    while bm > 16 and BwdTile(head_dim, bm).smem_bytes > smem_max(arch):
+        bm //= 2
+    return bm
 
 
 @dataclass(frozen=True)
@@ -61,7 +78,8 @@ def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | 
     """Why the backward kernel cannot serve this program at these head dims; None where it can."""
     if value_dim is not None and value_dim != head_dim:
         return "the backward kernel takes V's head dim equal to Q's"
-    if not (head_dim % 8 == 0 and 8 <= head_dim <= 128 and pad16(head_dim) % 32 == 0):
+    # padded head dims (24, 56, 88, 120) are left out: at 120 the uneven copies and column guards spill
+    if not (head_dim % 32 == 0 and 32 <= head_dim <= 128):
         return f"the backward kernel takes head dims of 32, 64, 96 or 128, not {head_dim}"
     if p.empty_rows != "zero":
         return "rows with every key masked take the mean of V, whose gradient the backward kernel does not give"
@@ -81,8 +99,10 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 
 
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
-                   value_dim: int | None = None, fast_tanh: bool = True) -> LoweredBackward:
-    """The backward kernels' translation unit for `p` (FA2-class, mma.sync: sm_80 and later)."""
+                   value_dim: int | None = None, fast_tanh: bool = True,
+                   block_m: int | None = None) -> LoweredBackward:
+    """The backward kernels' translation unit for `p` (FA2-class, mma.sync: sm_80 and later). block_m: query
+    rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim)
@@ -92,7 +112,9 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # the forward's block map is laid out for its own tiles: blocks are classed by the index rule with the
         # loads unknown (a block it cannot rule out is partial), and the mask reads its data per element there
         p = replace(p, block_rule="interval")
-    tile = BwdTile(head_dim, bwd_block_m(head_dim))
+    if block_m not in (None, 16, 32, 64):
+        raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
+    tile = BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")
     grad = score_grad_hook(p, CExpr(p, head_dim, fast))
@@ -108,7 +130,9 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         "",
         variant,
         "",
-        f"using Cfg = cubridge::BwdConfig<{D}, {t}>;",
+        f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;",
+        f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
+        '              "lower/backward.py\'s BwdTile agrees with bwd_config.cuh\'s");',
         f'extern "C" __global__ void __launch_bounds__({32 * ROWS_PER_CTA})',
         f"{PRE_NAME}(cubridge::BwdArgs a) {{",
         f"  cubridge::bwd_preprocess<{D}, {D}, {t}>(a);",
