@@ -74,10 +74,10 @@ def case(name):
 _BUILT: dict = {}
 
 
-def kernels(p, D, arch):
-    key = (p.structure().to_json(), D, arch)
+def kernels(p, D, arch, block_m=None):
+    key = (p.structure().to_json(), D, arch, block_m)
     if key not in _BUILT:
-        low = lower_backward(p, arch, "bfloat16", D)
+        low = lower_backward(p, arch, "bfloat16", D, block_m=block_m)
         cub = compile_cubin(low.source, arch, include_dirs=[csrc_dir()])
         t = low.tile
         _BUILT[key] = (low, CubinKernel(cub, low.kernels[0], threads=32 * ROWS_PER_CTA, smem_bytes=0),
@@ -90,9 +90,10 @@ def st(x):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-def run_backward(p, bound, q, k, v, o, lse, do, D, arch):
-    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
-    low, pre, main, post = kernels(p, D, arch)
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch, block_m=None):
+    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32;
+    block_m: query rows a step, None for the lowering's choice)."""
+    low, pre, main, post = kernels(p, D, arch, block_m)
     B, H, Sq, _ = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     sizes = sizes_of(p, q, k)
@@ -188,7 +189,15 @@ def bench(arch):
         flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
         bound = bind_args(p.signature, (q, k, v), {})
         _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
-        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f}"]
+        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch)[0].tile.block_m} rows a step;"]
+        for bm in (16, 32, 64):  # the other steps, for the choice in lower/backward.py bwd_block_m
+            if bm != kernels(p, D, arch)[0].tile.block_m:
+                try:
+                    _, go_bm, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, bm)
+                    row.append(f"{bm}: {flops / timed(go_bm) / 1e12:6.1f}")
+                except Exception as e:  # a tile past the arch's shared memory
+                    row.append(f"{bm}: n/a ({type(e).__name__})")
+        row[-1] += ")"
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
