@@ -38,6 +38,16 @@ def _leaves(args, dtype, learnable=True):
     return out
 
 
+def _dq_allowance(q, k, out, dout):
+    """What dQ may differ from the spec's float64 gradient by, beyond ROW_TOL, per row: delta = rowsum(dO * O)
+    is formed from O in bf16 (as in every flash-style backward), off by up to u * sum|dO * O|, and that reaches dQ
+    through dS = P (dP - delta) dscore/ds (here at most D^-0.5) summed over the row's keys, each at most max|K|.
+    A row that keeps two or three keys has a tiny dQ, and this term is then most of it."""
+    u = 2.0 ** -8  # bf16's unit roundoff (2^-9) with a factor 2 to spare
+    d_err = u * (dout.double() * out.double().nan_to_num()).abs().sum(-1)
+    return 4 * d_err * q.shape[-1] ** -0.5 * k.double().abs().max()
+
+
 def _run(f, args, dout):
     leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
               for a in args]
@@ -51,15 +61,20 @@ def test_backward_matches_float64(name):
     f = tc.compile(fn)
     args = _leaves(make(), torch.bfloat16)
     with torch.no_grad():
-        f(*args)  # builds and verifies the forward
+        out = f(*args)  # builds and verifies the forward
     dout = torch.randn_like(args[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = _run(f, args, dout)
     want = _run(ref_fn, [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                          for a in _leaves(args, torch.float64)], dout.double())
-    for g, w in zip(got, want):
+    for i, (g, w) in enumerate(zip(got, want)):
         assert torch.isfinite(g).all()
+        if i == 0:  # dQ: the spec's O against the kernel's bf16 O, bounded per row
+            err = (g.double() - w).abs().amax(-1)
+            bound = ROW_TOL * w.abs().amax(-1) + _dq_allowance(args[0], args[1], out, dout)
+            assert (err <= bound).all(), (float((err / bound).max()), int((err > bound).sum()))
+            continue
         v = judge_rows(g.float(), w, ROW_TOL)
         assert v.ok, v
     assert f.served["kernel"] == 2 and f.served["spec"] == 0, f.served
