@@ -58,12 +58,6 @@ def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[Any, Any]:
     return x, y
 
 
-def _tensor(x: Any, fdt: torch.dtype) -> torch.Tensor:
-    """x as a tensor; a Python float in fdt (torch.as_tensor would make it float32, and a float64 run would
-    then compute with constants rounded to float32)."""
-    return torch.tensor(x, dtype=fdt) if isinstance(x, float) else torch.as_tensor(x)
-
-
 def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
     """Evaluate over broadcastable tensors. env: vars, "$name" scalars, "@name" tensors."""
     op, a = e.op, e.args
@@ -82,10 +76,10 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
     if op == "where":
         c = torch.as_tensor(evaluate(a[0], env, fdt)).bool()
         x, y = _promote(evaluate(a[1], env, fdt), evaluate(a[2], env, fdt), fdt)
-        return torch.where(c, _tensor(x, fdt), _tensor(y, fdt))
+        return torch.where(c, torch.as_tensor(x), torch.as_tensor(y))
     xs = [evaluate(x, env, fdt) for x in a]
     if len(xs) == 1:
-        x = _tensor(xs[0], fdt)
+        x = torch.as_tensor(xs[0])
         if op in FLOAT_UNARY:
             x = x.to(fdt)
         return {
@@ -100,7 +94,7 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
             "to_bool": lambda: x.bool(),
         }[op]()
     x, y = _promote(xs[0], xs[1], fdt)
-    x, y = _tensor(x, fdt), _tensor(y, fdt)
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
     if op in ("and", "or"):
         return (x.bool() & y.bool()) if op == "and" else (x.bool() | y.bool())
     fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide,
