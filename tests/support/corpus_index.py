@@ -3,6 +3,7 @@ authors' style, beyond the zoo's. Each module lists CASES (softmax attentions, t
 list REFUSED (non-softmax attentions, to be refused cleanly)."""
 from __future__ import annotations
 
+import copy
 import importlib
 from pathlib import Path
 
@@ -39,7 +40,9 @@ def reference(case: Case, args: tuple) -> torch.Tensor:
             return ref
     except RuntimeError:
         pass
-    f32 = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    # tensors and module arguments (a copy: their parameters, a bf16 module's too) in float32
+    f32 = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                else copy.deepcopy(a).float() if isinstance(a, torch.nn.Module) else a for a in args)
     ref = first(case.fn(*f32))
     assert not torch.isnan(ref).any()
     return ref

@@ -45,4 +45,8 @@ def test_corpus_served_by_kernel(case, D):
             out = first(f(*_cuda(args)))
         assert f.served["spec"] == 0 and f.served["kernel"] == seed + 1, [e.reasons or e.reason for e in f.entries()]
         ref = reference(case, _cpu(args))
-        assert rel_err(out.float().cpu(), ref) < 1e-2
+        # the kernel is held to 1e-2, or to 1.5x the spec's own error in bf16 where the spec's arithmetic
+        # amplifies rounding beyond that (Swin V2's logit scale of up to 100 on cosine scores)
+        with torch.no_grad():
+            own = rel_err(first(case.fn(*_cuda(args))).float().cpu(), ref)
+        assert rel_err(out.float().cpu(), ref) < max(1e-2, 1.5 * own), own

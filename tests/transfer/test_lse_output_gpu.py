@@ -89,7 +89,7 @@ def test_torch_compile_returns_the_kernels_log_sum_exp(spec, Sq):
     torch.library.opcheck(torch.ops.cubridge.attention_lse.default, (*args, [], [], runner.kernel_id))
     calls = []
     real = runner.op_forward
-    runner.op_forward = lambda *a: calls.append(1) or real(*a)
+    runner.op_forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     try:
         got = torch.compile(lambda *a: f(*a), fullgraph=True)(*args)
     finally:
