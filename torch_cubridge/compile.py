@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
-import sys
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -31,6 +29,7 @@ from .ir.guards import GuardSet, reader
 from .ir.prologue import operand_shapes
 from .lower.tiles import decode_call
 from .ops import hotpath
+from .callsite import user_stacklevel
 from .ops.backward_runner import prepare as prepare_autograd
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer
@@ -45,18 +44,6 @@ def _fake_call(args: tuple, kwargs: dict) -> bool:
         if isinstance(a, torch.Tensor):
             return isinstance(a, FakeTensor)
     return False
-
-
-def user_stacklevel() -> int:
-    """warnings.warn's stacklevel for its caller that names the first frame outside torch_cubridge, torch
-    and transformers: the user's call, wherever inside them (a module's __call__, a model's forward calling
-    its attention function) the warning arose."""
-    libs = [sys.modules[n] for n in (__package__, "torch", "transformers") if n in sys.modules]
-    dirs = tuple(os.path.dirname(m.__file__) + os.sep for m in libs if getattr(m, "__file__", None))
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(dirs):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 # torch.utils.checkpoint stops a recompute early by raising this through the recomputed forward

@@ -156,7 +156,7 @@ class BackwardRunner:
         if why in self._warned:
             return
         self._warned.add(why)
-        from ..compile import user_stacklevel
+        from ..callsite import user_stacklevel
         warnings.warn(f"torch_cubridge: {self.name}: the reference backward computes the gradients: {why}",
                       RuntimeWarning, stacklevel=user_stacklevel())
 
