@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .bind import as_result, bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
-from .expr import FLOAT_UNARY, ROW_LSE, Expr
+from .expr import COMPARE, FLOAT_UNARY, ROW_LSE, Expr
 from .interval import classify_tile
 from .prologue import run_epilogue, run_prologue
 
@@ -46,21 +46,38 @@ def _step(name: str) -> None:
         _TRACE.append(name)
 
 
-def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[Any, Any]:
-    """Both operands in the float dtype they meet in: float64 where either is a float64 tensor (a loaded one:
-    the kernel computes with it in float64, as torch), else fdt."""
+# Ops whose result jumps where a float operand crosses a boundary (an integer, a threshold). The kernel
+# computes their float operands in float32 (lower/cexpr.py: floorf, (int) of a float, compares against
+# 0.1f), and at a boundary float32 and float64 land on different sides (T5's log-spaced buckets). So the
+# float maths under them runs in float32 here too, even in a float64 run: a float64 verdict must judge the
+# integers and predicates the kernel makes. Continuous maths stays in the run's dtype. A where's condition,
+# a load's indices and a mask (evaluated to bool) are the same kind of boundary.
+_DISCRETE = COMPARE | {"floor", "to_int", "to_bool", "sign", "floordiv", "mod", "not", "and", "or"}
+DISCRETE_FDT = torch.float32
+
+
+def _tensor(x: Any, dt: torch.dtype) -> torch.Tensor:
+    """x as a tensor; a Python float in dt (torch.as_tensor would make it float32, and a float64 run would
+    compute with its constants rounded to float32)."""
+    return torch.tensor(x, dtype=dt) if isinstance(x, float) else torch.as_tensor(x)
+
+
+def _promote(x: Any, y: Any, fdt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands as tensors in the float dtype they meet in: float64 where either is a float64 tensor
+    (a loaded one: the kernel computes with it in float64, with a constant's own value, as torch), else fdt."""
     def is_f(z: Any) -> bool:
         return isinstance(z, float) or (isinstance(z, torch.Tensor) and z.is_floating_point())
-    if is_f(x) or is_f(y):
-        dt = torch.float64 if any(isinstance(z, torch.Tensor) and z.dtype == torch.float64 for z in (x, y)) else fdt
-        x = x.to(dt) if isinstance(x, torch.Tensor) else float(x)
-        y = y.to(dt) if isinstance(y, torch.Tensor) else float(y)
-    return x, y
+    if not (is_f(x) or is_f(y)):
+        return torch.as_tensor(x), torch.as_tensor(y)
+    dt = torch.float64 if any(isinstance(z, torch.Tensor) and z.dtype == torch.float64 for z in (x, y)) else fdt
+    return tuple(z.to(dt) if isinstance(z, torch.Tensor) else torch.tensor(float(z), dtype=dt) for z in (x, y))
 
 
 def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
     """Evaluate over broadcastable tensors. env: vars, "$name" scalars, "@name" tensors."""
     op, a = e.op, e.args
+    if op in _DISCRETE:
+        fdt = DISCRETE_FDT
     if op == "const":
         return e.attr
     if op == "var":
@@ -69,17 +86,17 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
         return env["$" + e.attr]
     if op == "load":
         t = env["@" + e.attr]
-        idx = [torch.as_tensor(evaluate(i, env, fdt)).long() for i in a]
+        idx = [torch.as_tensor(evaluate(i, env, DISCRETE_FDT)).long() for i in a]
         idx = torch.broadcast_tensors(*idx)
         out = t[tuple(idx)]
         return out.to(fdt) if out.is_floating_point() and out.dtype != torch.float64 else out
     if op == "where":
-        c = torch.as_tensor(evaluate(a[0], env, fdt)).bool()
+        c = torch.as_tensor(evaluate(a[0], env, DISCRETE_FDT)).bool()
         x, y = _promote(evaluate(a[1], env, fdt), evaluate(a[2], env, fdt), fdt)
-        return torch.where(c, torch.as_tensor(x), torch.as_tensor(y))
+        return torch.where(c, x, y)
     xs = [evaluate(x, env, fdt) for x in a]
     if len(xs) == 1:
-        x = torch.as_tensor(xs[0])
+        x = _tensor(xs[0], fdt)
         if op in FLOAT_UNARY:
             x = x.to(fdt)
         return {
@@ -94,7 +111,6 @@ def evaluate(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
             "to_bool": lambda: x.bool(),
         }[op]()
     x, y = _promote(xs[0], xs[1], fdt)
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
     if op in ("and", "or"):
         return (x.bool() & y.bool()) if op == "and" else (x.bool() | y.bool())
     fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide,
@@ -165,7 +181,7 @@ def run_bound_program(p: Program, bound: dict[str, Any], core: torch.dtype | Non
             x = torch.as_tensor(evaluate(p.score, env, fdt)).to(torch.float32).to(fdt).expand(B, H, q1 - q0, k1 - k0)
             if cls == 1 and p.mask is not None:
                 _step("hook mask")
-                keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()
+                keep = torch.as_tensor(evaluate(p.mask, env, DISCRETE_FDT)).bool()
                 x = torch.where(keep, x, torch.tensor(-math.inf, dtype=fdt, device=dev))
             _step("softmax online")
             m_new = torch.maximum(m, x.amax(-1, keepdim=True))
@@ -181,7 +197,7 @@ def run_bound_program(p: Program, bound: dict[str, Any], core: torch.dtype | Non
         lse[:, :, q0:q1] = m + torch.log(l)  # -inf for an empty row
         _step("hook sink")
         if p.sink is not None:
-            sink = torch.as_tensor(evaluate(p.sink, env, fdt)).to(fdt).expand(B, H, 1, 1)
+            sink = _tensor(evaluate(p.sink, env, fdt), fdt).to(dev, fdt).expand(B, H, 1, 1)
             m_new = torch.maximum(m, sink)
             alpha = torch.exp(m - m_new)
             l = l * alpha + torch.exp(sink - m_new)
@@ -216,7 +232,7 @@ def row_factor(e: Expr, env: dict[str, Any], B: int, H: int, Sq: int, fdt: torch
     the scale reads it, the rows' LSE ([B, H, Sq, 1])."""
     dev = env["b"].device
     env = dict(env, q=torch.arange(Sq, device=dev).view(1, 1, -1, 1))
-    return torch.as_tensor(evaluate(e, env, fdt), device=dev).to(fdt).expand(B, H, Sq, 1)
+    return _tensor(evaluate(e, env, fdt), fdt).to(dev, fdt).expand(B, H, Sq, 1)
 
 
 def _classify(p: Program, env: dict, box: dict, q0: int, q1: int, k0: int, k1: int, fdt: torch.dtype) -> int:
@@ -227,7 +243,7 @@ def _classify(p: Program, env: dict, box: dict, q0: int, q1: int, k0: int, k1: i
         b2.update({"q": (float(q0), float(q1 - 1)), "kv": (float(k0), float(k1 - 1))})
         return classify_tile(p.mask, b2)
     # runtime pre-pass: evaluate the predicate on the tile (the kernel's block table)
-    keep = torch.as_tensor(evaluate(p.mask, env, fdt)).bool()
+    keep = torch.as_tensor(evaluate(p.mask, env, DISCRETE_FDT)).bool()
     return 0 if not keep.any() else (2 if keep.all() else 1)
 
 
