@@ -21,7 +21,7 @@ import torch
 
 from .bind import bind_args, call_device, extra_tensors, head_index, operand_value, scalar_values, sizes_of, to_canonical
 from .derivative import derivative, load_sites
-from .expr import ROW_LSE, Expr, rewrite, scalar, var
+from .expr import ROW_LSE, Expr, var
 from .interpreter import BLOCK_M, _to_output_layout, evaluate, index_env, row_factor
 from .prologue import run_epilogue, run_prologue
 
@@ -46,23 +46,6 @@ def derive(p: Program, learnable: set[str]) -> Derivatives:
     return Derivatives(derivative(p.score, var("s")), sites, sink)
 
 
-def evaluate_exact(e: Expr, env: dict[str, Any], fdt: torch.dtype) -> Any:
-    """`evaluate`, with the float constants of e read as fdt tensors: evaluate meets a Python float in
-    torch's default float32 (a derivative's ln 2, its 1.0 / 3.0), where float64 must stay float64."""
-    consts: dict[str, torch.Tensor] = {}
-
-    def lift(n: Expr) -> Expr | None:
-        v = n.attr
-        if n.op != "const" or type(v) is not float:
-            return None
-        name = f"__const{len(consts)}"
-        consts["$" + name] = torch.tensor(v, dtype=fdt)
-        return scalar(name)
-
-    e = rewrite(e, lift)
-    return evaluate(e, dict(env, **consts) if consts else env, fdt)
-
-
 def _tile(p: Program, env: dict[str, Any], q: torch.Tensor, k: torch.Tensor, hk: torch.Tensor, q0: int, q1: int,
           fdt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The tile's scores X over every key ([B, H, rows, Skv]) and its kept pairs (None: no mask); sets
@@ -72,7 +55,7 @@ def _tile(p: Program, env: dict[str, Any], q: torch.Tensor, k: torch.Tensor, hk:
     env["kv"] = torch.arange(k.shape[2], device=dev).view(1, 1, 1, -1)
     env["s"] = q[:, :, q0:q1] @ k[:, hk].transpose(-1, -2)
     shape = (q.shape[0], q.shape[1], q1 - q0, k.shape[2])
-    x = torch.as_tensor(evaluate_exact(p.score, env, fdt), device=dev).to(fdt).expand(shape)
+    x = torch.as_tensor(evaluate(p.score, env, fdt), dtype=fdt, device=dev).expand(shape)
     if p.mask is None:
         return x, None
     keep = torch.as_tensor(evaluate(p.mask, env, fdt), device=dev).bool().expand(shape)
@@ -82,7 +65,7 @@ def _tile(p: Program, env: dict[str, Any], q: torch.Tensor, k: torch.Tensor, hk:
 def _sink_factor(p: Program, env: dict[str, Any], lse: torch.Tensor, fdt: torch.dtype) -> torch.Tensor | None:
     if p.sink is None:
         return None
-    c = torch.as_tensor(evaluate_exact(p.sink, env, fdt), device=lse.device).to(fdt).expand_as(lse)
+    c = torch.as_tensor(evaluate(p.sink, env, fdt), dtype=fdt, device=lse.device).expand_as(lse)
     return torch.sigmoid(lse - c)
 
 
@@ -122,7 +105,7 @@ def _scatter(grads: dict[str, torch.Tensor], sites: tuple[tuple[Expr, Expr], ...
     for node, d in sites:
         if node.attr not in grads:
             continue
-        g = dx * torch.as_tensor(evaluate_exact(d, env, fdt), device=dx.device)
+        g = dx * torch.as_tensor(evaluate(d, env, fdt), dtype=fdt, device=dx.device)
         if keep is not None:  # a derivative may be inf or nan on a masked pair, where P is 0
             g = torch.where(keep, g, torch.zeros_like(g))
         idx = tuple(torch.as_tensor(evaluate(i, env, fdt), device=dx.device).long().expand(g.shape)
@@ -162,7 +145,7 @@ def attention_backward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         g_os = g_o if f is None else g_o * f  # the gradient of the scores' own output O / F
         dx = prob * (g_os @ vh.transpose(-1, -2) - (big_d if f is None else f * big_d)
                      + (0.0 if dlse is None else dlse[:, :, q0:q1]))
-        ds = dx * torch.as_tensor(evaluate_exact(der.d_s, env, fdt), device=dx.device)
+        ds = dx * torch.as_tensor(evaluate(der.d_s, env, fdt), dtype=fdt, device=dx.device)
         if keep is not None:
             ds = torch.where(keep, ds, torch.zeros_like(ds))
         dq[:, :, q0:q1] = ds @ kh
@@ -214,11 +197,7 @@ def run_with_grad(p: Program, /, *args: Any, **kwargs: Any) -> Any:
     B, H, Sq, _ = q.shape
     hk = head_index(p, H, sizes["Hkv"]).to(q.device)
     tensors = extra_tensors(p, bound, q.device, made)
-    # float scalars as fdt tensors: `evaluate` meets two Python numbers (a derivative's $p0 / $p1) in torch's
-    # default float32, where float64 must stay float64
-    scal = {n: torch.tensor(x, dtype=fdt) if isinstance(x, float) else x
-            for n, x in scalar_values(p, bound, sizes).items()}
-    env = index_env(sizes, scal, tensors, B, H, q.device)
+    env = index_env(sizes, scalar_values(p, bound, sizes), tensors, B, H, q.device)
     names = tuple(n for n, t in tensors.items() if t.is_floating_point() and t.requires_grad)
     o, lse = _Attend.apply(p, env, hk, names, fdt, q, k, v, *(tensors[n] for n in names))
     if p.row_scale is not None:  # PyTorch scales the kernel's output: autograd carries it, dLSE included
