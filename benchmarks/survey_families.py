@@ -10,7 +10,13 @@ transferred and verified into a program and a kernel choice for sm_90a exists an
 makes before it builds), else "spec" with the reason. The families are transformers' own list of configs
 (CONFIG_MAPPING), or the ones named.
 
-Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [family ...]
+A whole sweep runs past one device call: `--shard K/N` takes every N-th family from the K-th, `--budget S`
+starts no family after S seconds (the rest are rows "not-run"), and `--merge A.json B.json ...` joins the
+shards' files into one result.
+
+Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [--shard K/N]
+       [--budget S] [family ...]
+       python benchmarks/survey_families.py --merge A.json B.json ... --out DIR
 """
 from __future__ import annotations
 
@@ -271,7 +277,7 @@ def _child(family: str, cpu: bool, conn) -> None:
     conn.close()
 
 
-def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report) -> list[dict]:
+def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budget: float = float("inf")) -> list[dict]:
     """Each family in a process of its own, `jobs` at a time, forked from this one after torch, transformers
     and torch_cubridge are imported (seconds a family saved) and before CUDA is touched (a forked CUDA
     context is unusable: each child makes its own). A child past `timeout` is killed."""
@@ -281,7 +287,12 @@ def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report) -> li
     import torch_cubridge.integrations.transformers  # noqa: F401
     ctx = mp.get_context("fork")
     todo, running, rows = list(fams), {}, {}
+    began = time.monotonic()
     while todo or running:
+        if todo and time.monotonic() - began > budget:
+            rows.update({f: {"family": f, "status": "not-run", "why": f"past the {budget:.0f} s budget"}
+                         for f in todo})
+            todo = []
         while todo and len(running) < jobs:
             fam = todo.pop(0)
             recv, send = ctx.Pipe(duplex=False)
@@ -314,11 +325,33 @@ def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report) -> li
     return [rows[f] for f in fams]
 
 
-def families(named: list[str]) -> list[str]:
+def families(named: list[str], shard: str | None = None) -> list[str]:
     if named:
         return named
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    return sorted(CONFIG_MAPPING_NAMES)
+    fams = sorted(CONFIG_MAPPING_NAMES)
+    if shard:
+        k, n = (int(x) for x in shard.split("/"))
+        fams = fams[k::n]
+    return fams
+
+
+def merge(paths: list[str], out: str) -> None:
+    """One result from the shards' files: the rows of all, the counts recomputed, the seconds summed; each
+    shard's commit must be the same (a sweep is of one tree)."""
+    import json
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    commits = {p["commit"] for p in parts}
+    if len(commits) != 1:
+        raise SystemExit(f"error: the shards are of different commits {sorted(commits)}; run them at one commit")
+    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["family"])
+    head = {k: v for k, v in parts[0].items() if k not in ("rows", "counts", "seconds", "shard")}
+    head.update(seconds=round(sum(p["seconds"] for p in parts), 1),
+                counts=dict(collections.Counter(r["status"] for r in rows)), rows=rows)
+    path = Path(out) / "survey_families.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(head, indent=1))
+    print(path, head["counts"])
 
 
 def main() -> None:
@@ -328,15 +361,20 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for survey_families.json")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds a family at most")
+    ap.add_argument("--shard", default=None, help="K/N: every N-th family of the sorted list from the K-th")
+    ap.add_argument("--budget", type=float, default=float("inf"), help="start no family after this many seconds")
+    ap.add_argument("--merge", nargs="+", default=None, help="shard files to join into --out")
     a = ap.parse_args()
-    fams = families(a.families)
+    if a.merge:
+        return merge(a.merge, a.out or ".")
+    fams = families(a.families, a.shard)
     start = time.monotonic()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one intra-op thread a child: the children fill the cores
     rows = run_all(fams, a.cpu, a.jobs, a.timeout, lambda row: print(
         f"{row['family']:34s} {row['status']:8s} {row.get('kernel', ''):>3} {row.get('spec', ''):>3}  "
         f"err {row.get('rel_err', float('nan')):.1e} (eager {row.get('eager_rel_err', float('nan')):.1e}) "
         f"calls {row.get('calls_checked', 0)} worst {row.get('worst_call_row_err', float('nan')):.1e}  "
-        f"{_short(row.get('why'))}", flush=True))
+        f"{_short(row.get('why'))}", flush=True), a.budget)
     counts = collections.Counter(r["status"] for r in rows)
     total = round(time.monotonic() - start, 1)
     print(f"{len(rows)} families in {total} s: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
@@ -346,7 +384,7 @@ def main() -> None:
         import transformers
         print(save(a.out, "survey_families", {"device": "cpu" if a.cpu else "cuda", "transformers":
                                                transformers.__version__, "seconds": total,
-                                               "counts": dict(counts), "rows": rows}))
+                                               "counts": dict(counts), "shard": a.shard, "rows": rows}))
 
 
 def _short(why) -> str:
