@@ -217,6 +217,7 @@ def survey_one(family: str, cpu: bool) -> dict:
     if cpu:
         importlib.import_module("torch_cubridge.compile").kernel_stage = cpu_kernel_stage
     failed = "no config builds"
+    t0 = time.monotonic()
     for cfg in configs(family):
         try:
             cls = model_class(family, cfg)
@@ -243,8 +244,10 @@ def survey_one(family: str, cpu: bool) -> dict:
         return m, float((g - w).norm() / w.norm().clamp_min(1e-30)) if g.shape == w.shape else float("inf")
 
     calls: list[float] = []
+    t1 = time.monotonic()
     try:
         _, eager_err = run("eager")
+        t2 = time.monotonic()
         with call_check(calls):
             ours, err = run(tcx.NAME)
     except Exception as e:  # noqa: BLE001  (eager ran: this is the drop-in's failure, or the model's table's)
@@ -262,13 +265,20 @@ def survey_one(family: str, cpu: bool) -> dict:
         status = "kernel" if not served["spec"] else "spec" if not served["kernel"] else "partial"
     return {"status": status, "model": cls.__name__, "rel_err": err, "eager_rel_err": eager_err,
             "worst_call_row_err": worst_call, "calls_checked": len(calls), "kernel": served["kernel"],
-            "spec": served["spec"], "why": [f"{n}x {r}" for r, n in why.most_common(3)]}
+            "spec": served["spec"], "why": [f"{n}x {r}" for r, n in why.most_common(3)],
+            # where a family's seconds go: the float32 reference, eager in the run's dtype, ours (first calls)
+            "phases_s": [round(t1 - t0, 1), round(t2 - t1, 1), round(time.monotonic() - t2, 1)]}
 
 
 # ---- the parent: one process a family ------------------------------------------------------------------
 
 
-def _child(family: str, cpu: bool, conn) -> None:
+def _child(family: str, cpu: bool, conn, stacks: str | None) -> None:
+    if stacks:  # the parent signals a child past its time: where it was goes to <stacks>/<family>.txt
+        import faulthandler
+        import signal
+        Path(stacks).mkdir(parents=True, exist_ok=True)
+        faulthandler.register(signal.SIGUSR1, file=open(Path(stacks) / f"{family}.txt", "w"), all_threads=True)
     try:
         res = survey_one(family, cpu)
     except BaseException as e:  # noqa: BLE001  (whatever it was, the parent gets a row)
@@ -277,7 +287,8 @@ def _child(family: str, cpu: bool, conn) -> None:
     conn.close()
 
 
-def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budget: float = float("inf")) -> list[dict]:
+def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budget: float = float("inf"),
+            stacks: str | None = None) -> list[dict]:
     """Each family in a process of its own, `jobs` at a time, forked from this one after torch, transformers
     and torch_cubridge are imported (seconds a family saved) and before CUDA is touched (a forked CUDA
     context is unusable: each child makes its own). A child past `timeout` is killed."""
@@ -296,7 +307,7 @@ def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budge
         while todo and len(running) < jobs:
             fam = todo.pop(0)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(fam, cpu, send), daemon=True)
+            proc = ctx.Process(target=_child, args=(fam, cpu, send, stacks), daemon=True)
             proc.start()
             send.close()
             running[fam] = (proc, recv, time.monotonic())
@@ -311,6 +322,10 @@ def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budge
             elif not proc.is_alive():
                 res = None
             elif took > timeout:
+                if stacks:
+                    import signal
+                    os.kill(proc.pid, signal.SIGUSR1)
+                    time.sleep(0.5)
                 proc.kill()
                 res = {"status": "timeout", "why": f"over {timeout:.0f} s"}
             else:
@@ -374,7 +389,8 @@ def main() -> None:
         f"{row['family']:34s} {row['status']:8s} {row.get('kernel', ''):>3} {row.get('spec', ''):>3}  "
         f"err {row.get('rel_err', float('nan')):.1e} (eager {row.get('eager_rel_err', float('nan')):.1e}) "
         f"calls {row.get('calls_checked', 0)} worst {row.get('worst_call_row_err', float('nan')):.1e}  "
-        f"{_short(row.get('why'))}", flush=True), a.budget)
+        f"{_short(row.get('why'))}", flush=True), a.budget,
+                   str(Path(a.out) / "stacks") if a.out else None)
     counts = collections.Counter(r["status"] for r in rows)
     total = round(time.monotonic() - start, 1)
     print(f"{len(rows)} families in {total} s: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
