@@ -15,7 +15,7 @@ starts no family after S seconds (the rest are rows "not-run"), and `--merge A.j
 shards' files into one result.
 
 Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [--shard K/N]
-       [--budget S] [family ...]
+       [--budget S] [--skip RESULT.json ...] [family ...]
        python benchmarks/survey_families.py --merge A.json B.json ... --out DIR
 """
 from __future__ import annotations
@@ -222,8 +222,10 @@ def survey_one(family: str, cpu: bool) -> dict:
         try:
             cls = model_class(family, cfg)
             torch.manual_seed(0)
-            ref = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32).to(device).eval()
-            kw, keep = inputs(ref, cfg, device)
+            # the float32 reference on the CPU: a config that does not build or run is found without a CUDA
+            # context (a second or more a process, and serialised in the driver when fourteen start at once)
+            ref = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+            kw, keep = inputs(ref, cfg, "cpu")
             with torch.no_grad():
                 want = first_output(ref(**kw)).float()
         except Exception as e:  # noqa: BLE001  (this config does not build or run eager: try the next)
@@ -239,7 +241,8 @@ def survey_one(family: str, cpu: bool) -> dict:
         m = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype).to(device).eval()
         m.load_state_dict(ref.state_dict())
         with torch.no_grad():
-            got = first_output(m(**{k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()})).float()
+            got = first_output(m(**{k: (v.to(dtype) if v.is_floating_point() else v).to(device)
+                                    for k, v in kw.items()})).float().cpu()
         g, w = (got[keep.bool()], want[keep.bool()]) if keep is not None and got.shape[:2] == keep.shape else (got, want)
         return m, float((g - w).norm() / w.norm().clamp_min(1e-30)) if g.shape == w.shape else float("inf")
 
@@ -247,10 +250,13 @@ def survey_one(family: str, cpu: bool) -> dict:
     t1 = time.monotonic()
     try:
         _, eager_err = run("eager")
-        t2 = time.monotonic()
+    except Exception as e:  # noqa: BLE001  (eager itself does not run in this dtype or on this device)
+        return {"status": "no-dtype", "model": cls.__name__, "why": f"eager: {type(e).__name__}: {str(e)[:200]}"}
+    t2 = time.monotonic()
+    try:
         with call_check(calls):
             ours, err = run(tcx.NAME)
-    except Exception as e:  # noqa: BLE001  (eager ran: this is the drop-in's failure, or the model's table's)
+    except Exception as e:  # noqa: BLE001  (eager ran: this is the drop-in's failure)
         return {"status": "error", "model": cls.__name__, "why": f"{type(e).__name__}: {str(e)[:200]}"}
     tables = tables_of(ours)
     served = sum((t.served for t in tables), collections.Counter())
@@ -352,15 +358,18 @@ def families(named: list[str], shard: str | None = None) -> list[str]:
 
 
 def merge(paths: list[str], out: str) -> None:
-    """One result from the shards' files: the rows of all, the counts recomputed, the seconds summed; each
-    shard's commit must be the same (a sweep is of one tree)."""
+    """One result from the shards' files: a row a family (a settled row over a timeout or not-run), the
+    counts recomputed, the seconds summed, each row with the commit of the file it came from."""
     import json
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    commits = {p["commit"] for p in parts}
-    if len(commits) != 1:
-        raise SystemExit(f"error: the shards are of different commits {sorted(commits)}; run them at one commit")
-    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["family"])
-    head = {k: v for k, v in parts[0].items() if k not in ("rows", "counts", "seconds", "shard")}
+    by_family: dict[str, dict] = {}
+    for p in parts:  # a later file's settled row replaces an earlier one (a timed-out family run again)
+        for r in p["rows"]:
+            if r["family"] not in by_family or r["status"] not in ("timeout", "not-run"):
+                by_family[r["family"]] = {**r, "commit": p["commit"]}
+    rows = sorted(by_family.values(), key=lambda r: r["family"])
+    head = {k: v for k, v in parts[-1].items() if k not in ("rows", "counts", "seconds", "shard")}
+    head["commits"] = sorted({p["commit"] for p in parts})  # each row names its own
     head.update(seconds=round(sum(p["seconds"] for p in parts), 1),
                 counts=dict(collections.Counter(r["status"] for r in rows)), rows=rows)
     path = Path(out) / "survey_families.json"
@@ -379,10 +388,14 @@ def main() -> None:
     ap.add_argument("--shard", default=None, help="K/N: every N-th family of the sorted list from the K-th")
     ap.add_argument("--budget", type=float, default=float("inf"), help="start no family after this many seconds")
     ap.add_argument("--merge", nargs="+", default=None, help="shard files to join into --out")
+    ap.add_argument("--skip", nargs="*", default=[], help="result files whose settled families are not run again")
     a = ap.parse_args()
     if a.merge:
         return merge(a.merge, a.out or ".")
-    fams = families(a.families, a.shard)
+    import json
+    settled = {r["family"] for f in a.skip for r in json.loads(Path(f).read_text())["rows"]
+               if r["status"] not in ("timeout", "not-run")}
+    fams = [f for f in families(a.families, a.shard) if f not in settled]
     start = time.monotonic()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one intra-op thread a child: the children fill the cores
     rows = run_all(fams, a.cpu, a.jobs, a.timeout, lambda row: print(
