@@ -8,6 +8,7 @@ tensors are resized along dims that follow b/h/q/kv and redrawn from the same
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from typing import Any
 
@@ -168,7 +169,7 @@ def make_inputs(p: Program, example: dict[str, Any], sizes: dict[str, int], seed
         if values and x.arg not in example and isinstance(example.get(head), torch.nn.Module):
             # a module's own tensor (e.g. sinks): redraw it on a private copy of the module
             mod = copied.setdefault(head, copy.deepcopy(example[head]))
-            t = getattr(mod, attr)
+            t = functools.reduce(getattr, attr.split("."), mod)  # a submodule's tensor: attention.bias
             with torch.no_grad():
                 t.copy_(redraw(t, tuple(t.shape), gen))
             out[head] = mod
