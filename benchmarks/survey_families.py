@@ -278,6 +278,8 @@ def survey_one(family: str, cpu: bool) -> dict:
     tables = tables_of(ours)
     served = sum((t.served for t in tables), collections.Counter())
     why = reasons_of(tables)
+    from torch_cubridge.integrations.own_attention import own_forward_calls
+    why.update({f"own forward of {c}: {r}": n for c, rs in own_forward_calls.items() for r, n in rs.items()})
     worst_call = max(calls, default=0.0)
     if (err != err or err > max(TOLERANCE[device], EAGER_FACTOR * eager_err)
             or worst_call != worst_call or worst_call > 1.0):

@@ -119,6 +119,10 @@ def test_calls_the_compiled_spec_cannot_see_run_the_module():
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)  # renamed in transformers 5.2x
         assert cache is static and cache.get_seq_length() == 16
     assert oa.tables() == []
+    # each own-forward call is accounted for, with the rule it broke
+    reasons = oa.own_forward_calls[type(oa.attention_modules(model)[0]).__name__]
+    assert any("attention weights" in r for r in reasons), reasons
+    assert any("StaticCache" in r and "only a DynamicCache" in r for r in reasons), reasons
 
 
 def test_a_tensor_inside_a_tuple_argument_is_never_baked_in():
@@ -262,3 +266,26 @@ def test_an_own_attention_model_gets_eagers_mask_under_the_cubridge_name():
         warnings.simplefilter("ignore")
         got, ref = model(ids, use_cache=False).logits, ref_model(ids, use_cache=False).logits
     assert rel_err(got, ref) < 1e-5
+
+
+def test_a_module_that_names_its_cache_layer_layer_id_joins_the_cache():
+    """GPT-Neo's attention updates the cache at `self.layer_id` (not layer_idx): a prefill with a DynamicCache
+    goes through the cached spec, and the logits and the cache match the model's own forward in float64."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    cfg = GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=2, attention_types=[[["global"], 2]],
+                       vocab_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    ref = GPTNeoForCausalLM(cfg).double().eval()
+    model = copy.deepcopy(ref)
+    oa._compiled_cached.clear()
+    oa.serve_own_attention(model)
+    ids = torch.randint(0, 128, (2, 12))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(ids, use_cache=True)
+        got = model(ids, use_cache=True)
+    assert len(oa._compiled_cached.values()) == 2
+    assert rel_err(got.logits, want.logits) < 1e-12
+    wc, gc = (o.past_key_values for o in (want, got))
+    assert gc.get_seq_length() == wc.get_seq_length() == 12
+    assert rel_err(gc.layers[1].keys, wc.layers[1].keys) < 1e-12

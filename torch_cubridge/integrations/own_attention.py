@@ -18,6 +18,7 @@ training mode.
 """
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any, Callable
 
@@ -179,11 +180,13 @@ def _servable(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> b
 
 
 def layer_index(module: torch.nn.Module) -> int | None:
-    """The cache layer a module updates: its own layer_idx, or that of the self-attention inside it (git)."""
+    """The cache layer a module updates: its own layer index, or that of the self-attention inside it (git);
+    transformers names it layer_idx, and layer_id in GPT-Neo."""
     for m in module.modules():
-        idx = getattr(m, "layer_idx", None)
-        if isinstance(idx, int):
-            return idx
+        for name in ("layer_idx", "layer_id"):
+            idx = getattr(m, name, None)
+            if isinstance(idx, int) and not isinstance(idx, bool):
+                return idx
     return None
 
 
@@ -227,6 +230,32 @@ def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dic
     return tuple(out) if len(out) != 1 else out[0]
 
 
+def own_forward_reason(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> str:
+    """Why a routed module's call runs its own forward: the first rule of _servable it breaks, or the cache
+    that no stand-in joins."""
+    if module.training:
+        return "the module is in training mode"
+    if kwargs.get("output_attentions"):
+        return "the call asks for the attention weights"
+    odd = sorted({type(a).__name__ for a in (*args, *kwargs.values()) if not _plain(a)})
+    if odd:
+        layers = sorted({type(x).__name__ for a in (*args, *kwargs.values()) for x in getattr(a, "layers", ())})
+        return f"the call passes a {', '.join(odd)}" + (f" of {', '.join(layers)}" if layers else "") + \
+            " (only a DynamicCache of DynamicLayers is joined; other objects are not captured)"
+    if kwargs.get("use_cache"):
+        return "use_cache with no DynamicCache to join"
+    return "its own forward"
+
+
+# why routed modules ran their own forward: {class name: Counter(reason)}, for explain and the survey
+own_forward_calls: dict[str, "collections.Counter[str]"] = {}
+
+
+def _own_call(mod: torch.nn.Module, own: Callable, args: tuple, kwargs: dict[str, Any], reason: str) -> Any:
+    own_forward_calls.setdefault(type(mod).__name__, collections.Counter())[reason] += 1
+    return own(mod, *args, **kwargs)
+
+
 def _plain(x: Any) -> bool:
     if isinstance(x, (tuple, list)):
         return all(_plain(i) for i in x)
@@ -254,13 +283,13 @@ def serve_own_attention(model: torch.nn.Module, interface_served: bool = False) 
                 return _own(mod, *args, **kwargs)
             route = _dynamic_layer(mod, args, kwargs)
             if route is not None and not CACHED_DECODE and _decode_step(route, args, kwargs):
-                return _own(mod, *args, **kwargs)
+                return _own_call(mod, _own, args, kwargs, "a decode step against a cache (CACHED_DECODE off)")
             if route is not None:
                 a, kw = _without(route, args, kwargs)
                 if _servable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}):
                     return _serve_cached(mod, cached_module_spec(type(mod)), a, kw, route)
             if not _servable(mod, args, kwargs):
-                return _own(mod, *args, **kwargs)
+                return _own_call(mod, _own, args, kwargs, own_forward_reason(mod, args, kwargs))
             c = _compiled.get(mod)
             if c is None:
                 c = _compiled[mod] = compile(_spec)
