@@ -255,7 +255,10 @@ def survey_one(family: str, cpu: bool) -> dict:
     dtype = torch.float32 if cpu else torch.bfloat16
 
     def run(impl: str):
-        m = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype).to(device).eval()
+        # made on the device: its random init is overwritten by the reference's weights, and a bf16 init on
+        # one CPU thread took past 110 s for a multimodal family's default-sized towers (gemma3)
+        with torch.device(device):
+            m = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype).eval()
         m.load_state_dict(ref.state_dict())
         with torch.no_grad():
             got = first_output(m(**{k: (v.to(dtype) if v.is_floating_point() else v).to(device)
