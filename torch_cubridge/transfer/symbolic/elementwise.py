@@ -81,10 +81,31 @@ def lift_scalar(v: Any, like: torch.dtype) -> Sym:
     return Sym((), const(float(v)), torch.float32)
 
 
+def _scaled_shift(ctx: Ctx, cuir_op: str, xs: list[Sym], out_dtype: torch.dtype, op: str) -> Sym | None:
+    """(x - rowmax(x)) * c, or / c, for a constant c > 0 (CogView's overflow guard: scores / a, shifted, times
+    a): c*x shifted by c*rowmax(x), a constant along the row, which is also c*x's own row max. The softmax of
+    it is softmax(c*x), and the kernel's running max makes the same shift. A c <= 0 or a c that is not a
+    constant is left to the refusal below (the spec's exp could overflow where the kernel's does not)."""
+    if cuir_op not in ("mul", "div") or len(xs) != 2 or [x.kind for x in xs].count("shifted") != 1:
+        return None
+    at = 0 if xs[0].kind == "shifted" else 1
+    c = xs[1 - at]
+    if cuir_op == "div" and at != 0:
+        return None
+    if c.kind != "value" or c.axes or c.expr is None or c.expr.op != "const" or \
+            isinstance(c.expr.attr, bool) or not isinstance(c.expr.attr, (int, float)) or not c.expr.attr > 0:
+        return None
+    inner = combine(ctx, cuir_op, [xs[at].payload["of"], c] if at == 0 else [c, xs[at].payload["of"]], out_dtype, op)
+    return Sym(inner.axes, None, inner.dtype, "shifted", {"of": inner})
+
+
 _BOOL_ARITH = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 
 
 def combine(ctx: Ctx, cuir_op: str, xs: list[Sym], out_dtype: torch.dtype, op: str) -> Sym:
+    scaled = _scaled_shift(ctx, cuir_op, xs, out_dtype, op)
+    if scaled is not None:
+        return scaled
     for x in xs:
         if x.kind != "value":
             raise UnsupportedSpec(f"{cuir_op} applied to the {x.kind} (only casts and views may follow softmax)", op=op)
