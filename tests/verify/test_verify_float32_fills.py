@@ -172,3 +172,51 @@ def test_gemma2_style_transfers_for_a_bfloat16_call():
     res = transfer_bound(gemma2_style, bind_example(gemma2_style, args, {}))
     assert res.report.ok, res.report.summary()
     assert any("dtype-dependent rows" in t.ref_dtype for t in res.report.trials), res.report.summary()
+
+
+def neo_band(q, k, v, band, mask):
+    """GPT-Neo's local attention: scores in float32 whatever the call's dtype, out-of-band keys filled with
+    finfo(float32).min by where(), then the padding mask (another finfo.min) added. A key both out of band
+    and padded is -6.8e38 in float64 and -inf in float32: a row of only such keys is uniform in float64 and
+    empty (NaN) in float32, the kernel's score precision."""
+    s = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5
+    s = torch.where(band, s, torch.tensor(torch.finfo(torch.float32).min)) + mask
+    return torch.softmax(s, -1).to(v.dtype) @ v
+
+
+def _neo_args(S=24, B=2, H=4, D=32):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, generator=g) for _ in range(3))
+    i = torch.arange(S)
+    band = ((i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 4))[None, None]
+    mask = torch.zeros(B, 1, S, S)
+    mask[0, :, :, :5] = torch.finfo(torch.float32).min  # row 0 left-padded by 5
+    return q, k, v, band, mask
+
+
+def test_rows_empty_only_in_float32_take_the_empty_row_rule():
+    args = _neo_args()
+    res = transfer_bound(neo_band, bind_example(neo_band, args, {}))
+    assert res.report.ok, res.report.summary()
+    p = res.program
+    bound = bind_example(neo_band, args, {})
+    args2 = list(args)
+    args2[3] = torch.zeros_like(args[3])  # no key in band: every row empty in float32, uniform in float64
+    args2[4] = torch.full_like(args[4], torch.finfo(torch.float32).min)
+    ref = neo_band(*(a.double() if a.is_floating_point() else a for a in args2))
+    assert not torch.isnan(ref).any() and torch.isnan(neo_band(*args2)).all()
+    zero = torch.zeros_like(ref)
+    assert vcpu.judge(neo_band, p, bind_example(neo_band, tuple(args2), {}), zero, ref)[2]
+    # float64's uniform answer is right too; anything else there is rejected, and so is a wrong defined row
+    assert p.empty_rows == "zero"
+    assert not vcpu.judge(neo_band, p, bind_example(neo_band, tuple(args2), {}), ref * 0.5 + 0.3, ref)[2]
+    got = first_of(p.run(*args)).double()
+    want = neo_band(*(a.double() if a.is_floating_point() else a for a in args))
+    assert vcpu.judge(neo_band, p, bound, got, want)[2]
+    bad = got.clone()
+    bad[1, :, 7] *= 1.05
+    assert not vcpu.judge(neo_band, p, bound, bad, want)[2]
+
+
+def first_of(x):
+    return x[0] if isinstance(x, tuple) else x
