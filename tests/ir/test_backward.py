@@ -184,6 +184,23 @@ def test_fully_masked_rows_have_finite_zero_gradients():
     assert (dq[empty] == 0).all()
 
 
+def finfo_padded(q, k, v, mask):
+    """An eager-style additive mask: padded query rows filled whole with finfo(float32).min."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_rows_filled_whole_with_a_finite_fill_get_the_uniform_rows_gradient():
+    """The fill absorbs the scores and log(count) alike (the LSE is the fill): the row is uniform over its
+    keys, in the forward and in the gradients (P from the LSE alone would be 1 on every key)."""
+    torch.manual_seed(7)
+    B, S = 2, 40
+    mask = torch.zeros(B, 1, S, S)
+    mask[0, :, :6] = torch.finfo(torch.float32).min  # six query rows with every key filled
+    mask[1, :, :, :3] = torch.finfo(torch.float32).min  # and keys masked in ordinary rows
+    check_grads(finfo_padded, _qkv(B=B, S=S) + (mask,))
+
+
 # ---- refusals ------------------------------------------------------------------------------------
 def _program(score, mask=None):
     op = Operand("q", ("b", "h", "s", "d"))

@@ -198,3 +198,34 @@ def test_kernel_gate_passes_learnable_extras_to_the_reference(monkeypatch):
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
     _, want = _reference(fn, args, dout)
     _check(got, want)
+
+
+def finfo_padded(q, k, v, mask):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_rows_filled_whole_by_a_finite_fill_go_to_the_reference(monkeypatch):
+    """The kernel recomputes P = exp(S - LSE), and a row every key of which holds finfo.min has its LSE at the
+    fill (log(count) absorbed): such a call's backward is the reference's, right; one without such rows is the
+    kernel's."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
+    made = serve_by_op(monkeypatch)
+    f = tc.compile(finfo_padded)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 1, 37, 37)
+    with torch.no_grad():
+        f(q, k, v, mask)
+    dout = torch.randn_like(q)
+    mask[0, :, :5] = torch.finfo(torch.float32).min  # five padded query rows, filled whole
+    for m, who in ((mask, "reference"), (torch.zeros_like(mask), "kernel")):
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            _, got = _grads(lambda q, k, v: f(q, k, v, m), (q, k, v), dout)  # the mask needs no gradient
+        bw = backward_runner.backward_for(made[-1].kernel_id)
+        assert bw.served[who] >= 1, (who, bw.served)
+        _, want = _reference(lambda q, k, v: finfo_padded(q, k, v, m.double()), (q, k, v), dout)
+        _check(got, want)
+    assert bw.served == {"reference": 1, "kernel": 1}

@@ -69,11 +69,18 @@ def _sink_factor(p: Program, env: dict[str, Any], lse: torch.Tensor, fdt: torch.
     return torch.sigmoid(lse - c)
 
 
-def _probs(x: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """exp(X - LSE), zero on masked pairs and on rows with no key (LSE = -inf)."""
-    live = torch.isfinite(lse) & torch.isfinite(x)
-    return torch.where(live, torch.exp(x - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))),
-                       torch.zeros_like(x))
+def _probs(x: torch.Tensor) -> torch.Tensor:
+    """softmax(X) over the row, zero on masked pairs and on rows with no key: normalised by the row's own sum,
+    not by exp(LSE). A row whose every key holds a finite fill (a padded query row under finfo.min) has its
+    LSE at the fill, where log(count) is below the fill's rounding (-3.4e38 + 2.6 is -3.4e38): exp(X - LSE)
+    would be 1 on every key, not 1/count, while the forward (the kernel's and the interpreter's) divides its
+    sum by the row's own denominator."""
+    live = torch.isfinite(x)
+    m = torch.where(live, x, torch.full_like(x, -math.inf)).amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.where(live, torch.exp(x - m), torch.zeros_like(x))
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def saved_forward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, env: dict[str, Any],
@@ -89,7 +96,7 @@ def saved_forward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q1 = min(q0 + BLOCK_M, Sq)
         x, _ = _tile(p, env, q, k, hk, q0, q1, fdt)
         row = torch.logsumexp(x, -1, keepdim=True)
-        res = _probs(x, row) @ vh
+        res = _probs(x) @ vh
         f = _sink_factor(p, env, row, fdt)
         if f is not None:
             res = res * f
@@ -139,7 +146,7 @@ def attention_backward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         q1 = min(q0 + BLOCK_M, Sq)
         x, keep = _tile(p, env, q, k, hk, q0, q1, fdt)
         row, g_o = lse[:, :, q0:q1], do[:, :, q0:q1]
-        prob = _probs(x, row)
+        prob = _probs(x)
         big_d = (g_o * o[:, :, q0:q1]).sum(-1, keepdim=True)
         f = _sink_factor(p, env, row, fdt)
         g_os = g_o if f is None else g_o * f  # the gradient of the scores' own output O / F

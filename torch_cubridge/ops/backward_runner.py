@@ -28,6 +28,10 @@ from .backward_reference import canonical_out, reference_backward
 # row's): bf16 P and dS on the tensor cores give ~1e-2 (benchmarks/kernel_dev/bwd_check.py), a wrong tile,
 # a missed mask or a lost key is of the order of the row itself
 ROW_TOL = 0.05
+# A row whose LSE is below this is one a finite fill fills whole (finfo.min, -1e9 over every key): float32
+# holds log(count) below the fill's rounding there (ulp(2^14) is 2^-9), so the kernel's P = exp(S - LSE) is
+# not normalised on it; real scores never reach it (|s| of 16384 is a one-hot softmax in any dtype)
+FILL_ROW_LSE = -16384.0
 
 
 def autograd_refusal(runner: Any) -> str | None:
@@ -80,6 +84,9 @@ class BackwardRunner:
                  dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                    list[torch.Tensor]]:
         why = self._refusal(q, k, v, lse, dlse, learn)
+        if why is None and lse is not None and bool((torch.isfinite(lse) & (lse < FILL_ROW_LSE)).any()):
+            why = "query rows whose every key holds a finite fill (padding under finfo.min): the kernel " \
+                  "recomputes P from the LSE, which the fill absorbs"
         if why is None:
             key = self._key(q)
             try:
