@@ -127,3 +127,31 @@ def test_a_masked_lm_training_step_matches_eager(monkeypatch):
     assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
     assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
     _assert_close(got, want, "bert")
+
+
+@pytest.mark.parametrize("how", ["checkpointing", "compiled"])
+def test_a_training_step_under_checkpointing_or_torch_compile(monkeypatch, how):
+    """model.gradient_checkpointing_enable() (each layer's forward recomputed in the backward, through the op
+    again) and torch.compile(model) (the op and its autograd inside dynamo's graph): the same step as eager."""
+    made = serve_by_op(monkeypatch)
+    tcx.clear_tables()
+    ref, ours = pair("llama", dtype=torch.float32, attention_dropout=0.0)
+    ids = torch.randint(1, 128, (2, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :PAD] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_loss, want = _step(ref, ids, mask)
+        with torch.no_grad():
+            ours.train()(input_ids=ids, attention_mask=mask)  # compiles the attention before any trace
+        if how == "checkpointing":
+            ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            got_loss, got = _step(ours, ids, mask)
+        else:
+            torch._dynamo.reset()
+            compiled = torch.compile(ours)
+            got_loss, got = _step(compiled, ids, mask)
+            got = {n.removeprefix("_orig_mod."): g for n, g in got.items()}
+    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
+    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
+    _assert_close(got, want, f"llama {how}")

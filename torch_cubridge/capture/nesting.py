@@ -11,6 +11,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
 
 class _Stage(threading.local):
     depth = 0  # pipeline stages this thread is inside
@@ -21,9 +23,13 @@ stage = _Stage()
 
 @contextmanager
 def staged() -> Iterator[None]:
-    """Count this thread as inside a stage for the block's length."""
+    """Count this thread as inside a stage for the block's length, with gradients off: a stage's own maths
+    (the trace, the float64 reference, the trials) is no part of the caller's autograd graph. A first call
+    made with gradients on, inside an activation-checkpointed region, recorded them all as the region's
+    saved tensors, and the recomputation (which finds the program made) saved fewer: a CheckpointError."""
     stage.depth += 1
     try:
-        yield
+        with torch.no_grad():
+            yield
     finally:
         stage.depth -= 1
