@@ -173,10 +173,21 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in found if m in inner]
 
 
-def _servable(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> bool:
-    if module.training or kwargs.get("output_attentions") or kwargs.get("use_cache"):
-        return False
-    return all(_plain(a) for a in args) and all(_plain(a) for a in kwargs.values())
+def unservable(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """Why a routed module's call must run its own forward (the first rule it breaks); None where the compiled
+    spec may serve it."""
+    if module.training:
+        return "the module is in training mode"
+    if kwargs.get("output_attentions"):
+        return "the call asks for the attention weights"
+    odd = sorted({type(a).__name__ for a in (*args, *kwargs.values()) if not _plain(a)})
+    if odd:
+        layers = sorted({type(x).__name__ for a in (*args, *kwargs.values()) for x in getattr(a, "layers", ())})
+        return f"the call passes a {', '.join(odd)}" + (f" of {', '.join(layers)}" if layers else "") + \
+            " (only a DynamicCache of DynamicLayers is joined; other objects are not captured)"
+    if kwargs.get("use_cache"):
+        return "use_cache with no DynamicCache to join"
+    return None
 
 
 def layer_index(module: torch.nn.Module) -> int | None:
@@ -230,23 +241,6 @@ def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dic
     return tuple(out) if len(out) != 1 else out[0]
 
 
-def own_forward_reason(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> str:
-    """Why a routed module's call runs its own forward: the first rule of _servable it breaks, or the cache
-    that no stand-in joins."""
-    if module.training:
-        return "the module is in training mode"
-    if kwargs.get("output_attentions"):
-        return "the call asks for the attention weights"
-    odd = sorted({type(a).__name__ for a in (*args, *kwargs.values()) if not _plain(a)})
-    if odd:
-        layers = sorted({type(x).__name__ for a in (*args, *kwargs.values()) for x in getattr(a, "layers", ())})
-        return f"the call passes a {', '.join(odd)}" + (f" of {', '.join(layers)}" if layers else "") + \
-            " (only a DynamicCache of DynamicLayers is joined; other objects are not captured)"
-    if kwargs.get("use_cache"):
-        return "use_cache with no DynamicCache to join"
-    return "its own forward"
-
-
 # why routed modules ran their own forward: {class name: Counter(reason)}, for explain and the survey
 own_forward_calls: dict[str, "collections.Counter[str]"] = {}
 
@@ -286,10 +280,11 @@ def serve_own_attention(model: torch.nn.Module, interface_served: bool = False) 
                 return _own_call(mod, _own, args, kwargs, "a decode step against a cache (CACHED_DECODE off)")
             if route is not None:
                 a, kw = _without(route, args, kwargs)
-                if _servable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}):
+                if unservable(mod, a, {k: v for k, v in kw.items() if k != "use_cache"}) is None:
                     return _serve_cached(mod, cached_module_spec(type(mod)), a, kw, route)
-            if not _servable(mod, args, kwargs):
-                return _own_call(mod, _own, args, kwargs, own_forward_reason(mod, args, kwargs))
+            why = unservable(mod, args, kwargs)
+            if why is not None:
+                return _own_call(mod, _own, args, kwargs, why)
             c = _compiled.get(mod)
             if c is None:
                 c = _compiled[mod] = compile(_spec)
