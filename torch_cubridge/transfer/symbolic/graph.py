@@ -65,8 +65,8 @@ class Walker(OffScorePath, NormaliserPath):
             if name.rstrip("_") in _RANDOM:
                 raise UnsupportedSpec("random numbers (dropout in training?) cannot be compiled", op=f"aten.{name}")
         ph = iter(placeholders)
+        # the arguments whose split views the prologue makes, the views it made, and permutes of those
         split_from: set[Node] = set()
-        made_from: set[Node] = set()  # split views the prologue made, and views of them (_split_source)
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 name = next(ph)
@@ -77,14 +77,13 @@ class Walker(OffScorePath, NormaliserPath):
             elif node.op == "call_function" and self.split_inputs and self.prologue is not None \
                     and node.args and self._split_source(node.args[0], split_from) \
                     and (merges_dims(node) or packet_name(node) in ("select", "slice")) \
-                    and not (node.args[0] in made_from and merges_dims(node) and _lowers_rank(node)):
+                    and not (_made(node.args[0], split_from) and merges_dims(node) and _lowers_rank(node)):
                 self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
                 # a view that splits that view further is made there too: [B*S, 3*H*D] viewed [B, S, 3*H*D],
                 # then [B, S, 3, H, D], permuted, q selected (a fused qkv: BLIP's and timm's ViTs); a view
                 # that merges dims again ([B, H, S, D] as [B*H, S, D] for bmm) is the walk's own
                 split_from.add(node)
-                made_from.add(node)
             elif node.op == "get_attr":
                 self.env[node] = self.inputs[consts[node.target]]
             elif node.op == "call_function":
@@ -104,9 +103,8 @@ class Walker(OffScorePath, NormaliserPath):
                         return self.env[at]
                     self.env[node] = alt
                 ins = node.all_input_nodes
-                if made_from and node.args and node.args[0] in made_from and packet_name(node) in _LAYOUT_ONLY:
-                    made_from.add(node)  # a permute of a made split view: selecting from it still splits
-                    split_from.add(node)
+                if node.args and _made(node.args[0], split_from) and packet_name(node) in _LAYOUT_ONLY:
+                    split_from.add(node)  # a permute of a made split view: selecting from it still splits
                 if (not had_score and "score" in self.ctx.facts) or any(a in self.on_score for a in ins):
                     self.on_score.add(node)
                 if any(a in self.from_call for a in ins):
@@ -145,6 +143,11 @@ class Walker(OffScorePath, NormaliserPath):
 
 # ops that only reorder a tensor's dims: a made split view permuted is still one to select q from
 _LAYOUT_ONLY = ("permute", "transpose", "t", "unsqueeze", "squeeze")
+
+
+def _made(a: Any, split_from: set[Node]) -> bool:
+    """`a` is a split view the prologue made (or a permute of one), not an argument to split."""
+    return a in split_from and a.op != "placeholder"
 
 
 def _lowers_rank(node: Node) -> bool:
