@@ -13,7 +13,6 @@ Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py
 """
 from __future__ import annotations
 
-import math
 import struct
 import sys
 import time
@@ -36,31 +35,13 @@ from torch_cubridge.ir.interval import interval  # noqa: E402
 from torch_cubridge.lower.backward import ROWS_PER_CTA, lower_backward  # noqa: E402
 from torch_cubridge.ops.launch import CubinKernel  # noqa: E402
 from torch_cubridge.ops.pack import pack_params, params_format  # noqa: E402
-from zoo import CASES, std  # noqa: E402
+from zoo import CASES, EMPTY_ROWS, empty_rows_causal, empty_rows_reference, std  # noqa: E402
 from bwd_rows import diagnose, kernel_reference, live_keys, lse_program, row_errors  # noqa: E402
 
 TOL_ROW = 0.05   # a row's max abs error over its max abs (bf16 P and dS on the tensor cores: ~1e-2 typical)
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
 FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
 BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
-
-
-def empty_rows_causal(q, k, v):
-    """Causal, and the first 5 query rows keep no key at all: their gradients must be zero and finite."""
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[-2], device=q.device)
-    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 5)
-    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
-
-
-def empty_rows_reference(q, k, v):
-    """The same in float64 without PyTorch's NaN rows (which poison every key's dV through P^T dO): a huge
-    finite fill, and the empty rows zeroed by a where (whose backward gives them no gradient)."""
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[-2], device=q.device)
-    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 5)
-    pr = torch.softmax(s.masked_fill(~keep, -1e300), dim=-1)
-    return torch.where(keep.any(-1)[:, None], pr, torch.zeros_like(pr)) @ v
 
 
 def case(name):
@@ -146,8 +127,8 @@ def check(name, B, H, Hkv, S, D, arch):
     row_errs = [row_errors(g, r) for g, r in zip(got, ref)]
     errs = [e.max().item() for e in row_errs]
     e2e_dq = row_errors(got[0], e2e[0])
-    if name == "empty_rows_causal":  # rows 0..4 keep no key: dQ zero there
-        finite = finite and got[0][:, :, :5].abs().max().item() == 0.0
+    if name == "empty_rows_causal":  # the first rows keep no key: dQ zero there
+        finite = finite and got[0][:, :, :EMPTY_ROWS].abs().max().item() == 0.0
     ok = finite and max(errs) < TOL_ROW
     lines = []
     tile = kernels(p, D, arch)[0].tile

@@ -38,10 +38,27 @@ def _assert_close(got: dict, want: dict, label: str) -> None:
         assert err < TOL, f"{label}: {name} gradient off by {err:.2e}"
 
 
-def _step(model, ids, mask):
+def _padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(1, 128, (2, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :PAD] = 0
+    return ids, mask
+
+
+def _assert_step_matches(made: list, got: tuple, want: tuple, label: str) -> None:
+    """Calls went through the custom op, and the step's loss and gradients are eager's."""
+    (got_loss, got_grads), (want_loss, want_grads) = got, want
+    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
+    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
+    _assert_close(got_grads, want_grads, label)
+
+
+def _step(model, ids, mask, labels=None):
+    """One training step's loss and gradients (labels: the inputs', padding ignored, unless given)."""
     model.train()
     model.zero_grad()
-    out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    labels = ids.masked_fill(mask == 0, -100) if labels is None else labels
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
     return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
@@ -51,17 +68,12 @@ def test_a_training_step_matches_eager(monkeypatch, family):
     made = serve_by_op(monkeypatch)
     tcx.clear_tables()
     ref, ours = pair(family, dtype=torch.float32, attention_dropout=0.0)
-    ids = torch.randint(1, 128, (2, 14), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :PAD] = 0
+    ids, mask = _padded_batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want_loss, want = _step(ref, ids, mask)
-        got_loss, got = _step(ours, ids, mask)
-    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
-    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
-    assert got.keys() == want.keys()
-    _assert_close(got, want, family)
+        want = _step(ref, ids, mask)
+        got = _step(ours, ids, mask)
+    _assert_step_matches(made, got, want, family)
 
 
 def _seq2seq_pair(family: str, **kw):
@@ -91,19 +103,11 @@ def test_a_seq2seq_training_step_matches_eager(monkeypatch, family, kw):
     mask = torch.ones_like(ids)
     mask[1, -3:] = 0  # right-padded encoder input
     labels = torch.randint(1, 128, (2, 7), generator=g)
-    grads = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for model in (ref, ours):
-            model.train()
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            loss.backward()
-            grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
-    (want_loss, want), (got_loss, got) = grads
-    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
-    assert got.keys() == want.keys() and any("relative_attention_bias" in n for n in got)
-    _assert_close(got, want, family)
+        want, got = (_step(model, ids, mask, labels) for model in (ref, ours))
+    assert any("relative_attention_bias" in n for n in got[1])
+    _assert_step_matches(made, got, want, family)
 
 
 def test_a_masked_lm_training_step_matches_eager(monkeypatch):
@@ -123,10 +127,8 @@ def test_a_masked_lm_training_step_matches_eager(monkeypatch):
     mask[0, -4:] = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        (want_loss, want), (got_loss, got) = (_step(m, ids, mask) for m in models)
-    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
-    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
-    _assert_close(got, want, "bert")
+        want, got = (_step(m, ids, mask) for m in models)
+    _assert_step_matches(made, got, want, "bert")
 
 
 @pytest.mark.parametrize("how", ["checkpointing", "compiled"])
@@ -136,22 +138,17 @@ def test_a_training_step_under_checkpointing_or_torch_compile(monkeypatch, how):
     made = serve_by_op(monkeypatch)
     tcx.clear_tables()
     ref, ours = pair("llama", dtype=torch.float32, attention_dropout=0.0)
-    ids = torch.randint(1, 128, (2, 14), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :PAD] = 0
+    ids, mask = _padded_batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want_loss, want = _step(ref, ids, mask)
+        want = _step(ref, ids, mask)
         with torch.no_grad():
             ours.train()(input_ids=ids, attention_mask=mask)  # compiles the attention before any trace
         if how == "checkpointing":
             ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            got_loss, got = _step(ours, ids, mask)
+            got = _step(ours, ids, mask)
         else:
             torch._dynamo.reset()
-            compiled = torch.compile(ours)
-            got_loss, got = _step(compiled, ids, mask)
-            got = {n.removeprefix("_orig_mod."): g for n, g in got.items()}
-    assert sum(r.forward_calls for r in made) > 0, "no attention call went through the custom op"
-    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
-    _assert_close(got, want, f"llama {how}")
+            loss, grads = _step(torch.compile(ours), ids, mask)
+            got = loss, {n.removeprefix("_orig_mod."): g for n, g in grads.items()}
+    _assert_step_matches(made, got, want, f"llama {how}")

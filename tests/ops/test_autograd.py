@@ -15,28 +15,11 @@ from torch_cubridge.ops import backward_gpu, backward_runner
 from torch_cubridge.ops.backward_reference import reference_backward
 from torch_cubridge.verify.judge import judge_rows
 from interpreted_op import serve_by_op
-from zoo import CASES
+from zoo import CASES, empty_rows_causal, empty_rows_reference
 
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal",
          "alibi_tensor", "sinks_column", "rel_bias_table"]
 ROW_TOL = 1e-4  # float32 against float64, a row's error over its own scale
-
-
-def empty_rows_causal(q, k, v):
-    """Causal, and the first 3 query rows keep no key (the spec's softmax gives NaN there)."""
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[-2], device=q.device)
-    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 3)
-    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
-
-
-def empty_rows_reference(q, k, v):
-    """The same without NaN rows: a huge finite fill, the empty rows' probabilities zeroed by a where."""
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[-2], device=q.device)
-    keep = (i[:, None] >= i[None, :]) & (i[:, None] >= 3)
-    pr = torch.softmax(s.masked_fill(~keep, -1e300), dim=-1)
-    return torch.where(keep.any(-1)[:, None], pr, torch.zeros_like(pr)) @ v
 
 
 def _case(name):

@@ -11,7 +11,7 @@ import torch
 import torch_cubridge as tc
 from torch_cubridge.ops import backward_runner
 from torch_cubridge.verify.judge import judge_rows
-from test_autograd import empty_rows_causal, empty_rows_reference
+from zoo import empty_rows_causal, empty_rows_reference
 from zoo import CASES
 
 pytestmark = pytest.mark.gpu

@@ -121,6 +121,30 @@ def causal_top_left_rect(q, k, v):
     return s.masked_fill(ki > qi, float("-inf")).softmax(-1) @ v
 
 
+EMPTY_ROWS = 5  # the first query rows empty_rows_causal leaves without a key
+
+
+def _keep_causal_but_first(q):
+    i = torch.arange(q.shape[-2], device=q.device)
+    return (i[:, None] >= i[None, :]) & (i[:, None] >= EMPTY_ROWS)
+
+
+def empty_rows_causal(q, k, v):
+    """Causal, and the first EMPTY_ROWS query rows keep no key (the spec's softmax gives NaN there): their
+    gradients must be zero and finite."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(~_keep_causal_but_first(q), float("-inf")), dim=-1) @ v
+
+
+def empty_rows_reference(q, k, v):
+    """The same without PyTorch's NaN rows (which poison every key's dV through P^T dO): a huge finite fill,
+    and the empty rows' probabilities zeroed by a where (whose backward gives them no gradient)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    keep = _keep_causal_but_first(q)
+    pr = torch.softmax(s.masked_fill(~keep, -1e300), dim=-1)
+    return torch.where(keep.any(-1)[:, None], pr, torch.zeros_like(pr)) @ v
+
+
 def empty_rows_finite_fill(q, k, v):
     """Bottom-right causal with Sq > Skv and a finite fill: the first rows are fully masked,
     and the spec defines them (softmax of equal values: the mean of V)."""
