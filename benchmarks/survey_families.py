@@ -14,7 +14,7 @@ A whole sweep runs past one device call: `--shard K/N` takes every N-th family f
 starts no family after S seconds (the rest are rows "not-run"), and `--merge A.json B.json ...` joins the
 shards' files into one result.
 
-Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--timeout S] [--shard K/N]
+Usage: python benchmarks/survey_families.py [--cpu] [--out DIR] [--jobs N] [--gpus N] [--timeout S] [--shard K/N]
        [--budget S] [--skip RESULT.json ...] [family ...]
        python benchmarks/survey_families.py --merge A.json B.json ... --out DIR
 """
@@ -301,7 +301,10 @@ def survey_one(family: str, cpu: bool) -> dict:
 # ---- the parent: one process a family ------------------------------------------------------------------
 
 
-def _child(family: str, cpu: bool, conn, stacks: str | None) -> None:
+def _child(family: str, cpu: bool, conn, stacks: str | None, gpu: int | None = None) -> None:
+    if gpu is not None:  # this child's GPU; "cuda" below is the current device (CUDA starts here, after fork)
+        import torch
+        torch.cuda.set_device(gpu)
     if stacks:  # the parent signals a child past its time: where it was goes to <stacks>/<family>.txt
         import faulthandler
         import signal
@@ -316,16 +319,18 @@ def _child(family: str, cpu: bool, conn, stacks: str | None) -> None:
 
 
 def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budget: float = float("inf"),
-            stacks: str | None = None) -> list[dict]:
+            stacks: str | None = None, gpus: int = 1) -> list[dict]:
     """Each family in a process of its own, `jobs` at a time, forked from this one after torch, transformers
     and torch_cubridge are imported (seconds a family saved) and before CUDA is touched (a forked CUDA
-    context is unusable: each child makes its own). A child past `timeout` is killed."""
+    context is unusable: each child makes its own). A child past `timeout` is killed. With `gpus` > 1 the
+    children take the GPUs in turn (the parent cannot count them without touching CUDA: it is told)."""
     import multiprocessing as mp
     import torch  # noqa: F401  (imported once, inherited by every child)
     import transformers  # noqa: F401
     import torch_cubridge.integrations.transformers  # noqa: F401
     ctx = mp.get_context("fork")
     todo, running, rows = list(fams), {}, {}
+    started = 0
     began = time.monotonic()
     while todo or running:
         if todo and time.monotonic() - began > budget:
@@ -335,7 +340,9 @@ def run_all(fams: list[str], cpu: bool, jobs: int, timeout: float, report, budge
         while todo and len(running) < jobs:
             fam = todo.pop(0)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(fam, cpu, send, stacks), daemon=True)
+            gpu = None if cpu or gpus < 2 else started % gpus
+            started += 1
+            proc = ctx.Process(target=_child, args=(fam, cpu, send, stacks, gpu), daemon=True)
             proc.start()
             send.close()
             running[fam] = (proc, recv, time.monotonic())
@@ -406,6 +413,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="float32 on the CPU, the interpreter in the kernel's place")
     ap.add_argument("--out", default=None, help="folder for survey_families.json")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs the children take in turn (a machine of two: 2)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds a family at most")
     ap.add_argument("--shard", default=None, help="K/N: every N-th family of the sorted list from the K-th")
     ap.add_argument("--budget", type=float, default=float("inf"), help="start no family after this many seconds")
@@ -425,7 +433,7 @@ def main() -> None:
         f"err {row.get('rel_err', float('nan')):.1e} (eager {row.get('eager_rel_err', float('nan')):.1e}) "
         f"calls {row.get('calls_checked', 0)} worst/bound {row.get('worst_call_over_bound', float('nan')):.2f}  "
         f"{_short(row.get('why'))}", flush=True), a.budget,
-                   str(Path(a.out) / "stacks") if a.out else None)
+                   str(Path(a.out) / "stacks") if a.out else None, a.gpus)
     if a.out:  # the stacks of the children killed past their time, in one file (empty files dropped)
         folder = Path(a.out) / "stacks"
         dumps = sorted(folder.glob("*.txt")) if folder.is_dir() else []
