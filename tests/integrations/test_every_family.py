@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import torch_cubridge.integrations.transformers as tcx
+from torch_cubridge.integrations import own_attention
 from tiny_models import FAMILIES, MORE_FAMILIES, config
 
 # causal LMs built through tiny_models, and base models built here (model class, config keywords, input):
@@ -37,6 +38,11 @@ BASE_FAMILIES = {
     "clip_vision_model": ("transformers.CLIPVisionModel", _VISION, "pixels"),
     "tipsv2_text_model": ("transformers.models.tipsv2.modeling_tipsv2.Tipsv2TextModel", _TEXT, "tokens"),
     "bert": ("transformers.BertModel", _TEXT, "tokens"),
+    # an attention module of its own (no attention interface) that caches its gathered position bias in a
+    # dict on its first eval call: a trace over fake tensors filled it with a fake tensor, and the model's
+    # next call raised
+    "levit": ("transformers.LevitModel", dict(hidden_sizes=[32, 48, 64], num_attention_heads=[2, 2, 2],
+                                              depths=[1, 1, 1], key_dim=[8, 8, 8], image_size=64), "pixels"),
 }
 VISION_FAMILIES = {f for f, (_, _, kind) in BASE_FAMILIES.items() if kind == "pixels"}
 # families that cannot run here as this test runs them, with the reason (eager itself fails the same way)
@@ -88,7 +94,8 @@ def _run(model, family: str) -> torch.Tensor:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no CUDA here: the spec computes every call
         if family in VISION_FAMILIES:
-            x = torch.randn(2, 3, 28, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+            size = model.config.image_size
+            x = torch.randn(2, 3, size, size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
             return model(pixel_values=x).last_hidden_state
         ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(1))
         mask = torch.ones_like(ids)
@@ -99,7 +106,8 @@ def _run(model, family: str) -> torch.Tensor:
 
 
 def _calls() -> int:
-    return sum(sum(c.served.values()) for c in tcx.tables())
+    """Calls the drop-in served: through the attention interface, or as a module's own attention."""
+    return sum(sum(c.served.values()) for c in [*tcx.tables(), *own_attention.tables()])
 
 
 @pytest.mark.parametrize("family", [f for f in [*TOKEN_FAMILIES, *BASE_FAMILIES] if f not in NOT_BUILDABLE])

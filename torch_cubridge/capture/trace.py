@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import UnsupportedSpec
 from .sdpa_math import SdpaAsMath
+from .statekeep import modules_kept
 from .tracememo import reading_modules
 
 
@@ -114,7 +115,7 @@ def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable
         b = dict(bound)
         b.update(zip(paths, tensors))
         args, kwargs = rebuild_call(fn, reading_modules(b))  # module stand-ins while a memoised stage records
-        with SdpaAsMath():
+        with SdpaAsMath(), modules_kept(bound.values()):
             return fn(*args, **kwargs)
     return flat
 

@@ -110,6 +110,11 @@ class _Reading:
         return object.__getattribute__(self, "_module")(*args, **kwargs)
 
 
+def unwrapped(v: Any) -> Any:
+    """The module behind a stand-in (read without recording), or v itself."""
+    return object.__getattribute__(v, "_module") if type(v) is _Reading else v
+
+
 class _Recording(threading.local):
     sinks: dict[str, _Sink] | None = None  # by argument path, while a memoised stage records
 

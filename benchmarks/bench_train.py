@@ -1,0 +1,161 @@
+"""Training throughput of attention: forward plus backward, torch_cubridge vs FlexAttention (torch.compile),
+SDPA (flash, cuDNN) where they take the variant, in one run. bf16, B*S = 32k, H = 16. TFLOP/s count the
+forward's 4*D FLOPs a pair and the backward's 10*D (the forward's 3.5x in all) over unmasked pairs only.
+
+Each row also records: the peak memory of one step above its inputs, who computed our backward (the fused
+kernel or the reference), and our dQ, dK, dV on the benchmark's own inputs (first batch entry) against float64
+autograd of the spec, judged row by row (a row may be off by ROW_TOL of its own largest element).
+
+Usage: python benchmarks/bench_train.py [--plan S:D,...] [--variants a,b] [--out DIR]
+Writes bench_train.json to DIR or $OUT (record.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_cubridge as tc  # noqa: E402
+from record import save  # noqa: E402
+from variants import SPECS, flex_mods, pair_count  # noqa: E402
+
+ROW_TOL = 0.05  # bf16 P and dS on the tensor cores: ~1e-2 of a row's largest element; a lost key is ~1
+VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "document")
+
+
+def bench(fn) -> float:
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=10, rep=100, return_mode="median")  # milliseconds
+
+
+def peak_gb(fn) -> float:
+    """Memory one step allocates at its peak, above what was allocated before it, in GB."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1e9
+
+
+def step_of(attn, q, k, v, do):
+    """One forward and backward: the gradients of q, k and v (none accumulated, so steps compare)."""
+    def step():
+        return torch.autograd.grad(attn(q, k, v), (q, k, v), do)
+    return step
+
+
+def grads_vs_fp64(spec, grads, q, k, v, do, extra) -> dict:
+    """Our dQ, dK, dV of the first batch entry against float64 autograd of the spec on the same inputs."""
+    one = [t[:1].detach().double().requires_grad_() for t in (q, k, v)]
+    ex = tuple(t[:1] for t in extra)
+    ref = torch.autograd.grad(spec(*one, *ex), one, do[:1].double())
+    out = {}
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        a, b = g[:1].double().flatten(0, -2), r.flatten(0, -2)
+        row = ((a - b).abs().amax(-1) / b.abs().amax(-1).clamp_min(1e-30)).max()
+        out[f"{name}_worst_row"] = float(row)
+        out[f"{name}_rel_l2"] = float((a - b).norm() / b.norm().clamp_min(1e-30))
+    out["grads_match_fp64"] = all(out[f"{n}_worst_row"] < ROW_TOL for n in ("dq", "dk", "dv"))
+    return out
+
+
+def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
+    from torch_cubridge.ops.backward_runner import backward_for
+    dev, B = "cuda", max(1, total // S)
+    g = torch.Generator(device=dev).manual_seed(S + D)
+    q, k, v, do = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    extra, doc = (), None
+    if name == "document":
+        lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))
+        doc = torch.repeat_interleave(torch.arange(64), lens)[:S][None].expand(B, S).contiguous().to(dev)
+        extra = (doc,)
+    pairs = pair_count(name, B, S, dev, doc) * H
+    flops = 3.5 * 4 * pairs * D
+    row: dict = {"variant": name, "S": S, "D": D, "B": B, "H": H, "density": pairs / (B * H * S * S)}
+    spec = SPECS[name]
+    f = tc.compile(spec, fallback="raise")
+    ours = step_of(lambda a, b, c: f(a, b, c, *extra), q, k, v, do)
+    t0 = time.perf_counter()
+    grads = ours()
+    torch.cuda.synchronize()
+    row["first_step_s"] = time.perf_counter() - t0
+    row["forward_served"] = dict(f.served)
+    row["backward_served"] = dict(backward_for(f.kernels()[-1].kernel_id).served)
+    row.update(grads_vs_fp64(spec, grads, q, k, v, do, extra))
+    del grads
+    row["ours_ms"] = bench(ours)
+    row["ours_peak_gb"] = peak_gb(ours)
+    causal = name not in ("full", "softcap_full")
+    if name in ("full", "causal"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for be, kind in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def sdpa(a, b, c, kind=kind):
+                with sdpa_kernel([kind]):
+                    return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+            try:
+                row[f"sdpa_{be}_ms"] = bench(step_of(sdpa, q, k, v, do))
+            except Exception as e:  # noqa: BLE001  (this backend does not take the shape)
+                row[f"sdpa_{be}_ms"], row[f"sdpa_{be}_error"] = None, str(e)[:200]
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        score, mask = flex_mods(name, H, S, dev, doc)
+        bm = create_block_mask(mask, B if name == "document" else None, None, S, S, device=dev) if mask else None
+        torch._dynamo.reset()
+        flex = torch.compile(flex_attention)
+        fstep = step_of(lambda a, b, c: flex(a, b, c, score_mod=score, block_mask=bm), q, k, v, do)
+        t0 = time.perf_counter()
+        fstep()
+        torch.cuda.synchronize()
+        row["flex_compile_s"] = time.perf_counter() - t0
+        row["flex_ms"] = bench(fstep)
+        row["flex_peak_gb"] = peak_gb(fstep)
+    except Exception as e:  # noqa: BLE001
+        row["flex_ms"], row["flex_error"] = None, str(e)[:300]
+    for key in [k_ for k_ in row if k_.endswith("_ms")]:
+        if row[key]:
+            row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
+    del q, k, v, do
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--plan", default="4096:128,4096:64", help="S:D,S:D,...")
+    a = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows = []
+    for S, D in (tuple(map(int, x.split(":"))) for x in a.plan.split(",")):
+        for name in a.variants.split(","):
+            try:
+                r = run_case(name, S, D, 16, 32768)
+            except Exception as e:  # noqa: BLE001  (a row that fails is reported, the rest still run)
+                r = {"variant": name, "S": S, "D": D, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            rows.append(r)
+            if "error" in r:
+                print(f"{name:15s} S={S:5d} D={D:3d} ERROR {r['error']}", flush=True)
+                continue
+            print(f"{name:15s} S={S:5d} D={D:3d} grads {'ok' if r['grads_match_fp64'] else 'WRONG':5s} "
+                  f"bwd {r['backward_served']}  ours {r.get('ours_tflops', 0):6.1f} TF/s {r['ours_peak_gb']:5.2f} GB"
+                  f"  flex {r.get('flex_tflops') or 0:6.1f} {r.get('flex_peak_gb') or 0:5.2f} GB"
+                  f"  flash {r.get('sdpa_flash_tflops') or 0:6.1f}  cudnn {r.get('sdpa_cudnn_tflops') or 0:6.1f}",
+                  flush=True)
+    print(save(Path(a.out), "bench_train", {"results": rows}))
+
+
+if __name__ == "__main__":
+    main()
