@@ -33,6 +33,11 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's torch_cubridge, run from 
 # CPU dry run, attention still multi-head with GQA where the family has it
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+# the same in a sub-config, under the names vision towers use
+TOWER = dict(depth=2, num_layers=2, num_heads=4, embed_dim=64, hidden_dim=64, d_model=64)
+# a config still this large is not tiny: thirty of them at once in float32 would fill the host's memory, and
+# its random init alone takes most of a minute
+MAX_PARAMS = 200e6
 TOLERANCE = {"cpu": 1e-3, "cuda": 3e-2}  # relative error of the outputs against eager in float32
 # A random tiny model can amplify rounding: eager itself in bf16 is off by up to 0.24 (phi4's vision tower).
 # The whole model is wrong where ours is off by more than eager in the same dtype, by this factor; each
@@ -63,13 +68,43 @@ def model_class(family: str, cfg) -> type:
     return min(found, key=lambda c: (not c.__name__.endswith("Model"), len(c.__name__)))
 
 
+def shrunk(cfg, sizes: dict):
+    """The config rebuilt with `sizes` in every sub-config (text, vision, audio towers: a multimodal family's
+    towers otherwise keep their default sizes, and their random init alone ran past a minute), each
+    sub-config's own sub-configs too. Rebuilt from its dict, so values the parent derives from them agree."""
+    subs = getattr(cfg, "sub_configs", None) or {}
+    d = cfg.to_dict()
+    for name in subs:
+        sub = getattr(cfg, name, None)
+        if sub is None or not hasattr(sub, "to_dict"):
+            continue
+        inner = shrunk(sub, sizes).to_dict()
+        layers = inner.get("num_hidden_layers")
+        inner.update({k: v for k, v in sizes.items() if k in inner and inner[k] is not None})
+        if isinstance(inner.get("layer_types"), list):  # one layer of each type, as small_config keeps
+            inner["layer_types"] = list(dict.fromkeys(inner["layer_types"]))
+            inner["num_hidden_layers"] = len(inner["layer_types"])
+        for k, v in inner.items():  # any other list of one value a layer keeps the first layers' values
+            if k != "layer_types" and isinstance(v, list) and layers and len(v) == layers:
+                inner[k] = v[:inner["num_hidden_layers"]]
+        d[name] = inner
+    return type(cfg).from_dict(d) if subs else cfg
+
+
 def configs(family: str):
-    """The family's config with TINY's sizes, then with its own (where TINY does not fit), each shrunk."""
+    """The family's config with TINY's sizes, its towers shrunk to them too; then, for a family with towers,
+    with a head dim of 64, then 128 (rotary sections that some towers' text models hard-code, multimodal
+    rope, need one); then with the family's own sizes (where TINY does not fit) and its towers shrunk. Each through
+    small_config. Never a tower at its default size: their random init alone ran past a minute a family."""
     from transformers import AutoConfig
     from torch_cubridge.integrations.transformers import small_config
-    for kw in (TINY, {}):
+    for kw in (TINY, {**TINY, "hidden_size": 256, "head_dim": 64}, {**TINY, "hidden_size": 512, "head_dim": 128},
+               {}):
         try:
-            yield small_config(AutoConfig.for_model(family, **kw))
+            cfg = AutoConfig.for_model(family, **kw)
+            if kw is not TINY and kw and not getattr(cfg, "sub_configs", None):
+                continue  # no towers: a larger head dim is the first attempt over again
+            yield small_config(shrunk(cfg, {**(kw or TINY), **TOWER}))
         except Exception:  # noqa: BLE001  (a config that refuses these sizes)
             continue
 
@@ -160,6 +195,7 @@ class call_check:
 
     def __enter__(self) -> "call_check":
         import torch
+        from torch._guards import detect_fake_mode
         from torch_cubridge.capture.nesting import stage
         from torch_cubridge.compile import CompiledAttention
         self.cls, self.orig = CompiledAttention, CompiledAttention.__call__
@@ -173,8 +209,8 @@ class call_check:
 
         def checked(fn_self, *args, **kwargs):
             out = orig(fn_self, *args, **kwargs)
-            if stage.depth:
-                return out
+            if stage.depth or detect_fake_mode(list(args) + list(kwargs.values())):
+                return out  # inside a stage, or a shape-only trace (fake tensors have no values to judge)
             try:
                 ref = first(fn_self.fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()}))
                 low = first(fn_self.fn(*args, **kwargs))
@@ -238,6 +274,10 @@ def survey_one(family: str, cpu: bool) -> dict:
     for cfg in configs(family):
         try:
             cls = model_class(family, cfg)
+            with torch.device("meta"):  # its size first, without allocating it
+                size = sum(p.numel() for p in cls._from_config(cfg, attn_implementation="eager").parameters())
+            if size > MAX_PARAMS:
+                raise MemoryError(f"{size / 1e6:.0f}M parameters at its smallest")
             torch.manual_seed(0)
             # the float32 reference on the CPU: a config that does not build or run is found without a CUDA
             # context (a second or more a process, and serialised in the driver when fourteen start at once)
