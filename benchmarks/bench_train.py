@@ -4,7 +4,8 @@ forward's 4*D FLOPs a pair and the backward's 10*D (the forward's 3.5x in all) o
 
 Each row also records: the peak memory of one step above its inputs, who computed our backward (the fused
 kernel or the reference), and our dQ, dK, dV on the benchmark's own inputs (first batch entry) against float64
-autograd of the spec, judged row by row (a row may be off by ROW_TOL of its own largest element).
+autograd of the spec, judged row by row (a row may be off by ROW_TOL of its own largest element, floored at
+1/32 of the median row's).
 
 Usage: python benchmarks/bench_train.py [--plan S:D,...] [--variants a,b] [--out DIR]
 Writes bench_train.json to DIR or $OUT (record.py).
@@ -27,7 +28,9 @@ import torch_cubridge as tc  # noqa: E402
 from record import save  # noqa: E402
 from variants import SPECS, flex_mods, pair_count  # noqa: E402
 
-ROW_TOL = 0.05  # bf16 P and dS on the tensor cores: ~1e-2 of a row's largest element; a lost key is ~1
+# bf16 P and dS on the tensor cores: ~1e-2 of a row's largest element; a lost key is ~1 (the backward's own
+# first-call check, ops/backward_runner.py, judges the same way)
+ROW_TOL = 0.05
 VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "document")
 
 
@@ -61,8 +64,11 @@ def grads_vs_fp64(spec, grads, q, k, v, do, extra) -> dict:
     out = {}
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
         a, b = g[:1].double().flatten(0, -2), r.flatten(0, -2)
-        row = ((a - b).abs().amax(-1) / b.abs().amax(-1).clamp_min(1e-30)).max()
-        out[f"{name}_worst_row"] = float(row)
+        # a row's scale, floored at 1/32 of the median row's: a row whose true gradient is zero (causal
+        # query 0 sees one key, so its dQ is exactly 0) is judged against the tensor's scale, not against 0
+        scale = b.abs().amax(-1)
+        scale = scale.clamp_min(float(scale.median()) / 32).clamp_min(1e-30)
+        out[f"{name}_worst_row"] = float(((a - b).abs().amax(-1) / scale).max())
         out[f"{name}_rel_l2"] = float((a - b).norm() / b.norm().clamp_min(1e-30))
     out["grads_match_fp64"] = all(out[f"{n}_worst_row"] < ROW_TOL for n in ("dq", "dk", "dv"))
     return out

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (every test marked gpu), then the benchmarks. JSON and logs under $OUT,
 # the GPU name first, a short table last. (test_llm_backend needs openai, whose httpx is not on the device.)
-# Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench|--serving] [pytest -k expr]
+# Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench|--serving|--train] [pytest -k expr]
+# --train: the GPU tests, then only the forward-plus-backward benchmark (bench_train.py)
 # --serving: the GPU tests, then only the decode benchmarks (the kernel, the flash API's block-table decode), the
 # warm-start/host-time one and generate tokens/s
 set -uo pipefail
@@ -24,6 +25,10 @@ python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tes
   2>&1 | tee "$OUT/gpu_tests.log" | tail -30 || STATUS=$?
 # CPU tests that depend on the torch version's symbolic shapes (2.11 pinned every size once)
 python3 -m pytest tests/capture/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3 || STATUS=$?
+if [ "$MODE" = "--train" ]; then
+  python3 benchmarks/bench_train.py --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -12
+  exit $STATUS
+fi
 if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
   python3 benchmarks/bench_attention.py $MODE --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40
 fi
