@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_cubridge as tc  # noqa: E402
 from record import save  # noqa: E402
-from timing import backend_times, host_us  # noqa: E402
-from variants import SPECS, flex_mods, pair_count  # noqa: E402
+from timing import add_tflops, backend_times, host_us, parse_plan  # noqa: E402
+from variants import SPECS, document_ids, flex_mods, pair_count  # noqa: E402
 
 
 FP64_MAX_S = 4096  # the longest sequence whose output is checked against the spec in float64
@@ -60,9 +60,7 @@ def run_case(name, S, D, H, total, results, with_eager):
     extra = ()
     doc = None
     if name == "document":
-        lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))  # same documents every run
-        ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
-        doc = ids[None].expand(B, S).contiguous().to(dev)
+        doc = document_ids(B, S, dev)
         extra = (doc,)
     pairs = pair_count(name, B, S, dev, doc) * H
     flops = 4 * pairs * D
@@ -104,9 +102,7 @@ def run_case(name, S, D, H, total, results, with_eager):
             row["eager_ms"] = bench(lambda: spec(q, k, v, *extra), reps=5)
         except torch.OutOfMemoryError:
             row["eager_ms"] = None
-    for key in [k_ for k_ in row if k_.endswith("_ms")]:
-        if row[key]:
-            row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
+    add_tflops(row, flops)
     results.append(row)
     del q, k, v
     torch.cuda.empty_cache()
@@ -135,7 +131,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     names = args.variants.split(",")
-    sd = [tuple(map(int, x.split(":"))) for x in args.plan.split(",")]
+    sd = parse_plan(args.plan)
     if args.quick:
         sd = sd[:1]
     plan = [(n, S, D) for S, D in sd for n in names]

@@ -27,7 +27,7 @@ import torch_cubridge as tc  # noqa: E402
 import torch_cubridge.ir.paged as paged_ir  # noqa: E402
 from record import save  # noqa: E402
 from bench_decode import bench, first_call  # noqa: E402
-from timing import backend_times  # noqa: E402
+from timing import add_tflops, backend_times  # noqa: E402
 
 
 def _chunk_mask(Sq: int, S: int, device) -> torch.Tensor:
@@ -66,7 +66,6 @@ def run(B: int, Sq: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 1
     pairs = B * H * sum(Skv - Sq + i + 1 for i in range(Sq))
     flops = 4 * pairs * D
     row = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D, "page": P, "flops": flops}
-    tflops = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
     f, out, first = first_call(paged_chunk, q, kp, vp, table)
     row.update(first)
     ref = paged_chunk(q.float(), kp.float(), vp.float(), table)  # fp64 on the CPU takes minutes here (tests do it)
@@ -100,9 +99,7 @@ def run(B: int, Sq: int, Skv: int, P: int, H: int = 32, Hkv: int = 8, D: int = 1
     except Exception as e:
         row["flex_ms"] = None
         row["flex_error"] = str(e)[:200]
-    for key in [x for x in row if x.endswith("_ms")]:
-        if row[key]:
-            row[key.replace("_ms", "_tflops")] = tflops(row[key])
+    add_tflops(row, flops)
     row["paged_over_contiguous"] = row["contiguous_ms"] / row["ours_ms"]
     row["paged_over_gathered"] = row["gathered_ms"] / row["ours_ms"]
     return row

@@ -21,17 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import save  # noqa: E402
 import torch_cubridge as tc  # noqa: E402
-from variants import SPECS  # noqa: E402
+from timing import parse_plan  # noqa: E402
+from variants import SPECS, document_ids  # noqa: E402
 
 
 def inputs(name: str, S: int, D: int, H: int = 16, total: int = 32768):
     B = max(1, total // S)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     extra = ()
-    if name == "document":  # the benchmark's documents (bench_attention.run_case)
-        lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))
-        ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
-        extra = (ids[None].expand(B, S).contiguous().cuda(),)
+    if name == "document":  # the benchmarks' documents
+        extra = (document_ids(B, S, "cuda"),)
     return (q, k, v) + extra
 
 
@@ -83,7 +82,7 @@ def main() -> None:
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
-    for S, D in (tuple(map(int, x.split(":"))) for x in a.plan.split(",")):
+    for S, D in parse_plan(a.plan):
         for name in a.variants.split(","):
             rows.append(profile_case(name, S, D, ncu=a.ncu, cudnn=a.cudnn))
             print(json.dumps(rows[-1]), flush=True)

@@ -128,3 +128,15 @@ def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
     with torch.cuda.graph(g):
         fn()
     return g.replay
+
+
+def add_tflops(row: dict, flops: float) -> None:
+    """row["<name>_tflops"] beside each timing row["<name>_ms"] that ran: `flops` over that many ms."""
+    for key in [k for k in row if k.endswith("_ms")]:
+        if row[key]:
+            row[key.replace("_ms", "_tflops")] = flops / (row[key] * 1e-3) / 1e12
+
+
+def parse_plan(text: str) -> list[tuple[int, int]]:
+    """--plan "S:D,S:D,..." as [(S, D), ...]."""
+    return [tuple(map(int, x.split(":"))) for x in text.split(",")]

@@ -64,6 +64,13 @@ def gqa_causal(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def document_ids(B, S, dev):
+    """[B, S] document ids: 64 documents of S/8 to S/2 tokens, cut at S; the same documents every run."""
+    lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))
+    ids = torch.repeat_interleave(torch.arange(64), lens)[:S]
+    return ids[None].expand(B, S).contiguous().to(dev)
+
+
 def flex_mods(name, H, S, dev, doc=None):
     """(score_mod, mask_mod) for FlexAttention."""
     causal_m = lambda b, h, qi, ki: qi >= ki

@@ -29,10 +29,6 @@ def _modules(values: Iterable[Any]) -> list[torch.nn.Module]:
     return list(seen.values())
 
 
-def _copy(v: Any) -> Any:
-    return type(v)(v) if type(v) in _CONTAINERS else None
-
-
 def _restore(obj: Any, saved: Any) -> None:
     if isinstance(obj, list):
         obj[:] = saved
@@ -48,7 +44,7 @@ def modules_kept(values: Iterable[Any]) -> Iterator[None]:
     snaps = []
     for m in _modules(values):
         attrs = dict(vars(m))
-        snaps.append((m, attrs, {k: (v, _copy(v)) for k, v in attrs.items() if type(v) in _CONTAINERS}))
+        snaps.append((m, attrs, {k: (v, type(v)(v)) for k, v in attrs.items() if type(v) in _CONTAINERS}))
     try:
         yield
     finally:
