@@ -57,7 +57,8 @@ def test_entries_and_refusals():
     with pytest.raises(UnsupportedSpec, match="head dims"):
         lower_backward(_prog("causal_sdpa", 256), head_dim=256)
     with pytest.raises(UnsupportedSpec, match="head dims"):
-        lower_backward(_prog("causal_sdpa", 120), head_dim=120)
+        lower_backward(_prog("causal_sdpa", 136), head_dim=136)
+    assert lower_backward(_prog("causal_sdpa", 120), head_dim=120).tile == BwdTile(120, 32)
     with pytest.raises(UnsupportedSpec, match="V's head dim"):
         lower_backward(_prog("causal_sdpa"), head_dim=64, value_dim=128)
 
@@ -99,7 +100,10 @@ def test_backward_builds_without_spills_on_the_tensor_cores(name, arch, D, tmp_p
 
 @needs_nvcc
 @pytest.mark.parametrize("name, arch, D", [("document_causal", "sm_80", 96), ("softcap_causal", "sm_90", 96),
-                                           ("sliding_window", "sm_86", 128), ("causal_sdpa", "sm_80", 32)])
+                                           ("sliding_window", "sm_86", 128), ("causal_sdpa", "sm_80", 32),
+                                           ("softcap_causal", "sm_80", 24), ("full_matmul", "sm_90", 80),
+                                           ("document_causal", "sm_90", 112), ("gqa_expand", "sm_80", 56)])
 def test_other_head_dims_and_archs_build(name, arch, D, tmp_path):
-    """96 columns split unevenly over dQ's column groups; sm_86 takes 16 rows a step."""
+    """96 columns split unevenly over dQ's column groups; sm_86 takes 16 rows a step; 24 and 56 pad their
+    last k16 step with zero columns."""
     _build_case(name, arch, D, tmp_path)

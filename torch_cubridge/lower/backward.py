@@ -78,9 +78,10 @@ def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | 
     """Why the backward kernel cannot serve this program at these head dims; None where it can."""
     if value_dim is not None and value_dim != head_dim:
         return "the backward kernel takes V's head dim equal to Q's"
-    # padded head dims (24, 56, 88, 120) are left out: at 120 the uneven copies and column guards spill
-    if not (head_dim % 32 == 0 and 32 <= head_dim <= 128):
-        return f"the backward kernel takes head dims of 32, 64, 96 or 128, not {head_dim}"
+    # a warp keeps its 16 keys' dK and dV rows in registers for the whole walk: pad16(D) floats a thread each,
+    # so past 128 columns the tile no longer fits in 255 registers
+    if not (head_dim % 8 == 0 and 8 <= head_dim <= 128):
+        return f"the backward kernel takes head dims in steps of 8 up to 128, not {head_dim}"
     if p.empty_rows != "zero":
         return "rows with every key masked take the mean of V, whose gradient the backward kernel does not give"
     if p.row_scale is not None:
