@@ -83,8 +83,11 @@ struct BwdWarp {
         const float raw = s[0][nt][e];
         const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
         const float lse = sLse[ql];
-        // An empty row (LSE -inf: every key masked, no sink) has no probabilities: P and dS are zero.
-        const float pr = keep && lse != neg_inf() ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : 0.f;
+        // An empty row (LSE -inf: every key masked, no sink) has no probabilities: P and dS are zero. A hooked
+        // score is in the LSE's own units, and is subtracted before it is scaled (as softmax.cuh does): a row
+        // a fill near finfo.min fills whole has x and LSE at the fill, where lse * log2(e) overflows.
+        const float pr = !keep || lse == neg_inf() ? 0.f
+                         : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
         const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
         s[0][nt][e] = pr;
         dp[0][nt][e] = pr != 0.f ? pr * (dp[0][nt][e] - sDelta[ql]) * g : 0.f;

@@ -34,7 +34,13 @@ __device__ __forceinline__ void finish_stats(float m2, float l, float sink2, flo
 }
 __device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
                                            float& o_scale, float& lse) {
-  finish_stats(m * factor, quad_sum(l_part), sink2, o_scale, lse);  // -inf stays -inf (factor > 0)
+  const float l = quad_sum(l_part);
+  finish_stats(m * factor, l, sink2, o_scale, lse);  // -inf stays -inf (factor > 0)
+  // A row a finite fill near finfo.min fills whole: m * factor overflows to -inf though the row has keys.
+  // Where x is the score itself (factor log2(e): a score hook) its LSE is m + ln(l), finite (the fill, ln(l)
+  // below its rounding), as the backward reads it; with a sink, the sink outweighs the fill.
+  if (lse == neg_inf() && l > 0.f && m != neg_inf() && sink2 == neg_inf() && factor == 1.4426950408889634f)
+    lse = m + fast_log2(l) * 0.69314718055994531f;
 }
 
 // Write this warp's normalised O fragments (rows row0 .. row0 + 16*MT of the

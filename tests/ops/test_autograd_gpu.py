@@ -3,6 +3,7 @@ served each backward (the kernel once verified, else the reference); NaN-free gr
 rows; a backward kernel that is wrong is caught on its first backward and the reference serves, with a warning."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -48,6 +49,19 @@ def _dq_allowance(q, k, out, dout):
     return 4 * d_err * q.shape[-1] ** -0.5 * k.double().abs().max()
 
 
+def _assert_grads(got, want, args, out, dout):
+    """dQ, dK, dV (and any more) against float64's, row by row; dQ with delta's rounding allowed for."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.isfinite(g).all()
+        if i == 0:  # dQ: the spec's O against the kernel's bf16 O, bounded per row
+            err = (g.double() - w).abs().amax(-1)
+            bound = ROW_TOL * w.abs().amax(-1) + _dq_allowance(args[0], args[1], out, dout)
+            assert (err <= bound).all(), (float((err / bound).max()), int((err > bound).sum()))
+            continue
+        v = judge_rows(g.float(), w, ROW_TOL)
+        assert v.ok, v
+
+
 def _run(f, args, dout):
     leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
               for a in args]
@@ -68,15 +82,7 @@ def _check_against_float64(name, D=64):
         got = _run(f, args, dout)
     want = _run(ref_fn, [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                          for a in _leaves(args, torch.float64)], dout.double())
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert torch.isfinite(g).all()
-        if i == 0:  # dQ: the spec's O against the kernel's bf16 O, bounded per row
-            err = (g.double() - w).abs().amax(-1)
-            bound = ROW_TOL * w.abs().amax(-1) + _dq_allowance(args[0], args[1], out, dout)
-            assert (err <= bound).all(), (float((err / bound).max()), int((err > bound).sum()))
-            continue
-        v = judge_rows(g.float(), w, ROW_TOL)
-        assert v.ok, v
+    _assert_grads(got, want, args, out, dout)
     assert f.served["kernel"] == 2 and f.served["spec"] == 0, f.served
     return backward_runner.backward_for(f.kernels()[-1].kernel_id)
 
@@ -124,3 +130,34 @@ def test_wrong_backward_kernel_falls_back_with_a_warning(monkeypatch):
     want = _run(ref_fn, [a.double() for a in _leaves(args, torch.float64)], dout.double())
     for g, w in zip(got, want):
         assert judge_rows(g.float(), w, ROW_TOL).ok
+
+
+def finfo_padded(q, k, v, mask):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_rows_a_finite_fill_fills_whole_get_softmax_gradients_from_the_kernel():
+    """Left padding under bf16's finfo.min: the padded query rows hold the fill on every key, their softmax
+    is uniform, and their float32 LSE is the fill (log(count) absorbed; m * log2(e) overflows there). The
+    backward kernel serves them (dO divided by P's row sum), after a call without such rows verified it and
+    before one: every call's gradients match float64."""
+    f = tc.compile(finfo_padded)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 257, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    clean = torch.zeros(2, 1, 257, 257, device="cuda", dtype=torch.bfloat16)
+    padded = clean.clone()
+    padded[0, :, :40] = torch.finfo(torch.bfloat16).min  # sample 0's first 40 query rows: every key filled
+    padded[0, :, :, :40] = torch.finfo(torch.bfloat16).min  # and no real row of it sees a padded key
+    dout = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
+    for m in (clean, padded, clean, padded):
+        args = _leaves((q, k, v), torch.bfloat16)
+        with torch.no_grad():
+            out = f(*args, m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _run(lambda q, k, v: f(q, k, v, m), args, dout)
+        want = _run(lambda q, k, v: finfo_padded(q, k, v, m.double()), _leaves(args, torch.float64), dout.double())
+        _assert_grads(got, want, args, out, dout)
+    bw = backward_runner.backward_for(f.kernels()[-1].kernel_id)
+    assert bw.served == {"kernel": 4}, bw.served

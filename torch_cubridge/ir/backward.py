@@ -62,6 +62,20 @@ def _tile(p: Program, env: dict[str, Any], q: torch.Tensor, k: torch.Tensor, hk:
     return torch.where(keep, x, torch.tensor(-math.inf, dtype=fdt, device=dev)), keep
 
 
+def unnormalised_row_sums(p: Program, q: torch.Tensor, k: torch.Tensor, env: dict[str, Any], hk: torch.Tensor,
+                          lse: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """sum_k exp(X - LSE) per query row, in q's dtype, over the query tiles holding a row of `rows` ([B, H, Sq]
+    bool); 1 elsewhere. A kernel that recomputes P = exp(X - LSE) with a given LSE has this row sum, where 1 is
+    right: it differs from 1 where the LSE lost log(count) to a fill's rounding."""
+    sums = torch.ones(rows.shape, dtype=q.dtype, device=q.device)
+    for q0 in range(0, q.shape[2], BLOCK_M):
+        q1 = min(q0 + BLOCK_M, q.shape[2])
+        if bool(rows[:, :, q0:q1].any()):
+            x, _ = _tile(p, env, q, k, hk, q0, q1, q.dtype)
+            sums[:, :, q0:q1] = torch.exp(x - lse[:, :, q0:q1, None].to(q.dtype)).sum(-1)
+    return sums
+
+
 def _sink_factor(p: Program, env: dict[str, Any], lse: torch.Tensor, fdt: torch.dtype) -> torch.Tensor | None:
     if p.sink is None:
         return None

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..ir.backward import attention_backward, saved_forward
+from ..ir.backward import attention_backward, saved_forward, unnormalised_row_sums
 from ..ir.bind import head_index, scalar_values, sizes_of, to_canonical
 from ..ir.interpreter import index_env
 from ..ir.program import Program
@@ -85,3 +85,24 @@ def reference_backward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     dq, dk, dv, grads = attention_backward(p, c.q, c.k, c.v, dict(c.env), c.hk, o, lse, do, dl, names, c.fdt)
     return (in_layout_of(q, p.q, dq), in_layout_of(k, p.k, dk), in_layout_of(v, p.v, dv),
             [grads[p.extras[i].name].to(extras[i].dtype) for i in learn])
+
+
+def dout_for_lse_rounding(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          extras: list[torch.Tensor], scalars: list[float], lse: torch.Tensor, rows: torch.Tensor,
+                          dout: torch.Tensor) -> torch.Tensor:
+    """dO with each row of `rows` divided by the row's sum of exp(X - LSE) (X computed in float32, as the
+    kernel computes it), for a backward kernel that recomputes P = exp(X - LSE) from the forward's LSE.
+
+    Where a finite fill fills a row whole (padding under finfo.min), the float32 LSE is the fill with
+    log(count) lost to its rounding, and the kernel's P is c times softmax's, c that row sum. The backward is
+    linear in dO given P: dV = P^T dO, dP = dO V^T, delta = rowsum(dO O), dS = P (dP - delta) dscore/ds, so
+    the kernel's P times c with dO over c gives exactly softmax's gradients."""
+    c = op_call(p, q, k, v, extras, scalars, torch.float32)
+    sums = unnormalised_row_sums(p, c.q, c.k, c.env, c.hk, lse.reshape(rows.shape), rows)
+    sums = torch.where(rows & (sums > 0), sums, torch.ones_like(sums))
+    B, H, Sq = rows.shape
+    scaled = dout.clone(memory_format=torch.contiguous_format)
+    view = canonical_out(p, scaled, B, H, Sq, c.v.shape[-1])  # a view of `scaled`: it is contiguous
+    assert view.untyped_storage().data_ptr() == scaled.untyped_storage().data_ptr()
+    view.div_(sums.unsqueeze(-1).to(view.dtype))
+    return scaled

@@ -22,7 +22,7 @@ import torch
 from ..ir.bind import to_canonical
 from ..verify.judge import judge_rows
 from . import backward_gpu
-from .backward_reference import canonical_out, reference_backward
+from .backward_reference import canonical_out, dout_for_lse_rounding, reference_backward
 
 # a row of dQ, dK or dV may be off by this fraction of its own largest element (floored at 1/32 of the median
 # row's): bf16 P and dS on the tensor cores give ~1e-2 (benchmarks/kernel_dev/bwd_check.py), a wrong tile,
@@ -30,7 +30,8 @@ from .backward_reference import canonical_out, reference_backward
 ROW_TOL = 0.05
 # A row whose LSE is below this is one a finite fill fills whole (finfo.min, -1e9 over every key): float32
 # holds log(count) below the fill's rounding there (ulp(2^14) is 2^-9), so the kernel's P = exp(S - LSE) is
-# not normalised on it; real scores never reach it (|s| of 16384 is a one-hot softmax in any dtype)
+# not normalised on it (the kernel is handed dO divided by P's row sum there:
+# backward_reference.dout_for_lse_rounding); real scores never reach it (|s| of 16384 is a one-hot softmax)
 FILL_ROW_LSE = -16384.0
 
 
@@ -84,9 +85,6 @@ class BackwardRunner:
                  dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                    list[torch.Tensor]]:
         why = self._refusal(q, k, v, lse, dlse, learn)
-        if why is None and lse is not None and bool((torch.isfinite(lse) & (lse < FILL_ROW_LSE)).any()):
-            why = "query rows whose every key holds a finite fill (padding under finfo.min): the kernel " \
-                  "recomputes P from the LSE, which the fill absorbs"
         if why is None:
             key = self._key(q)
             try:
@@ -133,7 +131,10 @@ class BackwardRunner:
         kern = self._kernels[key]
         if kern is None:
             return None
-        got = kern(q, k, v, extras, scalars, out, lse, dout)
+        fill = torch.isfinite(lse) & (lse < FILL_ROW_LSE)
+        kdout = dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, fill, dout) if bool(fill.any()) \
+            else dout
+        got = kern(q, k, v, extras, scalars, out, lse, kdout)
         if key not in self._verified:
             bad = self.check(q, k, v, extras, scalars, out, dout, got)
             self._verified[key] = bad is None
