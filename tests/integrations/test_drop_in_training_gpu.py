@@ -21,6 +21,9 @@ FAMILIES = ["llama", "gemma2", "gpt_oss", "qwen3"]
 LEARNABLE_SCORE = {"gpt_oss"}  # sinks: their gradient comes from the reference backward
 SIZE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             attention_dropout=0.0)
+# gpt_oss routes each token to both of its two experts: with top-1 routing a near tie sends a token to another
+# expert in bf16 than in float32, a jump in its gradient that eager in bf16 makes at other tokens
+OVERRIDES = {"gpt_oss": dict(num_experts_per_tok=2)}
 B, S, PAD = 2, 160, 37
 
 
@@ -57,9 +60,10 @@ def _backward_served() -> collections.Counter:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_bf16_training_step_on_the_kernels_is_as_close_to_float32_as_eager(family, padded):
     tcx.clear_tables()
-    ref = build(family, "eager", torch.float32, "cuda", **SIZE)
-    base = build(family, "eager", torch.bfloat16, "cuda", **SIZE)
-    ours = build(family, "cubridge", torch.bfloat16, "cuda", **SIZE)
+    kw = {**SIZE, **OVERRIDES.get(family, {})}
+    ref = build(family, "eager", torch.float32, "cuda", **kw)
+    base = build(family, "eager", torch.bfloat16, "cuda", **kw)
+    ours = build(family, "cubridge", torch.bfloat16, "cuda", **kw)
     base.load_state_dict(ref.state_dict())
     ours.load_state_dict(ref.state_dict())
     ids, mask = _batch(padded)

@@ -224,3 +224,34 @@ def test_rows_filled_whole_by_a_finite_fill_are_right_on_the_kernel(monkeypatch)
         _, want = _reference(lambda q, k, v: finfo_padded(q, k, v, m.double()), (q, k, v), dout)
         _check(got, want)
     assert backward_runner.backward_for(made[-1].kernel_id).served == {"kernel": 2}
+
+
+def keep_or_finfo(q, k, v, keep):
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_a_mean_of_v_program_is_on_the_kernel_for_calls_whose_rows_all_keep_a_key(monkeypatch):
+    """A finfo.min fill makes a row with no key the mean of V, whose gradient the backward kernel does not
+    give: a call with such a row takes the reference, a call without one the kernel (the program's other rows
+    are the zero-empty-row program's)."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
+    made = serve_by_op(monkeypatch)
+    f = tc.compile(keep_or_finfo)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=g) for _ in range(3))
+    keep = torch.ones(2, 1, 37, 37, dtype=torch.bool).tril()
+    with torch.no_grad():
+        f(q, k, v, keep)
+    assert made[-1].p.empty_rows == "mean_v"
+    dout = torch.randn_like(q)
+    empty = keep.clone()
+    empty[1, :, 3] = False  # query row 3 of batch 1 keeps no key
+    for m in (keep, empty):
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            _, got = _grads(lambda q, k, v: f(q, k, v, m), (q, k, v), dout)
+        _, want = _reference(lambda q, k, v: keep_or_finfo(q, k, v, m), (q, k, v), dout)
+        _check(got, want)
+    assert backward_runner.backward_for(made[-1].kernel_id).served == {"kernel": 1, "reference": 1}

@@ -161,3 +161,30 @@ def test_rows_a_finite_fill_fills_whole_get_softmax_gradients_from_the_kernel():
         _assert_grads(got, want, args, out, dout)
     bw = backward_runner.backward_for(f.kernels()[-1].kernel_id)
     assert bw.served == {"kernel": 4}, bw.served
+
+
+def keep_or_finfo(q, k, v, keep):
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def test_a_mean_of_v_program_takes_the_kernel_unless_a_row_keeps_no_key():
+    """finfo.min fills make an empty row the mean of V (no backward kernel for that): the calls whose rows all
+    keep a key are the kernel's, one with an empty row the reference's, each right."""
+    f = tc.compile(keep_or_finfo)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 257, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    keep = torch.ones(2, 1, 257, 257, dtype=torch.bool, device="cuda").tril()
+    empty = keep.clone()
+    empty[1, :, 100] = False
+    dout = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
+    for m in (keep, empty, keep):
+        args = _leaves((q, k, v), torch.bfloat16)
+        with torch.no_grad():
+            out = f(*args, m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _run(lambda q, k, v: f(q, k, v, m), args, dout)
+        want = _run(lambda q, k, v: keep_or_finfo(q, k, v, m), _leaves(args, torch.float64), dout.double())
+        _assert_grads(got, want, args, out, dout)
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 2, "reference": 1}

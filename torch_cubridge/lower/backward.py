@@ -82,8 +82,6 @@ def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | 
     # so past 128 columns the tile no longer fits in 255 registers
     if not (head_dim % 8 == 0 and 8 <= head_dim <= 128):
         return f"the backward kernel takes head dims in steps of 8 up to 128, not {head_dim}"
-    if p.empty_rows != "zero":
-        return "rows with every key masked take the mean of V, whose gradient the backward kernel does not give"
     if p.row_scale is not None:
         return "a row scale after the softmax has no backward kernel"
     return None
@@ -109,6 +107,11 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     why = backward_refusal(p, head_dim, value_dim)
     if why:
         raise UnsupportedSpec(why, op="lower")
+    if p.empty_rows == "mean_v":
+        # rows with every key masked take the mean of V, whose gradient this kernel does not give: the
+        # backward runner sends calls that have such a row (an LSE of -inf) to the reference, so the kernel
+        # only meets rows with keys, where the two rules agree
+        p = replace(p, empty_rows="zero")
     if p.block_rule == "prepass":
         # the forward's block map is laid out for its own tiles: blocks are classed by the index rule with the
         # loads unknown (a block it cannot rule out is partial), and the mask reads its data per element there

@@ -85,10 +85,12 @@ class BackwardRunner:
                  dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                    list[torch.Tensor]]:
         why = self._refusal(q, k, v, lse, dlse, learn)
+        key = self._key(q) if why is None else None
+        if why is None and self._kernels.get(key, True) is not None:
+            why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
         if why is None:
-            key = self._key(q)
             try:
-                got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout)
+                got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout, kdout)
             except Exception as err:  # a build or launch failure: the reference serves this program from now on
                 self._kernels[key] = None
                 self._why[key] = f"the backward kernel failed ({type(err).__name__}: {err})"
@@ -118,10 +120,23 @@ class BackwardRunner:
         major, minor = torch.cuda.get_device_capability(q.device)
         return f"sm_{major}{minor}", q.dtype, d, torch.cuda.get_device_name(q.device)
 
+    def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+              scalars: list[float], lse: torch.Tensor, dout: torch.Tensor) -> tuple[str | None, torch.Tensor]:
+        """What this call's rows ask of the kernel, from the forward's LSE (one sync): why it cannot take them
+        (rows with no key where the program gives them the mean of V), or the dO to hand it (divided by P's
+        row sum on rows a finite fill fills whole)."""
+        fill = torch.isfinite(lse) & (lse < FILL_ROW_LSE)
+        any_fill, any_empty = torch.stack([fill.any(), torch.isneginf(lse).any()]).tolist()
+        if any_empty and self.p.empty_rows == "mean_v":
+            return "rows with every key masked take the mean of V, whose gradient the backward kernel does not " \
+                   "give", dout
+        return None, dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, fill, dout) if any_fill else dout
+
     def _kernel(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
-                scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The kernel's gradients, or None where it does not serve (self._why says why)."""
+                scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                kdout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The kernel's gradients, or None where it does not serve (self._why says why). kdout: the dO the
+        kernel is handed (_rows); the check holds its result to the call's own dO."""
         if key not in self._kernels:
             self._kernels[key] = None
             try:
@@ -131,9 +146,6 @@ class BackwardRunner:
         kern = self._kernels[key]
         if kern is None:
             return None
-        fill = torch.isfinite(lse) & (lse < FILL_ROW_LSE)
-        kdout = dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, fill, dout) if bool(fill.any()) \
-            else dout
         got = kern(q, k, v, extras, scalars, out, lse, kdout)
         if key not in self._verified:
             bad = self.check(q, k, v, extras, scalars, out, dout, got)
