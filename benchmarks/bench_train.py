@@ -5,7 +5,8 @@ forward's 4*D FLOPs a pair and the backward's 10*D (the forward's 3.5x in all) o
 Each row also records: the peak memory of one step above its inputs, who computed our backward (the fused
 kernel or the reference), and our dQ, dK, dV on the benchmark's own inputs (first batch entry) against float64
 autograd of the spec, judged row by row as the backward's own first-call check judges them (verify/judge.py:
-a row may be off by ROW_TOL of its own largest element, floored at 1/32 of the median row's).
+a row may be off by ROW_TOL of its own largest element, floored at 1/32 of the median row's), dQ's rows also
+by the rounding of delta from our bf16 O (judge.delta_rounding_allowance), as in every flash-style backward.
 
 Usage: python benchmarks/bench_train.py [--plan S:D,...] [--variants a,b] [--out DIR]
 Writes bench_train.json to DIR or $OUT (record.py).
@@ -29,7 +30,7 @@ from record import save  # noqa: E402
 from timing import add_tflops, parse_plan  # noqa: E402
 from variants import SPECS, document_ids, flex_mods, pair_count  # noqa: E402
 from torch_cubridge.ops.backward_runner import ROW_TOL  # noqa: E402  (the backward's own first-call check's)
-from torch_cubridge.verify.judge import judge_rows  # noqa: E402
+from torch_cubridge.verify.judge import delta_rounding_allowance, judge_rows  # noqa: E402
 VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "document")
 
 
@@ -55,14 +56,17 @@ def step_of(attn, q, k, v, do):
     return step
 
 
-def grads_vs_fp64(spec, grads, q, k, v, do, extra) -> dict:
-    """Our dQ, dK, dV of the first batch entry against float64 autograd of the spec on the same inputs."""
+def grads_vs_fp64(spec, grads, q, k, v, do, extra, o) -> dict:
+    """Our dQ, dK, dV of the first batch entry against float64 autograd of the spec on the same inputs; dQ
+    with the rounding of delta = rowsum(dO * O) from our bf16 O allowed per row (every variant here has
+    dscore/ds at most D^-0.5: a softcap's derivative is at most the scale)."""
     one = [t[:1].detach().double().requires_grad_() for t in (q, k, v)]
     ex = tuple(t[:1] for t in extra)
     ref = torch.autograd.grad(spec(*one, *ex), one, do[:1].double())
+    dq_extra = delta_rounding_allowance(o[:1], do[:1], k[:1], q.shape[-1] ** -0.5)
     out = {}
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
-        verdict = judge_rows(g[:1], r, ROW_TOL)
+        verdict = judge_rows(g[:1], r, ROW_TOL, allowance=dq_extra if name == "dq" else None)
         out[f"{name}_worst_over_bound"] = verdict.worst
         out[f"{name}_rel_l2"] = float((g[:1].double() - r).norm() / r.norm().clamp_min(1e-30))
         out[f"{name}_ok"] = verdict.ok
@@ -93,7 +97,10 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     row["first_step_s"] = time.perf_counter() - t0
     row["forward_served"] = dict(f.served)
     row["backward_served"] = dict(backward_for(f.kernels()[-1].kernel_id).served)
-    row.update(grads_vs_fp64(spec, grads, q, k, v, do, extra))
+    with torch.no_grad():
+        o = f(q, k, v, *extra)
+    row.update(grads_vs_fp64(spec, grads, q, k, v, do, extra, o))
+    del o
     del grads
     row["ours_ms"] = bench(ours)
     row["ours_peak_gb"] = peak_gb(ours)

@@ -59,3 +59,12 @@ def test_undefined_rows_are_left_to_the_caller_and_nan_elsewhere_fails():
     got[2, 5] = float("nan")
     assert not judge_rows(got, ref, 1e-6).ok
     assert not judge_rows(got[:3], ref, 1e-6).ok  # a shape mismatch fails
+
+
+def test_an_allowance_loosens_only_its_own_row():
+    ref = torch.ones(3, 8, dtype=torch.float64)
+    out = ref.clone()
+    out[1, 2] += 0.5  # 0.5 off in row 1: beyond 5% of the row's scale
+    assert not judge_rows(out, ref, 0.05).ok
+    assert judge_rows(out, ref, 0.05, allowance=torch.tensor([0.0, 0.5, 0.0])).ok
+    assert not judge_rows(out, ref, 0.05, allowance=torch.tensor([0.5, 0.0, 0.5])).ok

@@ -79,8 +79,10 @@ def dtype_bound(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return element_bound(ref, ROW_ULPS * u, ELEMENT_ULPS * u)
 
 
-def judge_rows(out: torch.Tensor, ref: torch.Tensor, row_tol: float, element_tol: float = 0.0) -> RowVerdict:
-    """Every element of `out` against `ref`: |out - ref| <= row_tol * scale_row + element_tol * |ref|.
+def judge_rows(out: torch.Tensor, ref: torch.Tensor, row_tol: float, element_tol: float = 0.0,
+               allowance: torch.Tensor | None = None) -> RowVerdict:
+    """Every element of `out` against `ref`: |out - ref| <= row_tol * scale_row + element_tol * |ref|, plus
+    allowance_row where given (a bound per row, in ref.shape[:-1], for an error the row rule cannot see).
 
     Elements where `ref` is NaN (rows the spec leaves undefined) are left to the caller's rule;
     a NaN or infinity in `out` anywhere else fails."""
@@ -93,11 +95,24 @@ def judge_rows(out: torch.Tensor, ref: torch.Tensor, row_tol: float, element_tol
     undefined = torch.isnan(a)
     a, g = a.masked_fill(undefined, 0.0), g.masked_fill(undefined, 0.0)
     bound = element_bound(a, row_tol, element_tol)
+    if allowance is not None:
+        bound = bound + allowance.detach().to(a.device, torch.float64).reshape(-1, 1)
     err = (g - a).abs().nan_to_num(nan=float("inf"))
     ratio = err / bound.clamp_min(1e-300)
     bad = (err > bound).any(-1)
     worst = float(ratio.max())
     return RowVerdict(not bool(bad.any()), worst, int(bad.sum()), a.shape[0])
+
+
+def delta_rounding_allowance(out: torch.Tensor, dout: torch.Tensor, k: torch.Tensor, score_grad_bound: float
+                             ) -> torch.Tensor:
+    """Per query row ([..., Sq]), what a flash-style backward's dQ may differ from float64's by beyond the row
+    rule: delta = rowsum(dO * O) is formed from O rounded to its dtype, off by up to u * sum|dO * O|, and that
+    reaches dQ through dS = P (dP - delta) dscore/ds (at most score_grad_bound) summed over the row's keys,
+    each at most max|K|. A row that keeps a few keys has a tiny dQ, and this term is then most of it."""
+    u = 2 * unit_roundoff(out.dtype)  # with a factor 2 to spare
+    d_err = u * (dout.double() * out.double().nan_to_num()).abs().sum(-1)
+    return 4 * d_err * score_grad_bound * float(k.detach().double().abs().max())
 
 
 def judge_rows_in(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> RowVerdict:
