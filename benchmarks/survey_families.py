@@ -435,10 +435,10 @@ def merge(paths: list[str], out: str) -> None:
     for p in parts:  # a later file's settled row replaces an earlier one (a timed-out family run again)
         for r in p["rows"]:
             if r["family"] not in by_family or r["status"] not in ("timeout", "not-run"):
-                by_family[r["family"]] = {**r, "commit": p["commit"]}
+                by_family[r["family"]] = {"commit": p["commit"], **r}  # a merged file's rows keep their own
     rows = sorted(by_family.values(), key=lambda r: r["family"])
     head = {k: v for k, v in parts[-1].items() if k not in ("rows", "counts", "seconds", "shard")}
-    head["commits"] = sorted({p["commit"] for p in parts})  # each row names its own
+    head["commits"] = sorted({r["commit"] for r in rows})  # each row names its own
     head.update(seconds=round(sum(p["seconds"] for p in parts), 1),
                 counts=dict(collections.Counter(r["status"] for r in rows)), rows=rows)
     path = Path(out) / "survey_families.json"
