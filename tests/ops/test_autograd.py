@@ -255,3 +255,23 @@ def test_a_mean_of_v_program_is_on_the_kernel_for_calls_whose_rows_all_keep_a_ke
         _, want = _reference(lambda q, k, v: keep_or_finfo(q, k, v, m), (q, k, v), dout)
         _check(got, want)
     assert backward_runner.backward_for(made[-1].kernel_id).served == {"kernel": 1, "reference": 1}
+
+
+def test_a_kernel_that_cannot_be_built_keeps_its_reason_on_later_calls(monkeypatch):
+    """The reference serves every backward of a program whose kernel failed to build, warning once with the
+    build's own reason, on later calls too."""
+    def fails(*a):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", fails)
+    f, fn, args = _compiled_pair(monkeypatch)
+    dout = torch.randn_like(args[0])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            _, got = _grads(f, args, dout)
+    reasons = {str(w.message) for w in seen if "reference backward" in str(w.message)}
+    assert len(reasons) == 1 and "no compiler here" in reasons.pop()
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 2}
+    _, want = _reference(fn, args, dout)
+    _check(got, want)

@@ -85,9 +85,12 @@ class BackwardRunner:
                  dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                    list[torch.Tensor]]:
         why = self._refusal(q, k, v, lse, dlse, learn)
-        key = self._key(q) if why is None else None
-        if why is None and self._kernels.get(key, True) is not None:
-            why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
+        if why is None:
+            key = self._key(q)
+            if self._kernels.get(key, True) is None:  # refused or failed before: no row check owed
+                why = self._why[key]
+            else:
+                why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
         if why is None:
             try:
                 got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout, kdout)
