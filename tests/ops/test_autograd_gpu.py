@@ -132,6 +132,21 @@ def test_wrong_backward_kernel_falls_back_with_a_warning(monkeypatch):
         assert judge_rows(g.float(), w, ROW_TOL).ok
 
 
+def _calls_match_float64(f, spec, qkv, dout, masks):
+    """One call of f per mask, in order: each call's gradients against float64 autograd of the spec (a float
+    mask in float64 too, a bool one as it is)."""
+    for m in masks:
+        args = _leaves(qkv, torch.bfloat16)
+        with torch.no_grad():
+            out = f(*args, m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _run(lambda q, k, v: f(q, k, v, m), args, dout)
+        m64 = m.double() if m.is_floating_point() else m
+        want = _run(lambda q, k, v: spec(q, k, v, m64), _leaves(args, torch.float64), dout.double())
+        _assert_grads(got, want, args, out, dout)
+
+
 def finfo_padded(q, k, v, mask):
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
     return torch.softmax(s, dim=-1) @ v
@@ -150,15 +165,7 @@ def test_rows_a_finite_fill_fills_whole_get_softmax_gradients_from_the_kernel():
     padded[0, :, :40] = torch.finfo(torch.bfloat16).min  # sample 0's first 40 query rows: every key filled
     padded[0, :, :, :40] = torch.finfo(torch.bfloat16).min  # and no real row of it sees a padded key
     dout = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
-    for m in (clean, padded, clean, padded):
-        args = _leaves((q, k, v), torch.bfloat16)
-        with torch.no_grad():
-            out = f(*args, m)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = _run(lambda q, k, v: f(q, k, v, m), args, dout)
-        want = _run(lambda q, k, v: finfo_padded(q, k, v, m.double()), _leaves(args, torch.float64), dout.double())
-        _assert_grads(got, want, args, out, dout)
+    _calls_match_float64(f, finfo_padded, (q, k, v), dout, (clean, padded, clean, padded))
     bw = backward_runner.backward_for(f.kernels()[-1].kernel_id)
     assert bw.served == {"kernel": 4}, bw.served
 
@@ -178,13 +185,5 @@ def test_a_mean_of_v_program_takes_the_kernel_unless_a_row_keeps_no_key():
     empty = keep.clone()
     empty[1, :, 100] = False
     dout = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
-    for m in (keep, empty, keep):
-        args = _leaves((q, k, v), torch.bfloat16)
-        with torch.no_grad():
-            out = f(*args, m)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = _run(lambda q, k, v: f(q, k, v, m), args, dout)
-        want = _run(lambda q, k, v: keep_or_finfo(q, k, v, m), _leaves(args, torch.float64), dout.double())
-        _assert_grads(got, want, args, out, dout)
+    _calls_match_float64(f, keep_or_finfo, (q, k, v), dout, (keep, empty, keep))
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 2, "reference": 1}
