@@ -101,6 +101,9 @@ def _lists(x: Any) -> Any:
     return [_lists(i) for i in x] if isinstance(x, (tuple, list)) else x
 
 
+_RESHAPE = "aten.reshape.default"
+
+
 def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.device,
               sizes: dict[str, int] | None = None, rewrite: Any = None,
               given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -114,7 +117,9 @@ def run_steps(steps: tuple[Step, ...], bound: dict[str, Any], device: torch.devi
         if rewrite is not None:
             args = rewrite(s.op, args)
         kwargs = {k: _decode(v, bound, done, device, sizes) for k, v in s.kwargs}
-        fn = resolve_op(s.op)
+        # shapes only on meta: a meta kernel may give a made tensor other strides than the device's (a
+        # convolution's), so the spec's own view, valid where it ran, is taken as the reshape it equals
+        fn = resolve_op(_RESHAPE if device.type == "meta" and s.op == "aten.view.default" else s.op)
         done[s.name] = args[0][args[1]] if fn is None else fn(*args, **kwargs)
     return done
 

@@ -43,11 +43,11 @@ class Prologue:
         return node.name
 
     def record_view(self, node: Node, shape: tuple[int, ...]) -> str:
-        """Steps computing `node`, then its value viewed at `shape` (its merged dims unflattened); the
-        view's step name."""
+        """Steps computing `node`, then its value reshaped to `shape` (merged dims unflattened, unit dims
+        dropped; a copy where a permuted value has no such view); the last step's name."""
         self.record(node)
         name = f"{node.name}_atoms"
-        self.steps.setdefault(name, Step(name, "aten.view.default", (("@step", node.name), shape), ()))
+        self.steps.setdefault(name, Step(name, "aten.reshape.default", (("@step", node.name), shape), ()))
         return name
 
     def record_by_distance(self, diff: Node, sign: int, chain: list[Node], sq: int, skv: int) -> str:

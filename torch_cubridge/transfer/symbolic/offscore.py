@@ -175,6 +175,10 @@ class OffScorePath:
             return sym  # made so already: made again it would lose its merged axes
         if _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
             return self.materialize_unflattened(node, sym)
+        if isinstance(sym, Sym) and sym.expr is not None and any(len(ax) == 0 for ax in sym.axes):
+            # a unit dim no index reads (einsum's, unsqueezed before its bmm): made without it, as no operand
+            # layout names it
+            return self.materialize_unflattened(node, sym)
         return self.materialize(node)
 
     def materialize_unflattened(self, node: Node, sym: Sym) -> Sym:
