@@ -18,7 +18,7 @@ from tiny_models import build
 
 pytestmark = pytest.mark.gpu
 FAMILIES = ["llama", "gemma2", "gpt_oss", "qwen3"]
-LEARNABLE_SCORE = {"gpt_oss"}  # sinks: their gradient comes from the reference backward
+LEARNABLE_SCORE: set[str] = set()  # families whose score reads a learnable tensor (the reference's backward)
 SIZE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             attention_dropout=0.0)
 # gpt_oss routes each token to both of its two experts: with top-1 routing a near tie sends a token to another

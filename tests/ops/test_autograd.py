@@ -275,3 +275,44 @@ def test_a_kernel_that_cannot_be_built_keeps_its_reason_on_later_calls(monkeypat
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 2}
     _, want = _reference(fn, args, dout)
     _check(got, want)
+
+
+def _sink_kernel_stand_in(scores_alone: bool):
+    """A stand-in for the backward kernel of sinks_column computing as the kernel does: P = exp(X - LSE) from
+    the forward's LSE, which has the sink joined. scores_alone: P from the LSE of the scores without the sink
+    (a kernel that drops the sink's share of each row), which the first backward's check must catch."""
+    def build(p, arch, dtype, head_dim):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            x = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            row = torch.logsumexp(x, -1, keepdim=True) if scores_alone else lse.reshape(x.shape[:-1]).unsqueeze(-1)
+            pr = torch.exp(x - row)
+            ds = pr * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
+            return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout
+        return kern
+    return build
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["kernel_math", "sink_dropped"])
+def test_learnable_sinks_are_served_beside_the_kernel(monkeypatch, wrong):
+    """gpt-oss's learnable sinks: the kernel's dQ, dK, dV from P over the LSE with the sink joined, and the
+    sinks' gradient, -sum over rows of rowsum(dO O) exp(c - LSE), by PyTorch beside it, all against float64
+    autograd of the spec. A kernel whose P leaves the sink out fails its first check, and the reference serves."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _sink_kernel_stand_in(wrong))
+    made = serve_by_op(monkeypatch)
+    fn, make, _ = _case("sinks_column")
+    f = tc.compile(fn)
+    args = make()
+    args = args[:3] + (4.0 + args[3] * 0.5,)  # sinks that take about half of each row (e^4 against 37 keys)
+    with torch.no_grad():
+        f(*args)
+    dout = torch.randn_like(args[0])
+    for _ in range(2):
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            _, got = _grads(f, args, dout)
+        _, want = _reference(fn, args, dout)
+        assert got[3] is not None and got[3].abs().max() > 1e-2  # the sinks' gradient
+        _check(got, want)
+    served = backward_runner.backward_for(made[-1].kernel_id).served
+    assert served == ({"reference": 2} if wrong else {"kernel": 2})

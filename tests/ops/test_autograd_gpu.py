@@ -18,7 +18,7 @@ from zoo import CASES
 pytestmark = pytest.mark.gpu
 ROW_TOL = 0.05  # a row's error over its own scale: bf16 inputs and outputs, float32 inside
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal",
-         "alibi_tensor", "empty_rows"]
+         "alibi_tensor", "sinks_column", "empty_rows"]
 
 
 def _case(name, D=64):
@@ -58,7 +58,8 @@ def _assert_grads(got, want, args, out, dout):
             bound = ROW_TOL * w.abs().amax(-1) + _dq_allowance(args[0], args[1], out, dout)
             assert (err <= bound).all(), (float((err / bound).max()), int((err > bound).sum()))
             continue
-        v = judge_rows(g.float(), w, ROW_TOL)
+        v = judge_rows(g.float().reshape(1, -1) if g.dim() == 1 else g.float(),
+                       w.reshape(1, -1) if w.dim() == 1 else w, ROW_TOL)  # a learnable vector: one row
         assert v.ok, v
 
 
@@ -93,6 +94,8 @@ def test_backward_matches_float64(name):
     assert sum(bw.served.values()) == 1 and set(bw.served) <= {"kernel", "reference"}, bw.served
     if name == "alibi_tensor":  # learnable slopes: the reference serves them
         assert bw.served == {"reference": 1}
+    if name == "sinks_column":  # learnable sinks: the kernel, their gradient beside it
+        assert bw.served == {"kernel": 1}
 
 
 @pytest.mark.parametrize("name, D", [("sliding_window", 8), ("causal_sdpa", 24), ("softcap_causal", 80),

@@ -11,6 +11,7 @@ import torch
 
 from torch_cubridge.ir.backward import saved_forward
 from torch_cubridge.ir.bind import bind_args
+from torch_cubridge.ir.interpreter import evaluate
 from torch_cubridge.ops.backward_reference import compute_dtype, op_call
 from torch_cubridge.ops.errors import NeedsAutograd
 from torch_cubridge.ops.fastpath import Plan
@@ -56,6 +57,9 @@ class InterpretedRunner(CustomOpCalls):
         self.forward_calls += 1
         c = op_call(self.p, q, k, v, extras, scalars, compute_dtype(q))
         o, lse = saved_forward(self.p, c.q, c.k, c.v, c.env, c.hk, c.fdt)
+        if self.p.sink is not None:  # the kernel's LSE has the sink joined (epilogue.cuh finish_stats)
+            env = dict(c.env, q=torch.arange(lse.shape[2]).view(1, 1, -1, 1))
+            lse = torch.logaddexp(lse, torch.as_tensor(evaluate(self.p.sink, env, c.fdt), dtype=c.fdt).expand_as(lse))
         B, H, Sq, Dv = o.shape
         shape, strides = self.plan.out_layout(B, H, Sq, Dv)
         out = q.new_empty(shape)

@@ -181,6 +181,25 @@ def attention_backward(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return dq, _to_heads(dk, hk, k), _to_heads(dv, hk, v), grads
 
 
+def sink_gradients(p: Program, env: dict[str, Any], o: torch.Tensor, do: torch.Tensor, lse_joined: torch.Tensor,
+                   names: set[str], fdt: torch.dtype) -> dict[str, torch.Tensor]:
+    """The gradients of the sink's learnable tensors in `names`, from the forward's O and dO ([B, H, Sq, Dv])
+    and the LSE with the sink joined ([B, H, Sq]: log(sum e^X + e^c), the kernel's). attention_backward's
+    dc = -D (1 - F), with 1 - F = e^c / (sum e^X + e^c) = exp(c - lse_joined), added at each site's index.
+
+    A backward kernel that recomputes P = exp(X - lse_joined) needs nothing else of the sink: that P is
+    softmax's times F, so dV = P^T dO and dX = P (dP - rowsum(dO O)) are attention_backward's own."""
+    der = derive(p, names)
+    grads = {n: torch.zeros_like(env["@" + n]) for n in names}
+    env = dict(env, q=torch.arange(o.shape[2], device=o.device).view(1, 1, -1, 1))
+    big_d = (do.to(fdt) * o.to(fdt)).sum(-1, keepdim=True)
+    lj = lse_joined.to(fdt).unsqueeze(-1)
+    c = torch.as_tensor(evaluate(p.sink, env, fdt), dtype=fdt, device=o.device).expand_as(lj)
+    away = torch.where(torch.isneginf(lj), torch.zeros_like(lj), torch.exp(c - lj))  # no key and no sink: 0
+    _scatter(grads, der.sink_sites, -big_d * away, None, env, fdt)
+    return grads
+
+
 class _Attend(torch.autograd.Function):
     """The kernel's part of a program as one autograd node: (q, k, v, learnable extras) -> (O, LSE)."""
 

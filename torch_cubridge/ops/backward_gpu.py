@@ -25,8 +25,6 @@ def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_l
         return "the tensors are not on a CUDA device"
     if not has_lse:
         return "the forward saved no log-sum-exp"
-    if p.sink is not None:
-        return "an attention sink has no backward kernel"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"the backward kernel computes in bfloat16 or float16, not {q.dtype}"
     qc, kc, vc = (to_canonical(t, op) for t, op in ((q, p.q), (k, p.k), (v, p.v)))

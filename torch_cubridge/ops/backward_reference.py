@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..ir.backward import attention_backward, saved_forward, unnormalised_row_sums
+from ..ir.backward import attention_backward, saved_forward, sink_gradients, unnormalised_row_sums
 from ..ir.bind import head_index, scalar_values, sizes_of, to_canonical
 from ..ir.interpreter import index_env
 from ..ir.program import Program
@@ -42,15 +42,22 @@ def op_call(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra
     the scalars read from arguments, in p.scalars' order)."""
     qc, kc, vc = (to_canonical(t, op).to(fdt) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
     sizes = sizes_of(p, qc, kc)
-    B, H = qc.shape[:2]
+    return OpCall(qc, kc, vc, call_env(p, qc, kc, extras, scalars, fdt),
+                  head_index(p, qc.shape[1], sizes["Hkv"]).to(qc.device), fdt)
+
+
+def call_env(p: Program, qc: torch.Tensor, kc: torch.Tensor, extras: list[torch.Tensor], scalars: list[float],
+             fdt: torch.dtype) -> dict[str, Any]:
+    """The environment the program's expressions read on a call with canonical q and k (only their shapes
+    and device are read)."""
+    sizes = sizes_of(p, qc, kc)
     it = iter(scalars)
     bound = {s.arg: next(it) for s in p.scalars if s.arg is not None}
     # float scalars as fdt tensors: `evaluate` meets two Python floats in torch's default float32
     scal = {n: torch.tensor(x, dtype=fdt) if isinstance(x, float) else x
             for n, x in scalar_values(p, bound, sizes).items()}
     tensors = {x.name: t.detach() for x, t in zip(p.extras, extras)}
-    env = index_env(sizes, scal, tensors, B, H, qc.device)
-    return OpCall(qc, kc, vc, env, head_index(p, H, sizes["Hkv"]).to(qc.device), fdt)
+    return index_env(sizes, scal, tensors, qc.shape[0], qc.shape[1], qc.device)
 
 
 def canonical_out(p: Program, out: torch.Tensor, B: int, H: int, Sq: int, Dv: int) -> torch.Tensor:
@@ -106,3 +113,17 @@ def dout_for_lse_rounding(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch
     assert view.untyped_storage().data_ptr() == scaled.untyped_storage().data_ptr()
     view.div_(sums.unsqueeze(-1).to(view.dtype))
     return scaled
+
+
+def kernel_sink_gradients(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                          scalars: list[float], out: torch.Tensor, dout: torch.Tensor, lse_joined: torch.Tensor,
+                          learn: list[int]) -> list[torch.Tensor]:
+    """The gradients of extras[i] for i in `learn`, all read by the sink alone, beside a backward kernel's
+    dQ, dK, dV: from the forward kernel's O and LSE (the sink joined), in float32 (ir/backward.sink_gradients)."""
+    qc, kc = to_canonical(q, p.q), to_canonical(k, p.k)
+    B, H, Sq, _ = qc.shape
+    o, do = (canonical_out(p, t, B, H, Sq, to_canonical(v, p.v).shape[-1]) for t in (out, dout))
+    names = {p.extras[i].name for i in learn}
+    grads = sink_gradients(p, call_env(p, qc, kc, extras, scalars, torch.float32), o, do,
+                           lse_joined.reshape(B, H, Sq), names, torch.float32)
+    return [grads[p.extras[i].name].to(extras[i].dtype) for i in learn]

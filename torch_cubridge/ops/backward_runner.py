@@ -1,8 +1,11 @@
 """The backward of the custom op (ops/custom_op.py): one interface, two implementations.
 
 - The GPU kernel (ops/backward_gpu.py), where lower_backward takes the program and the call (dtype, head dim,
-  no learnable extras, no sink, no gradient reaching a returned LSE) and its first backward, at each head
-  dim and dtype, matched the float64 reference on the call's own inputs, row by row. A kernel that fails
+  no learnable extras the score reads, no gradient reaching a returned LSE) and its first backward, at each
+  head dim and dtype, matched the float64 reference on the call's own inputs, row by row. A sink needs
+  nothing of the kernel (its P from the forward's LSE, the sink joined, is softmax's times the sink's factor);
+  the gradients of learnable tensors the sink reads are a reduction over rows beside it
+  (backward_reference.kernel_sink_gradients), checked with the rest. A kernel that fails
   that check, or raises, never serves that program again in this process.
 - The reference backward (ops/backward_reference.py: ir/backward.py's backward of the program, checked
   against float64 autograd of the spec in tests/ir), recomputed from the saved operands, a query tile at a
@@ -22,7 +25,7 @@ import torch
 from ..ir.bind import to_canonical
 from ..verify.judge import judge_rows
 from . import backward_gpu
-from .backward_reference import canonical_out, dout_for_lse_rounding, reference_backward
+from .backward_reference import canonical_out, dout_for_lse_rounding, kernel_sink_gradients, reference_backward
 
 # a row of dQ, dK or dV may be off by this fraction of its own largest element (floored at 1/32 of the median
 # row's): bf16 P and dS on the tensor cores give ~1e-2 (benchmarks/kernel_dev/bwd_check.py), a wrong tile,
@@ -93,14 +96,14 @@ class BackwardRunner:
                 why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
         if why is None:
             try:
-                got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout, kdout)
+                got = self._kernel(key, q, k, v, extras, scalars, out, lse, dout, kdout, learn)
             except Exception as err:  # a build or launch failure: the reference serves this program from now on
                 self._kernels[key] = None
                 self._why[key] = f"the backward kernel failed ({type(err).__name__}: {err})"
                 got = None
             if got is not None:
                 self.served["kernel"] += 1
-                return (*got, [])
+                return got
             why = self._why[key]
         self._warn(why)
         self.served["reference"] += 1
@@ -109,11 +112,16 @@ class BackwardRunner:
     # -- the kernel's gate -----------------------------------------------------------------
     def _refusal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor | None,
                  dlse: torch.Tensor | None, learn: list[int]) -> str | None:
-        if learn:
+        if learn and not self._sink_only(learn):
             return "gradients of learnable tensors the score reads have no backward kernel yet"
         if self.lse_out and dlse is not None:
             return "the spec returns the rows' log-sum-exp, whose gradient the backward kernel does not take"
         return backward_gpu.refusal(self.p, q, k, v, lse is not None)
+
+    def _sink_only(self, learn: list[int]) -> bool:
+        """Whether every learnable tensor of `learn` is read by the sink alone (not by the score)."""
+        from ..ir.backward import derive
+        return not derive(self.p, {self.p.extras[i].name for i in learn}).score_sites
 
     def _key(self, q: torch.Tensor) -> tuple:
         """(arch, dtype, head dim, device model): one kernel and one verdict each."""
@@ -133,13 +141,16 @@ class BackwardRunner:
         if any_empty and self.p.empty_rows == "mean_v":
             return "rows with every key masked take the mean of V, whose gradient the backward kernel does not " \
                    "give", dout
+        if any_fill and self.p.sink is not None:  # the row sums to divide by are the sink's factor, not 1
+            return "rows a finite fill fills whole beside a sink below the fill", dout
         return None, dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, fill, dout) if any_fill else dout
 
     def _kernel(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                 scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
-                kdout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The kernel's gradients, or None where it does not serve (self._why says why). kdout: the dO the
-        kernel is handed (_rows); the check holds its result to the call's own dO."""
+                kdout: torch.Tensor, learn: list[int]) -> tuple | None:
+        """The kernel's dQ, dK, dV and the sink's learnable tensors' gradients (extras[i] for i in `learn`), or
+        None where it does not serve (self._why says why). kdout: the dO the kernel is handed (_rows); the check
+        holds its result to the call's own dO."""
         if key not in self._kernels:
             self._kernels[key] = None
             try:
@@ -149,10 +160,13 @@ class BackwardRunner:
         kern = self._kernels[key]
         if kern is None:
             return None
-        got = kern(q, k, v, extras, scalars, out, lse, kdout)
-        if key not in self._verified:
-            bad = self.check(q, k, v, extras, scalars, out, dout, got)
+        got = (*kern(q, k, v, extras, scalars, out, lse, kdout),
+               kernel_sink_gradients(self.p, q, k, v, extras, scalars, out, dout, lse, learn) if learn else [])
+        if key not in self._verified or learn and (key, "sink") not in self._verified:
+            bad = self.check(q, k, v, extras, scalars, out, dout, got, learn)
             self._verified[key] = bad is None
+            if learn:  # the sink's gradients checked too (a first call without them checked dQ, dK, dV only)
+                self._verified[(key, "sink")] = bad is None
             if bad is not None:
                 self._kernels[key] = None
                 self._why[key] = f"the backward kernel failed its check against float64 on this call ({bad})"
@@ -160,19 +174,24 @@ class BackwardRunner:
         return got
 
     def check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
-              scalars: list[float], out: torch.Tensor, dout: torch.Tensor,
-              got: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> str | None:
-        """got (dQ, dK, dV) against the float64 backward of the same call, with the O the kernel was handed
-        (its delta = rowsum(dO * O) reads that O, as every FlashAttention-style backward does), each row held
-        to ROW_TOL of its own scale. None where every row holds; else which gradient failed and how."""
+              scalars: list[float], out: torch.Tensor, dout: torch.Tensor, got: tuple,
+              learn: list[int] = ()) -> str | None:
+        """got (dQ, dK, dV, the gradients of extras[i] for i in `learn`) against the float64 backward of the
+        same call, with the O the kernel was handed (its delta = rowsum(dO * O) reads that O, as every
+        FlashAttention-style backward does), each row held to ROW_TOL of its own scale (a learnable tensor's
+        gradient as one row). None where every row holds; else which gradient failed and how."""
         p = self.p
         qc, vc = to_canonical(q, p.q), to_canonical(v, p.v)
         o = canonical_out(p, out, *qc.shape[:3], vc.shape[-1])
-        ref = reference_backward(p, q, k, v, extras, scalars, dout, None, [], fdt=torch.float64, o=o)
+        ref = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=torch.float64, o=o)
         for name, g, r, op in zip(("dQ", "dK", "dV"), got, ref, (p.q, p.k, p.v)):
             verdict = judge_rows(to_canonical(g, op), to_canonical(r, op), ROW_TOL)
             if not verdict.ok:
                 return f"{name} {verdict}"
+        for i, g, r in zip(learn, got[3], ref[3]):
+            verdict = judge_rows(g.reshape(1, -1), r.reshape(1, -1), ROW_TOL)
+            if not verdict.ok:
+                return f"the gradient of {p.extras[i].name} {verdict}"
         return None
 
     def _warn(self, why: str) -> None:
