@@ -175,9 +175,10 @@ class OffScorePath:
             return sym  # made so already: made again it would lose its merged axes
         if _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
             return self.materialize_unflattened(node, sym)
-        if isinstance(sym, Sym) and sym.expr is not None and any(len(ax) == 0 for ax in sym.axes):
-            # a unit dim no index reads (einsum's, unsqueezed before its bmm): made without it, as no operand
-            # layout names it
+        if isinstance(sym, Sym) and sym.expr is not None and len(sym.axes) > 4 \
+                and any(len(ax) == 0 for ax in sym.axes):
+            # past rank 4, a unit dim no index reads (einsum's, unsqueezed before its bmm): made without it, as
+            # no operand layout names it (at rank 4 a unit dim is an axis of size 1: the query when decoding)
             return self.materialize_unflattened(node, sym)
         return self.materialize(node)
 
