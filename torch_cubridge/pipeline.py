@@ -154,7 +154,8 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
         cases = gpu_cases(fn, p, bound, dtype, device) if early.building(low, arch) else None
         kern, info, aux = early.load(low, arch)
         info["program"] = res.key
-        runner = KernelRunner(p, low, kern, choice.head_dim, info, aux, choice.value_dim, **choice.readers())
+        runner = KernelRunner(p, low, kern, choice.head_dim, info, aux, choice.value_dim, **choice.readers(),
+                              pad_from=choice.pad_from)
         gpu = _device_id(device)
         cubin = info["key"] + ":" + info["sha256"]  # the verdict holds for this binary
         known = verdicts.gpu_verdict(cubin, res.key, gpu)

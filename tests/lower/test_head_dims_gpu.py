@@ -1,6 +1,7 @@
 """On a CUDA device: head dims in steps of 8 (padded to 64-column chunks on Hopper), a value head dim
 other than the query's, and the FA2 kernel's added head dims, checked in float64."""
 import os
+import warnings
 
 import pytest
 import torch
@@ -116,3 +117,44 @@ def test_fa2_kernel_value_head_dim(name, dims, monkeypatch):
     D, Dv = dims
     case = next(c for c in CASES if c.name == name)
     _check(case.fn, _with_value_dim(case.make(2, 4, 2, 333, D, torch.bfloat16), D, Dv), "sm80")
+
+
+def merged_heads_output(q, k, v):
+    """The output as [B, S, H * Dv]: the padded kernel's output is cut back through a merged dim."""
+    o = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
+    return o.transpose(1, 2).reshape(o.shape[0], o.shape[2], -1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dims", [(4, 4), (30, 30), (36, 36), (60, 60), (100, 100), (30, 60), (60, 36)],
+                         ids=lambda d: f"{d[0]}x{d[1]}")
+@pytest.mark.parametrize("name", ["causal_sdpa", "softcap_causal", "gqa_sdpa", "empty_rows_finite_fill"])
+def test_head_dims_off_the_step_of_8_are_served_padded(name, dims):
+    """Swin2SR's 30, MobileViT's 36 and 60, a tiny model's 4: q, k and v copied zero-padded to a multiple
+    of 8, the output cut back to the call's head dim, every row against float64."""
+    D, Dv = dims
+    case = next(c for c in CASES if c.name == name)
+    args = _with_value_dim(case.make(2, 4, 2, 333, D, torch.bfloat16), D, Dv)
+    _check(case.fn, args, "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("Sq", [1, 200])
+def test_padded_head_dims_with_few_queries_merged_heads_and_gradients(Sq):
+    """A decode-sized call (the prefill kernel: the decode kernel reads K and V in place), an output whose
+    heads and head dim are merged, and a call that needs gradients (the custom op's forward padded, its
+    backward the reference: the backward kernel takes steps of 8)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, Sq, 30, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 4, 700, 30, generator=g).to(torch.bfloat16) for _ in range(2))
+    _check(merged_heads_output, (q, k, v), "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80")
+    f = tc.compile(merged_heads_output, fallback="raise")
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(2, Sq, 120, device="cuda", dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f(*leaves).backward(dout)
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    merged_heads_output(*ref).backward(dout.double())
+    for got, want in zip(leaves, ref):
+        assert_rows_close(got.grad, want.grad, torch.bfloat16)

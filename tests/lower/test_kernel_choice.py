@@ -119,3 +119,43 @@ def test_a_kernel_is_given_as_a_choice_or_as_arguments_not_both():
     p, bound = _call(softcap_causal, qkv(1, 2, 2, 48, 48, 64, bf))
     with pytest.raises(TypeError, match="either as a choice or as arguments"):
         lower(p, "sm_80", choice=choose_kernel(p, bound, "sm_90a"))
+
+
+def scale_from_head_dim(q, k, v):
+    """A scale the program reads as the head dim D (the generated code bakes D in)."""
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return torch.softmax(30.0 * torch.tanh(s / 30.0), -1) @ v
+
+
+@pytest.mark.parametrize("D, padded", [(4, 8), (30, 32), (36, 40), (60, 64), (100, 104)])
+def test_head_dims_off_the_step_of_8_take_the_prefill_kernel_at_the_padded_dims(D, padded):
+    """Swin2SR's 30, MobileViT's 36 and 60: the prefill kernel at the head dim rounded up to 8 (decode-sized
+    calls too: the decode kernel reads K and V in place, and these are copied padded), the call's own head
+    dims kept for the runner, and a score that reads D lowered with the call's D, not the padded one."""
+    for Sq in (48, 1):
+        p, bound = _call(scale_from_head_dim, qkv(1, 2, 2, Sq, 48, D, bf))
+        c = choose_kernel(p, bound, "sm_90a")
+        assert (c.head_dim, c.value_dim, c.pad_from, c.decode) == (padded, padded, (D, D), False), c
+        assert c.refusal is None and c.kind == "sm90"
+        src = lower(p, choice=c).source
+        assert f"Sm90Tile<{padded}, " in src
+    assert choose(p, "sm_90a", "bfloat16", D) == c
+    assert choose(p, "sm_90a", "bfloat16", D, paged=True).pad_from is None  # in-place reads keep the rule
+    assert choose(p, "sm_90a", "bfloat16", 264).refusal  # past 256 nothing pads
+
+
+def test_a_score_reading_d_is_lowered_with_the_calls_head_dim():
+    """A program whose score reads D (an LLM backend may write s / D, or softcap over D): the padded kernel
+    folds the call's head dim, 30, never the 32 it computes at."""
+    from torch_cubridge.ir.expr import call, var
+    from torch_cubridge.ir.interval import interval
+    p, bound = _call(softcap_causal, qkv(1, 2, 2, 48, 48, 30, bf))
+    for score in (call("div", var("s"), var("D")), call("tanh", call("div", var("s"), var("D")))):
+        q = dataclasses.replace(p, score=score)
+        c = choose_kernel(q, bound, "sm_90a")
+        low = lower(q, choice=c)
+        assert c.head_dim == 32 and c.pad_from == (30, 30)
+        if low.scale is not None:  # folded into the kernel's exp2: the constant 1/30
+            assert interval(low.scale, {})[0] == pytest.approx(1 / 30)
+        else:  # a score hook: D is the literal 30
+            assert "(float)(30)" in low.source and "(float)(32)" not in low.source

@@ -16,7 +16,8 @@ from ..ir.paged import PagedRead, paged_operands
 from ..ir.program import Program
 from ..ir.prologue import operand_shapes
 from ..ir.segments import KVSegments, segment_operands
-from .tiles import Tile, decode_call, decode_dims_refusal, decode_tile, pages_in_place, tile_for, value_dim_of
+from .tiles import (Tile, decode_call, decode_dims_refusal, decode_tile, padded_head_dims, pages_in_place, tile_for,
+                    value_dim_of)
 from .variant import default_scale
 
 C_TYPES = {"bfloat16": "__nv_bfloat16", "float16": "__half"}  # the dtypes a kernel computes in, as C types
@@ -35,6 +36,9 @@ class KernelChoice:
     tile: Tile | None = None
     refusal: str | None = None
     reads: tuple[PagedRead, PagedRead] | KVSegments | None = None  # the call's in-place reads, for the runner
+    # the call's own head dims (Q's and K's, V's) where head_dim and value_dim pad them to the kernel's step of 8:
+    # the runner zero-pads q, k and v to those and cuts the output back (tiles.padded_head_dims)
+    pad_from: tuple[int, int] | None = None
 
     @property
     def kind(self) -> str | None:
@@ -76,6 +80,11 @@ def choose(p: Program, arch: str, dtype: str, head_dim: int, value_dim: int | No
         return replace(c, refusal=f"the kernel computes in bfloat16 or float16, not {dtype}")
     if segmented and not decode:
         return replace(c, refusal="K and V are read in place as pieces only by the decode kernel")
+    padded = padded_head_dims(head_dim, c.value_dim)
+    if padded is not None and not (paged or segmented):
+        # head dims off the step of 8: the prefill kernel at the padded dims, with few queries too (the
+        # decode kernel reads K and V in place, and these are copied padded)
+        return _with_tile(p, KernelChoice(arch, dtype, padded[0], padded[1], False, pad_from=(head_dim, c.value_dim)))
     why = decode_refusal(p, head_dim, c.value_dim, paged or segmented) if decode else \
         in_place_refusal(p) if paged else None
     return replace(c, refusal=why) if why else _with_tile(p, c)
@@ -93,6 +102,8 @@ def choose_kernel(p: Program, bound: dict[str, Any], arch: str) -> KernelChoice:
         raise UnsupportedSpec(f"the kernel computes in bfloat16 or float16; the inputs are {q.dtype}", op="kernel")
     head_dim = q.shape[p.q.dims.index("d")]
     dv = ops["v"].shape[p.v.dims.index("d")]
+    if padded_head_dims(head_dim, dv) is not None:  # K and V copied padded, never read in place
+        return choose(p, arch, dtype, head_dim, dv)
     in_place = in_place_refusal(p)  # each rule is asked once: the choices below follow from its answer
     if decode_call(q.shape[p.q.dims.index("s")]) and decode_dims_refusal(head_dim, dv) is None:
         reads = (paged_operands(p, bound) or segment_operands(p)) if in_place is None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import UnsupportedSpec
-from ..ir.expr import Expr
+from ..ir.expr import Expr, substitute
 from ..ir.program import Program
 from .choice import C_TYPES, KernelChoice, choose
 from .tiles import Tile
@@ -64,6 +64,13 @@ def _entry(tile: Tile, head_dim: int, t: str, paged: bool = False, segmented: bo
             "}", ""]
 
 
+def _with_head_dim(p: Program, head_dim: int) -> Program:
+    """p with its expressions' D (the head dim, which the generated code bakes in) the constant head_dim."""
+    d = {"D": Expr("const", (), head_dim)}
+    return replace(p, score=substitute(p.score, d), mask=None if p.mask is None else substitute(p.mask, d),
+                   sink=None if p.sink is None else substitute(p.sink, d))
+
+
 def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
           fast_tanh: bool = True, decode: bool = False, value_dim: int | None = None,
           paged: bool = False, segmented: bool = False, *, choice: KernelChoice | None = None) -> Lowered:
@@ -80,6 +87,8 @@ def lower(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: in
     if choice.refusal:
         raise UnsupportedSpec(choice.refusal, op="lower")
     tile, head_dim, decode = choice.tile, choice.head_dim, choice.decode
+    if choice.pad_from is not None:  # the hooks read the call's own head dim, not the padded one the kernel takes
+        p = _with_head_dim(p, choice.pad_from[0])
     if decode and p.block_rule == "prepass":
         # a few query rows read every key once: a block map would cost a pass over the mask's data as
         # large as the kernel's. Blocks are classed by the index rule with the loads unknown (a block

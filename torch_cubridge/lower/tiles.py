@@ -68,6 +68,15 @@ def head_dim_ok(n: int) -> bool:
     return n % 8 == 0 and 8 <= n <= 256
 
 
+def padded_head_dims(head_dim: int, value_dim: int) -> tuple[int, int] | None:
+    """The head dims a kernel takes for head dims off the step of 8 (30, 36 and 60 in Swin2SR and MobileViT): each
+    rounded up to a multiple of 8, the call's q, k and v zero-padded to them (zero columns add nothing to q.k
+    and give V zero columns, cut from the output). None where no padding is needed or none reaches a kernel."""
+    if all(head_dim_ok(n) for n in (head_dim, value_dim)) or not all(0 < n <= 256 for n in (head_dim, value_dim)):
+        return None
+    return -(-head_dim // 8) * 8, -(-value_dim // 8) * 8
+
+
 def pad64(n: int) -> int:
     """A head dim padded to whole 64-column TMA chunks (Sm90Tile::kPadD)."""
     return -(-n // 64) * 64

@@ -32,7 +32,7 @@ from .op_calls import CustomOpCalls
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
-from .fastpath import Plan, canon
+from .fastpath import IDENTITY, Plan, canon
 from .pack import FWD_LAYOUT, PAGED_LAYOUT, pack_fwd_raw, pack_params, params_format
 from .rules import rows_aligned, shapes_fit
 from .tma import no_broadcast
@@ -62,8 +62,12 @@ class KernelRunner(KVReads, CustomOpCalls):
 
     def __init__(self, p: Program, low: Lowered, kernel: CubinKernel, head_dim: int, info: dict,
                  aux: dict[str, CubinKernel] | None = None, value_dim: int | None = None,
-                 paged: tuple[PagedRead, PagedRead] | None = None, segments: KVSegments | None = None) -> None:
+                 paged: tuple[PagedRead, PagedRead] | None = None, segments: KVSegments | None = None,
+                 pad_from: tuple[int, int] | None = None) -> None:
         self.p = p
+        # the call's own head dims where the kernel takes them padded to its step of 8 (lower/choice.py): each
+        # call's q, k and v are copied zero-padded, and the output cut back (_execute_padded)
+        self._pad_from = pad_from
         self.paged = paged  # K and V read in place from pages (low.paged), not gathered by the prologue
         self.segments = segments  # K and V read in place as the pieces the spec concatenates (low.segmented)
         if (paged is not None) != low.paged or (segments is not None) != low.segmented:
@@ -104,7 +108,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         # the host fast path may replay such a launch for calls of its exact layout (ops/hotpath.py; a record
         # returns the output alone); _last holds the latest such launch
         qkv = self.plan.qkv_at
-        self._replay_at = qkv[:3] if one_launch and qkv is not None else None
+        self._replay_at = qkv[:3] if one_launch and qkv is not None and pad_from is None else None
         self._init_kind()
         self.replayable = self._replay_at is not None and not p.out.tuple_len
         self._last: tuple | None = None
@@ -175,10 +179,13 @@ class KernelRunner(KVReads, CustomOpCalls):
     # -- the launch ----------------------------------------------------------------
     def _execute(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
                  bound: dict | None, poison: bool, raw: bool = False, paged: tuple | None = None,
-                 want_lse: bool = False) -> Any:
-        """paged: K's and V's canonical sizes and strides over their pages (or pieces) and the PagedKV (or
-        SegKV) words (k and v are then the pages, or the first pieces). want_lse: a raw call also returns
-        the rows' log-sum-exp (the custom op's autograd saves it for the backward)."""
+                 want_lse: bool = False, head_dim: int | None = None) -> Any:
+        """paged: K's and V's canonical sizes and strides over their pages (or pieces) and the PagedKV
+        words (k and v are then the pages, or the first pieces). want_lse: a raw call also returns the
+        rows' log-sum-exp (the custom op's autograd saves it for the backward). head_dim: the call's own,
+        where q, k and v come padded (_execute_padded): the sizes the program reads take it."""
+        if self._pad_from is not None and head_dim is None:
+            return self._execute_padded(q, k, v, perms, extras, bound, poison, raw, want_lse)
         p = self.p
         self._last = None
         qn, qs = canon(q, perms[0])
@@ -212,7 +219,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         sizes = None
         hkv_spec = self.paged[0].heads if self.paged is not None else Hkv  # the kernel packs paged heads its own way
         if self._needs_sizes or self._scale_const is None:
-            sizes = {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv, "D": D}
+            sizes = {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv, "D": head_dim or D}
             for name, val in p.requires:
                 if sizes[name] != val:
                     raise ValueError(f"this program was captured with {name}={val} and is only valid there "
@@ -220,7 +227,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         scal = self._lit if self._lit is not None else scalar_values(p, bound or {}, sizes)
         tensors = self._tensors(extras, q.device) if p.extras else {}
         if self._sites:
-            self._check_bounds(B, H, hkv_spec, Sq, Skv, D, scal, tensors)
+            self._check_bounds(B, H, hkv_spec, Sq, Skv, head_dim or D, scal, tensors)
         if torch.is_grad_enabled() and not raw and (q.requires_grad or k.requires_grad or v.requires_grad or any(
                 t.requires_grad for t in tensors.values())):
             raise NeedsAutograd("the kernel has no backward yet")
@@ -250,8 +257,32 @@ class KernelRunner(KVReads, CustomOpCalls):
             out.zero_()
         if p.row_scale is not None:
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
-                                                            "D": D}, scal, tensors, lse)
+                                                            "D": head_dim or D}, scal, tensors, lse)
         return self._result(out, raw, lse, want_lse)
+
+    def _execute_padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, perms: tuple, extras: dict,
+                        bound: dict | None, poison: bool, raw: bool, want_lse: bool) -> Any:
+        """_execute for head dims off the kernel's step of 8: q, k and v copied as [B, H, S, D] zero-padded to
+        the kernel's head dims, the output, made at the padded value dim, copied back cut to the call's."""
+        d, dv = self._pad_from
+        if not raw and torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                       for t in (q, k, v, *extras.values())):
+            raise NeedsAutograd("the kernel has no backward yet")  # as _execute: the op's autograd serves it
+        for t, pm, n in ((q, perms[0], d), (k, perms[1], d), (v, perms[2], dv)):
+            if canon(t, pm)[0][3] != n:
+                raise ValueError(f"head dims must be {d} for query and key, {dv} for value")
+        qp, kp, vp = (torch.nn.functional.pad(t.as_strided(*canon(t, pm)), (0, n - canon(t, pm)[0][3]))
+                      for t, pm, n in ((q, perms[0], self.head_dim), (k, perms[1], self.head_dim),
+                                       (v, perms[2], self.value_dim)))
+        res = self._execute(qp, kp, vp, (IDENTITY,) * 3, extras, bound, poison, raw=True, want_lse=want_lse,
+                            head_dim=d)
+        out, lse = res if isinstance(res, tuple) else (res, None)
+        B, H, Sq = qp.shape[:3]
+        shape, strides = self.plan.out_layout(B, H, Sq, dv)
+        cut = out.new_empty(shape)
+        _, wide = self.plan.out_layout(B, H, Sq, self.value_dim)
+        cut.as_strided((B, H, Sq, dv), strides).copy_(out.as_strided((B, H, Sq, self.value_dim), wide)[..., :dv])
+        return self._result(cut, raw, lse, want_lse)
 
     def _launch(self, blocks: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qs: tuple, ks: tuple,
                 vs: tuple, B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, Dv: int, di: int, stream: int,
