@@ -300,6 +300,9 @@ def survey_one(family: str, cpu: bool) -> dict:
         with torch.device(device):
             m = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype).eval()
         m.load_state_dict(ref.state_dict())
+        # buffers a module makes with a legacy constructor (LeViT's torch.LongTensor index table) ignore the
+        # default device and are in no state dict: moved as a user's model.to(device) moves them
+        m.to(device)
         with torch.no_grad():
             got = first_output(m(**{k: (v.to(dtype) if v.is_floating_point() else v).to(device)
                                     for k, v in kw.items()})).float().cpu()

@@ -50,7 +50,10 @@ def test_entries_and_refusals():
     low = lower_backward(_prog("document_causal"), head_dim=64)
     for name in low.kernels:
         assert f"{name}(cubridge::BwdArgs a" in low.source
-    assert "table_class" not in low.source  # the forward's block map is not read: classes by index rule
+    # document ids: the backward's own block map (pre-pass and scan at its tile), read by its block_class
+    assert low.prepass and "table_class" in low.source
+    assert f"block_prepass<Variant, {low.tile.block_m}, {low.tile.block_n}," in low.source
+    assert not lower_backward(_prog("causal_sdpa"), head_dim=64).prepass
     assert tc.cuda_source(_prog("gqa_expand"), backward=True).count("attention_bwd<") == 1
     assert "cubridge_bwd" in lower_backward(_prog("causal_where_finfo")).source  # mean-of-V rows: the runner's
     with pytest.raises(UnsupportedSpec, match="head dims"):

@@ -12,6 +12,7 @@ from ..ir.expr import var
 from ..ir.program import Program
 from .cexpr import CExpr
 from .choice import C_TYPES
+from .source import prepass_entries
 from .tiles import pad16
 from .variant import ParamField, default_scale, variant_source
 
@@ -72,6 +73,7 @@ class LoweredBackward:
     scale: object | None   # the folded score scale (FwdArgs.scale), or None when the score hook is generated
     dtype: str
     kernels: tuple[str, str, str] = (PRE_NAME, BWD_NAME, POST_NAME)
+    prepass: bool = False  # the mask reads data: the block-class pre-pass and scan (source.py) at this tile
 
 
 def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | None:
@@ -112,10 +114,6 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # backward runner sends calls that have such a row (an LSE of -inf) to the reference, so the kernel
         # only meets rows with keys, where the two rules agree
         p = replace(p, empty_rows="zero")
-    if p.block_rule == "prepass":
-        # the forward's block map is laid out for its own tiles: blocks are classed by the index rule with the
-        # loads unknown (a block it cannot rule out is partial), and the mask reads its data per element there
-        p = replace(p, block_rule="interval")
     if block_m not in (None, 16, 32, 64):
         raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
     tile = BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
@@ -131,6 +129,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         '#include "cubridge/bwd_kernel.cuh"',
         '#include "cubridge/interval.cuh"',
         '#include "cubridge/fastmath.cuh"',
+        '#include "cubridge/block_prepass.cuh"',
         "",
         variant,
         "",
@@ -150,5 +149,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         f"  cubridge::bwd_postprocess<{D}, {t}>(a);",
         "}",
         "",
-    ])
-    return LoweredBackward(src, tile, tuple(fields), scale, dtype)
+        # a mask that reads data (document ids): the backward's own block map, at its own tile, as the forward
+        # makes one at its tile (the forward's is laid out for other tiles), so it skips the same blocks
+    ] + (prepass_entries(tile.block_m, tile.block_n) if p.block_rule == "prepass" else []))
+    return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass")

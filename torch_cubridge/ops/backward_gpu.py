@@ -11,9 +11,11 @@ import struct
 import torch
 
 from ..ir.bind import scalar_values, sizes_of, to_canonical
+from ..ir.expr import free_vars
 from ..ir.interval import interval
 from ..ir.program import Program
 from .backward_reference import canonical_out
+from .block_table import run_block_prepass
 
 FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
 BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
@@ -51,6 +53,12 @@ class GpuBackward:
         self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
         self.post = CubinKernel(cub, low.kernels[2], threads=rows, smem_bytes=0)
         self.fmt = params_format(low.params)
+        self.blocks = None  # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
+        if low.prepass:
+            from ..lower.source import PREPASS_NAME, PREPASS_THREADS, SCAN_NAME
+            self.blocks = (CubinKernel(cub, PREPASS_NAME, threads=PREPASS_THREADS, smem_bytes=0),
+                           CubinKernel(cub, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0))
+        self.mask_vars = free_vars(p.mask) if p.mask is not None else set()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                  scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
@@ -73,7 +81,7 @@ class GpuBackward:
         if self.low.scale is not None:
             scale = interval(self.low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
         tensors = {x.name: t for x, t in zip(p.extras, extras)}
-        params = pack_params(self.fmt, self.low.params, tensors, scal, {})
+        stream = torch.cuda.current_stream(q.device).cuda_stream
         delta = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
         dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
@@ -84,11 +92,17 @@ class GpuBackward:
                            *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
                            doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
                            *(x for b in bufs for x in (b.data_ptr(), *_st(b))))
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        rt, table = {}, None
+        if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
+            rt, table = run_block_prepass(*self.blocks, args[:struct.calcsize(FWD)], self.fmt, self.low.params,
+                                          tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
+                                          self.low.tile.block_n, self.mask_vars, q.device, stream)
+        params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
         rows = (-(-Sq // self.rows_per_cta), H, B)
         self.pre.launch(rows, (args,), stream)
         self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), (args, params), stream)
         self.post.launch(rows, (args,), stream)
+        del table  # enqueued: the caching allocator reuses it only for later work on this stream
         for t, b in zip((dqc, dkc, dvc), bufs):
             if b is not t:
                 t.copy_(b)

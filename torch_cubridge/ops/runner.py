@@ -6,7 +6,6 @@ layout, pack arguments, launch on the current stream. No host sync.
 """
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from .op_calls import CustomOpCalls
 from .launch import CubinKernel
 from ..ir.bounds import load_sites, out_of_bounds
 from .errors import NeedsAutograd, SpecServes
+from .block_table import run_block_prepass
 from .fastpath import IDENTITY, Plan, canon
 from .pack import FWD_LAYOUT, PAGED_LAYOUT, pack_fwd_raw, pack_params, params_format
 from .rules import rows_aligned, shapes_fit
@@ -353,20 +353,10 @@ class KernelRunner(KVReads, CustomOpCalls):
     def _prepass(self, fwd: bytes, tensors: dict, scal: dict, B: int, H: int, Sq: int, Skv: int,
                  dev: torch.device, stream: int) -> dict[str, int]:
         tile = self.low.tile
-        nq, nk = -(-Sq // tile.block_m), -(-Skv // tile.block_n)
-        bb = B if "b" in self._mask_vars else 1
-        hb = H if "h" in self._mask_vars else 1
-        rows = bb * hb * nq
-        table = torch.empty(rows * (nk + 1), dtype=torch.int32, device=dev)  # block_prepass.cuh's layout
-        rt = {"blk": table.data_ptr(), "blk_sb": hb * nq * (nk + 1) if bb > 1 else 0,
-              "blk_sh": nq * (nk + 1) if hb > 1 else 0, "blk_nk": nk + 1}
-        params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
-        classify, scan = self.aux["prepass"], self.aux["scan"]
-        classify.launch((nk, nq, bb * hb), (fwd, params, struct.pack("<q", hb)), stream)
-        warps = classify.threads // 32
-        scan.launch((-(-rows // warps), 1, 1), (struct.pack("<Q", table.data_ptr()), struct.pack("<q", rows), struct.pack("<q", nk)), stream)
-        self._table = table  # keep the buffer alive until the launch is enqueued on the stream
-        return rt
+        rt, self._table = run_block_prepass(self.aux["prepass"], self.aux["scan"], fwd, self.fmt, self.low.params,
+                                            tensors, scal, B, H, Sq, Skv, tile.block_m, tile.block_n,
+                                            self._mask_vars, dev, stream)
+        return rt  # self._table: the buffer kept alive until the launch is enqueued on the stream
 
     def _scale(self, sizes: dict, scal: dict) -> float:
         if self.low.scale is None:
