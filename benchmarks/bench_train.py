@@ -31,7 +31,8 @@ from timing import add_tflops, parse_plan  # noqa: E402
 from variants import SPECS, document_ids, flex_mods, pair_count  # noqa: E402
 from torch_cubridge.ops.backward_runner import ROW_TOL  # noqa: E402  (the backward's own first-call check's)
 from torch_cubridge.verify.judge import delta_rounding_allowance, judge_rows  # noqa: E402
-VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "document")
+VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "alibi_causal", "prefix_1024", "document",
+            "gqa_causal")
 
 
 def bench(fn) -> float:
@@ -78,7 +79,9 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     from torch_cubridge.ops.backward_runner import backward_for
     dev, B = "cuda", max(1, total // S)
     g = torch.Generator(device=dev).manual_seed(S + D)
-    q, k, v, do = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+    Hkv = H // 4 if name == "gqa_causal" else H
+    q, do = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
     for t in (q, k, v):
         t.requires_grad_()
     extra, doc = (), None
@@ -87,7 +90,7 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
         extra = (doc,)
     pairs = pair_count(name, B, S, dev, doc) * H
     flops = 3.5 * 4 * pairs * D
-    row: dict = {"variant": name, "S": S, "D": D, "B": B, "H": H, "density": pairs / (B * H * S * S)}
+    row: dict = {"variant": name, "S": S, "D": D, "B": B, "H": H, "Hkv": Hkv, "density": pairs / (B * H * S * S)}
     spec = SPECS[name]
     f = tc.compile(spec, fallback="raise")
     ours = step_of(lambda a, b, c: f(a, b, c, *extra), q, k, v, do)
@@ -105,12 +108,12 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     row["ours_ms"] = bench(ours)
     row["ours_peak_gb"] = peak_gb(ours)
     causal = name not in ("full", "softcap_full")
-    if name in ("full", "causal"):
+    if name in ("full", "causal", "gqa_causal"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         for be, kind in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             def sdpa(a, b, c, kind=kind):
                 with sdpa_kernel([kind]):
-                    return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+                    return F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hkv != H)
             try:
                 row[f"sdpa_{be}_ms"] = bench(step_of(sdpa, q, k, v, do))
             except Exception as e:  # noqa: BLE001  (this backend does not take the shape)
@@ -121,7 +124,7 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
         bm = create_block_mask(mask, B if name == "document" else None, None, S, S, device=dev) if mask else None
         torch._dynamo.reset()
         flex = torch.compile(flex_attention)
-        fstep = step_of(lambda a, b, c: flex(a, b, c, score_mod=score, block_mask=bm), q, k, v, do)
+        fstep = step_of(lambda a, b, c: flex(a, b, c, score_mod=score, block_mask=bm, enable_gqa=Hkv != H), q, k, v, do)
         t0 = time.perf_counter()
         fstep()
         torch.cuda.synchronize()

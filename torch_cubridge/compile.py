@@ -305,8 +305,8 @@ class CompiledAttention:
         """Under torch.compile: the same table; only a kernel already verified eagerly is used."""
         e = self._find(traced_signature(args, kwargs), args, kwargs, traced=True)
         runner = e.runners.get(e.kernel_for(args, kwargs)) if e is not None and e.result is not None else None
-        if runner is None or runner.p.epilogue:
-            # no kernel verified for this call (or ops after the attention output): trace the spec itself.
+        if runner is None:
+            # no kernel verified for this call: trace the spec itself.
             # No warning here: warnings.warn cannot be traced under fullgraph=True. explain() says which
             # calls a kernel serves.
             return self.fn(*args, **kwargs)

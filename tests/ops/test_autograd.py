@@ -316,3 +316,31 @@ def test_learnable_sinks_are_served_beside_the_kernel(monkeypatch, wrong):
         _check(got, want)
     served = backward_runner.backward_for(made[-1].kernel_id).served
     assert served == ({"reference": 2} if wrong else {"kernel": 2})
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch_compile"])
+def test_gradients_through_ops_after_the_attention(monkeypatch, compiled):
+    """A spec that merges the heads and projects them (and one that layer-norms after): the op gives the
+    attention, the spec's own ops after it run outside the op, so the projection's weight gets its gradient
+    from autograd and q, k, v theirs from the op's backward, in eager and under torch.compile(fullgraph)."""
+    import epilogue_specs as es
+    torch._dynamo.reset()
+    made = serve_by_op(monkeypatch)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=g) for _ in range(3))
+    w_o = torch.randn(64, 64, generator=g) / 8
+    f = tc.compile(es.merged_and_projected)
+    with torch.no_grad():
+        f(q, k, v, w_o)
+    assert made and made[-1].p.epilogue
+    run = torch.compile(f, fullgraph=True) if compiled else f
+    dout = torch.randn(2, 37, 64, generator=g)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _, got = _grads(run, (q, k, v, w_o), dout)
+    assert not [str(w.message) for w in seen if "the spec" in str(w.message)]  # the op served, not the spec
+    _, want = _reference(es.merged_and_projected, (q, k, v, w_o), dout)
+    assert len(got) == 4 and got[3] is not None  # the projection's gradient too
+    _check(got[:3], want[:3])
+    assert judge_rows(got[3], want[3], ROW_TOL).ok
+    assert backward_runner.backward_for(made[-1].kernel_id).served["reference"] >= 1

@@ -11,7 +11,7 @@ import torch
 
 import torch_cubridge as tc
 from torch_cubridge.ops import backward_runner
-from torch_cubridge.verify.judge import judge_rows
+from torch_cubridge.verify.judge import delta_rounding_allowance, judge_rows
 from zoo import empty_rows_causal, empty_rows_reference
 from zoo import CASES
 
@@ -190,3 +190,32 @@ def test_a_mean_of_v_program_takes_the_kernel_unless_a_row_keeps_no_key():
     dout = torch.randn(q.shape, generator=g).to("cuda", torch.bfloat16)
     _calls_match_float64(f, keep_or_finfo, (q, k, v), dout, (keep, empty, keep))
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 2, "reference": 1}
+
+
+def test_gradients_through_ops_after_the_attention_on_the_kernel():
+    """Heads merged and projected after the attention: the kernel's forward and backward for the attention,
+    the spec's own ops after it by autograd (the projection's weight included), against float64."""
+    import epilogue_specs as es
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 4, 300, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    w_o = (torch.randn(256, 256, generator=g) / 16).to("cuda", torch.bfloat16)
+    f = tc.compile(es.merged_and_projected)
+    with torch.no_grad():
+        f(q, k, v, w_o)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, w_o)]
+    dout = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    f(*leaves).backward(dout)
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    es.merged_and_projected(*ref).backward(dout.double())
+    assert f.served == {"kernel": 2} or (f.served["kernel"] == 2 and f.served["spec"] == 0), f.served
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}
+    # dQ's rows with the rounding of delta = rowsum(dO O) from the kernel's bf16 O allowed, as every flash-style
+    # backward forms it: dO and O of the attention, before the merge and the projection
+    B, H, S, D = q.shape
+    with torch.no_grad():
+        o = f(q, k, v, torch.eye(H * D, device="cuda", dtype=torch.bfloat16)).view(B, S, H, D).transpose(1, 2)
+    do = (dout.double() @ w_o.double().T).view(B, S, H, D).transpose(1, 2)
+    allow = delta_rounding_allowance(o, do, k, D ** -0.5)
+    for i, (got, want) in enumerate(zip(leaves, ref)):
+        v = judge_rows(got.grad.float(), want.grad, ROW_TOL, allowance=allow if i == 0 else None)
+        assert v.ok, (i, v)

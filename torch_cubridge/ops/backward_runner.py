@@ -47,8 +47,6 @@ def autograd_refusal(runner: Any) -> str | None:
         return "K and V read in place from pages or pieces have no backward"
     if p.row_scale is not None:
         return "a row scale applied inside the op has no backward yet"
-    if p.epilogue:
-        return "ops after the attention output run outside the op only in eager calls without gradients"
     learnable = {x.name for x in p.extras if x.dtype.startswith(("float", "bfloat"))}
     try:
         derive(p, learnable)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value
-from ..ir.prologue import run_prologue
+from ..ir.prologue import run_epilogue, run_prologue
 
 
 class CustomOpCalls:
@@ -47,7 +47,10 @@ class CustomOpCalls:
         else:
             out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
-        return as_result(self.p, out, lse if self._lse_out else None, q.dtype)
+        res = as_result(self.p, out, lse if self._lse_out else None, q.dtype)
+        # what the spec does after the attention (a gate, heads merged and projected, a norm): its own ops,
+        # outside the op, so autograd and torch.compile see them as they see the prologue's
+        return run_epilogue(self.p, res, bound) if self.p.epilogue else res
 
     def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list,
                    want_lse: bool = False) -> Any:
