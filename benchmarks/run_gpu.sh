@@ -2,7 +2,7 @@
 # One device call: GPU tests (every test marked gpu), then the benchmarks. JSON and logs under $OUT,
 # the GPU name first, a short table last. (test_llm_backend needs openai, whose httpx is not on the device.)
 # Usage (on the device machine, repo root): bash benchmarks/run_gpu.sh [--quick|--no-bench|--serving|--train] [pytest -k expr]
-# --train: the GPU tests, then only the forward-plus-backward benchmark (bench_train.py)
+# --train: the GPU tests, then only the forward-plus-backward benchmarks (bench_train.py, bench_train_model.py)
 # --serving: the GPU tests, then only the decode benchmarks (the kernel, the flash API's block-table decode), the
 # warm-start/host-time one and generate tokens/s
 set -uo pipefail
@@ -27,6 +27,7 @@ python3 -m pytest tests -m gpu -q -p no:cacheprovider -p no:logging --ignore tes
 python3 -m pytest tests/capture/test_guards.py -q -p no:cacheprovider 2>&1 | tee "$OUT/guards_tests.log" | tail -3 || STATUS=$?
 if [ "$MODE" = "--train" ]; then
   python3 benchmarks/bench_train.py --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -12
+  python3 benchmarks/bench_train_model.py --out "$OUT" 2>&1 | tee "$OUT/train_model.log" | tail -4
   exit $STATUS
 fi
 if [ "$MODE" != "--no-bench" ] && [ "$MODE" != "--serving" ]; then
