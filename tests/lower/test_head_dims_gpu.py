@@ -161,3 +161,19 @@ def test_padded_head_dims_with_few_queries_merged_heads_and_gradients(Sq):
     merged_heads_output(*ref).backward(dout.double())
     for got, want in zip(leaves, ref):
         assert_rows_close(got.grad, want.grad, torch.bfloat16)
+
+
+def key_given_transposed(q, k_t, v):
+    """K handed as [B, H, D, S] (a model that stores it transposed, or einsum's copy of it): contiguous in S."""
+    return torch.softmax(q @ k_t * q.shape[-1] ** -0.5, -1) @ v
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("D", [64, 30])
+def test_an_operand_whose_head_dim_is_not_contiguous_is_read_from_a_copy(D):
+    """K's rows of D are strided (S is its contiguous dim): the kernels read 16-byte rows of D (TMA refused the
+    tensor map, CUDA_ERROR_INVALID_VALUE), so the runner reads a [B, H, S, D] copy, padded where D asks."""
+    g = torch.Generator().manual_seed(8)
+    q, v = (torch.randn(2, 6, 50, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    k_t = torch.randn(2, 6, D, 50, generator=g).to(torch.bfloat16)
+    _check(key_given_transposed, (q, k_t, v), "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80")

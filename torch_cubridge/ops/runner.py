@@ -208,14 +208,14 @@ class KernelRunner(KVReads, CustomOpCalls):
         tma = self._tma
         if paged is not None:  # the pages are read where they lie (checked in _pages); q may be copied
             if not rows_aligned(q.data_ptr(), qs):
-                q = _readable_copy(q)
-                qs = canon(q, perms[0])[1]
+                q = _readable_copy(q, perms[0])
+                qs = q.stride()
         elif not (rows_aligned(q.data_ptr(), qs) and rows_aligned(k.data_ptr(), ks) and rows_aligned(v.data_ptr(), vs)) \
                 or tma and not (  # cp.async/TMA need 16-byte rows
                 no_broadcast((B, H, Sq, D), qs) and no_broadcast((B, Hkv, Skv, D), ks)
                 and no_broadcast((B, Hkv, Skv, Dv), vs)):
-            q, k, v = (_readable_copy(t) for t in (q, k, v))
-            qs, ks, vs = (canon(t, pm)[1] for t, pm in zip((q, k, v), perms))
+            q, k, v = (_readable_copy(t, pm) for t, pm in zip((q, k, v), perms))
+            qs, ks, vs = q.stride(), k.stride(), v.stride()
         sizes = None
         hkv_spec = self.paged[0].heads if self.paged is not None else Hkv  # the kernel packs paged heads its own way
         if self._needs_sizes or self._scale_const is None:
@@ -384,10 +384,12 @@ class KernelRunner(KVReads, CustomOpCalls):
         return out
 
 
-def _readable_copy(t: torch.Tensor) -> torch.Tensor:
-    """A dense copy the kernel reads: `contiguous()` returns a dense view as it is, even one whose
-    pointer is not 16-byte aligned (a slice one element in), which cp.async and TMA cannot read."""
-    c = t.contiguous()
+def _readable_copy(t: torch.Tensor, perm: tuple) -> torch.Tensor:
+    """A dense [B, H, S, D] copy of operand t (read through `perm`) that the kernel reads: rows of D
+    contiguous, whatever t's own layout (a key given transposed, [B, H, D, S], is contiguous in S, and its
+    own `contiguous()` keeps it so), on a 16-byte boundary (`contiguous()` returns a dense view as it is,
+    even a slice one element in, which cp.async and TMA cannot read)."""
+    c = t.as_strided(*canon(t, perm)).contiguous()
     return c if c.data_ptr() % 16 == 0 else c.clone()
 
 
