@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from ..ir.expr import Expr, arg, call, const, dim
-from .trace import quiet_meta_failures, spec_over
+from .trace import TRACE_LOCK, quiet_meta_failures, spec_over
 from .tracememo import memoised
 from .tracereuse import layout_exprs, reused
 
@@ -138,7 +138,7 @@ def symbolic_trace(fn: Callable, bound: dict[str, Any], paths: list[str]):
         env, mode = _symbolic_mode()
         fakes, owner = _fakes(bound, paths, env, mode)
         try:
-            with mode, quiet_meta_failures():
+            with TRACE_LOCK, mode, quiet_meta_failures():
                 gm = make_fx(spec_over(fn, bound, paths), tracing_mode="symbolic")(*fakes)
         except Exception:
             return None

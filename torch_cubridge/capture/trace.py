@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -109,6 +110,12 @@ def _nested_tensors(bound: dict[str, Any]) -> dict[int, str]:
     return found
 
 
+# make_fx is not thread-safe: its patcher of module calls is process state (torch.fx's CURRENT_PATCHER), and
+# two first calls tracing at once in two threads failed with "CURRENT_PATCHER is None". Every trace of a spec
+# takes this lock; re-entrant, as a spec may reach a compiled function that traces in the same thread.
+TRACE_LOCK = threading.RLock()
+
+
 def spec_over(fn: Callable, bound: dict[str, Any], paths: list[str]) -> Callable[..., Any]:
     """The spec as a function of the tensors at `paths` (the rest of the call bound), SDPA as math."""
     def flat(*tensors: torch.Tensor) -> Any:
@@ -149,7 +156,7 @@ def capture(fn: Callable, bound: dict[str, Any]) -> Captured:
                  for p in paths]
 
     try:
-        with mode, quiet_meta_failures():
+        with TRACE_LOCK, mode, quiet_meta_failures():
             gm = make_fx(spec_over(fn, bound, paths), tracing_mode="real")(*fakes)
             if writes_through_view(gm):  # traced again with the write made a value (slice_scatter, ...)
                 gm = make_fx(torch.func.functionalize(spec_over(fn, bound, paths), remove="mutations"),
