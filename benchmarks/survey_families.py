@@ -32,7 +32,10 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's torch_cubridge, run from 
 # sizes a config takes where it has them (a config without the name keeps its own): small enough for a
 # CPU dry run, attention still multi-head with GQA where the family has it
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+            # an encoder-decoder's stacks by their own names: mbart's num_hidden_layers is its encoder's, and its
+            # causal LM built 12 decoder layers over a cache of 2
+            encoder_layers=2, decoder_layers=2, num_decoder_layers=2)
 # the same in a sub-config, under the names vision towers use
 TOWER = dict(depth=2, num_layers=2, num_heads=4, embed_dim=64, hidden_dim=64, d_model=64)
 # a config still this large is not tiny: thirty of them at once in float32 would fill the host's memory, and
@@ -96,17 +99,31 @@ def configs(family: str):
     with a head dim of 64, then 128 (rotary sections that some towers' text models hard-code, multimodal
     rope, need one); then with the family's own sizes (where TINY does not fit) and its towers shrunk. Each through
     small_config. Never a tower at its default size: their random init alone ran past a minute a family."""
-    from transformers import AutoConfig
     from torch_cubridge.integrations.transformers import small_config
     for kw in (TINY, {**TINY, "hidden_size": 256, "head_dim": 64}, {**TINY, "hidden_size": 512, "head_dim": 128},
                {}):
         try:
-            cfg = AutoConfig.for_model(family, **kw)
+            cfg = _config_taking(family, kw)
             if kw is not TINY and kw and not getattr(cfg, "sub_configs", None):
                 continue  # no towers: a larger head dim is the first attempt over again
             yield small_config(shrunk(cfg, {**(kw or TINY), **TOWER}))
         except Exception:  # noqa: BLE001  (a config that refuses these sizes)
             continue
+
+
+def _config_taking(family: str, kw: dict):
+    """AutoConfig.for_model(family, **kw), without each size the config refuses by name (falcon's head_dim is
+    a read-only property: with it the whole attempt failed, and the family fell to its 415M default sizes)."""
+    from transformers import AutoConfig
+    kw = dict(kw)
+    while True:
+        try:
+            return AutoConfig.for_model(family, **kw)
+        except Exception as e:  # noqa: BLE001
+            named = [k for k in kw if k in str(e)]
+            if not named:
+                raise
+            del kw[named[0]]
 
 
 def inputs(model, cfg, device: str) -> tuple[dict, "torch.Tensor | None"]:
