@@ -90,6 +90,10 @@ def shrunk(cfg, sizes: dict):
         for k, v in inner.items():  # any other list of one value a layer keeps the first layers' values
             if k != "layer_types" and isinstance(v, list) and layers and len(v) == layers:
                 inner[k] = v[:inner["num_hidden_layers"]]
+        vocab = inner.get("vocab_size")
+        for k, v in inner.items():  # a tower's token ids past its tiny vocabulary (mllama's pad id 128004): its last
+            if k.endswith("_token_id") and isinstance(v, int) and isinstance(vocab, int) and v >= vocab:
+                inner[k] = vocab - 1
         d[name] = inner
     return type(cfg).from_dict(d) if subs else cfg
 
