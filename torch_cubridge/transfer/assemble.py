@@ -87,7 +87,7 @@ def _operand(ctx: Ctx, ld: Expr, name: str, paths: dict[str, str]) -> tuple[Oper
             raise UnsupportedSpec(f"{name} has {len(ld.args)} dims: the kernels take one batch and one head axis "
                                   "besides the sequence and the head dim (a third batch axis is not folded "
                                   "into them)", op=name)
-        if len(ld.args) != 3 and len(ld.args) != 4 or len(named) != len(set(named)) or not set(named) <= set(names):
+        if len(ld.args) not in (3, 4) or len(named) != len(set(named)) or not set(named) <= set(names):
             raise UnsupportedSpec(f"{name} is not a [batch, heads, seq, dim] tensor in any order", op=name)
         dims = _fill(dims, [n for n in names if n not in named], [n > 1 for n in shape], name)
     except UnsupportedSpec:
