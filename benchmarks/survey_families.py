@@ -35,7 +35,10 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
             # an encoder-decoder's stacks by their own names: mbart's num_hidden_layers is its encoder's, and its
             # causal LM built 12 decoder layers over a cache of 2
-            encoder_layers=2, decoder_layers=2, num_decoder_layers=2)
+            encoder_layers=2, decoder_layers=2, num_decoder_layers=2,
+            # and their heads: blenderbot's default 32 over a width of 64 made a head dim of 2, where the call
+            # judge's bound (a fraction of the row's largest of two values) is below bf16's rounding
+            encoder_attention_heads=4, decoder_attention_heads=4)
 # the same in a sub-config, under the names vision towers use
 TOWER = dict(depth=2, num_layers=2, num_heads=4, embed_dim=64, hidden_dim=64, d_model=64)
 # a config still this large is not tiny: thirty of them at once in float32 would fill the host's memory, and
@@ -206,13 +209,15 @@ class call_check:
     dtype). A row is wrong where ours is off by more than EAGER_FACTOR times eager's error in that row and
     by more than CALL_TOLERANCE of the row's largest value: a bf16 row whose output cancels (a near-uniform
     average of values, |o| << |v|) is off by that much in eager too, while a key masked wrongly is not.
-    `calls` gets each call's worst row as ours' error over that bound (wrong above 1). Calls made inside a
+    `calls` gets each call's worst row as ours' error over that bound (wrong above 1), and `worst` that row's
+    figures (which row, ours' and eager's errors, its largest value), to tell a wrong mask from rounding. Calls made inside a
     pipeline stage (a module's forward captured as a whole, whose trace reaches the interface) are left to
     the pipeline: the check would put its own ops into that trace. A spec that cannot run upcast records
     nothing."""
 
     def __init__(self, calls: list[float]) -> None:
         self.calls = calls
+        self.worst: dict = {}
 
     def __enter__(self) -> "call_check":
         import torch
@@ -220,7 +225,7 @@ class call_check:
         from torch_cubridge.capture.nesting import stage
         from torch_cubridge.compile import CompiledAttention
         self.cls, self.orig = CompiledAttention, CompiledAttention.__call__
-        orig, calls = self.orig, self.calls
+        orig, calls, worst = self.orig, self.calls, self.worst
 
         def up(t):
             return t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -245,7 +250,14 @@ class call_check:
                 ours = (o - r).abs().amax(-1)
                 bound = torch.maximum(EAGER_FACTOR * (e - r).abs().amax(-1),
                                       CALL_TOLERANCE[o.device.type] * r.abs().amax(-1)).clamp_min(1e-30)
-                calls.append(float((ours / bound).max()))
+                ratio = ours / bound
+                calls.append(float(ratio.max()))
+                if calls[-1] >= worst.get("over_bound", -1.0):
+                    i = int(ratio.argmax())
+                    at = [int(x) for x in torch.unravel_index(torch.tensor(i), ratio.shape)]
+                    worst.update(over_bound=calls[-1], call=len(calls) - 1, call_shape=list(o.shape), row=at,
+                                 ours=float(ours.flatten()[i]), eager=float((e - r).abs().amax(-1).flatten()[i]),
+                                 row_max=float(r.abs().amax(-1).flatten()[i]))
             return out
 
         CompiledAttention.__call__ = checked
@@ -338,7 +350,7 @@ def survey_one(family: str, cpu: bool) -> dict:
         return {"status": "no-dtype", "model": cls.__name__, "why": f"eager: {type(e).__name__}: {str(e)[:200]}"}
     t2 = time.monotonic()
     try:
-        with call_check(calls):
+        with call_check(calls) as check:
             ours, err = run(tcx.NAME)
     except Exception as e:  # noqa: BLE001  (eager ran: this is the drop-in's failure)
         return {"status": "error", "model": cls.__name__, "why": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -356,7 +368,7 @@ def survey_one(family: str, cpu: bool) -> dict:
     else:
         status = "kernel" if not served["spec"] else "spec" if not served["kernel"] else "partial"
     return {"status": status, "model": cls.__name__, "rel_err": err, "eager_rel_err": eager_err,
-            "worst_call_over_bound": worst_call, "calls_checked": len(calls), "kernel": served["kernel"],
+            "worst_call_over_bound": worst_call, "worst_row": check.worst, "calls_checked": len(calls), "kernel": served["kernel"],
             "spec": served["spec"], "why": [f"{n}x {r}" for r, n in why.most_common(3)],
             # where a family's seconds go: the float32 reference, eager in the run's dtype, ours (first calls)
             "phases_s": [round(t1 - t0, 1), round(t2 - t1, 1), round(time.monotonic() - t2, 1)]}
