@@ -39,14 +39,14 @@ class GpuBackward:
     """The three kernels of one program's backward, at one head dim, dtype and arch."""
 
     def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int) -> None:
-        from ..build import compile_cubin
-        from ..config import csrc_dir
         from ..lower.backward import ROWS_PER_CTA, lower_backward
+        from ..ops.kernel import cached_cubin, source_key
         from ..ops.launch import CubinKernel
         from ..ops.pack import params_format
         self.p = p
         self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim)
-        cub = compile_cubin(low.source, arch, include_dirs=[csrc_dir()])
+        # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
+        cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
         self.rows_per_cta = ROWS_PER_CTA
         self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)

@@ -43,30 +43,38 @@ def source_key(kind: str, source: str, arch: str) -> str:
     return f"{kind}-" + h.hexdigest()[:40]
 
 
-def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, CubinKernel]]:
-    """Returns the loaded kernel, what happened (built or cached, seconds) and its helper kernels
-    from the same cubin by role: "prepass" and "scan" (data masks)."""
-    key = kernel_key(low, arch)
+def cached_cubin(key: str, source: str, arch: str, kernel: str) -> tuple[bytes, dict]:
+    """The cubin of `source` under `key`: from the disk cache, else built once across processes (the cache's
+    file lock: ranks of one job and racing processes wait for one build). Returns it and what happened
+    (key, built, seconds, sha256)."""
     info = {"key": key, "built": False}
     t0 = time.perf_counter()
 
     def build():
         info["built"] = True
-        cubin = compile_cubin(low.source, arch, include_dirs=[config.csrc_dir()])
-        return cubin, {"arch": arch, "toolchain": toolchain_id(), "kernel": low.kernel}
+        cubin = compile_cubin(source, arch, include_dirs=[config.csrc_dir()])
+        return cubin, {"arch": arch, "toolchain": toolchain_id(), "kernel": kernel}
 
     art = cache.get_or_build(key, build)
     info["seconds"] = time.perf_counter() - t0
     info["sha256"] = art.meta.get("sha256", "")
+    return art.cubin, info
+
+
+def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, CubinKernel]]:
+    """Returns the loaded kernel, what happened (built or cached, seconds) and its helper kernels
+    from the same cubin by role: "prepass" and "scan" (data masks)."""
+    key = kernel_key(low, arch)
+    cubin, info = cached_cubin(key, low.source, arch, low.kernel)
     src_dir = config.cache_root() / "sources"
     if not config.is_readonly():
         config.ensure_private_dir(src_dir)
         (src_dir / f"{key}.cu").write_text(low.source)  # for explain and debugging
     info["source_path"] = str(src_dir / f"{key}.cu")
-    kern = CubinKernel(art.cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
+    kern = CubinKernel(cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
     from ..lower.source import PREPASS_THREADS, SCAN_NAME
     aux = {}
     if low.prepass is not None:
-        aux["prepass"] = CubinKernel(art.cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
-        aux["scan"] = CubinKernel(art.cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0)
+        aux["prepass"] = CubinKernel(cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
+        aux["scan"] = CubinKernel(cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0)
     return kern, info, aux
