@@ -16,9 +16,9 @@ import distributed_step
 WORLD = 2
 
 
-def _run(tmp_path: Path, dtype: str) -> list[dict]:
+def _run(tmp_path: Path, dtype: str, device: str) -> list[dict]:
     os.environ["CUBRIDGE_CACHE_DIR"] = str(tmp_path / "cache")  # the ranks' shared cache, new: kernels are built
-    mp.start_processes(distributed_step.worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), dtype),
+    mp.start_processes(distributed_step.worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), dtype, device),
                        nprocs=WORLD, start_method="spawn")
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
@@ -44,7 +44,7 @@ def _assert_same_step(ranks: list[dict], tol: float) -> None:
 
 
 def test_ddp_and_fsdp2_steps_match_one_process_on_the_cpu(tmp_path: Path) -> None:
-    ranks = _run(tmp_path, "float32")
+    ranks = _run(tmp_path, "float32", "cpu")
     assert {r["backend"] for r in ranks} == {"gloo"}
     _assert_same_step(ranks, 1e-5)
     for r in ranks:
@@ -53,7 +53,7 @@ def test_ddp_and_fsdp2_steps_match_one_process_on_the_cpu(tmp_path: Path) -> Non
 
 @pytest.mark.gpu
 def test_ddp_and_fsdp2_steps_run_on_the_kernels_and_build_each_once(tmp_path: Path) -> None:
-    ranks = _run(tmp_path, "bfloat16")
+    ranks = _run(tmp_path, "bfloat16", "cuda")
     _assert_same_step(ranks, 2e-2)
     for r in ranks:
         assert r["forward"].get("spec", 0) == 0 and r["forward"]["kernel"] > 0, r["forward"]

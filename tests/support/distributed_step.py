@@ -43,7 +43,9 @@ def _step(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict[str, t
     return loss.detach(), _grads(model)
 
 
-def worker(rank: int, world: int, init: str, out: str, dtype_name: str) -> None:
+def worker(rank: int, world: int, init: str, out: str, dtype_name: str, device_kind: str) -> None:
+    import faulthandler
+    faulthandler.enable(open(os.path.join(out, f"rank{rank}.stack"), "w"))  # a rank's crash leaves its stack
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
@@ -52,12 +54,12 @@ def worker(rank: int, world: int, init: str, out: str, dtype_name: str) -> None:
     from torch_cubridge.ops import backward_runner, kernel
     from tiny_models import build
 
-    cuda = torch.cuda.is_available()
+    cuda = device_kind == "cuda"
     gpus = torch.cuda.device_count() if cuda else 0
     device = torch.device("cuda", rank % gpus) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    backend = "nccl" if cuda and gpus >= world else "gloo"
+    backend = os.environ.get("CUBRIDGE_TEST_DIST_BACKEND") or ("nccl" if cuda and gpus >= world else "gloo")
     dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world)
     compiled: list[str] = []
     build_cubin = kernel.compile_cubin
