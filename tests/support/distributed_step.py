@@ -1,7 +1,7 @@
 """One training step of a tiny llama through the drop-in under torch.distributed, in real processes: DDP, then
 FSDP2 (`fully_shard` per decoder layer and the model), each rank on its share of one batch, and on rank 0 the
 same step on the whole batch with no wrapper, the reference. What each rank saw goes to `out/rank{r}.pt`:
-the losses, the gradients (FSDP2's shards gathered whole), who served each attention call forward and
+the losses, the gradients (FSDP2's: this rank's shards), who served each attention call forward and
 backward, and which kernel sources this rank compiled (a kernel is built by one rank; the others load it
 through the disk cache's lock).
 
@@ -26,12 +26,14 @@ def _batch(device: torch.device) -> torch.Tensor:
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient as this rank holds it: FSDP2's own shard (a DTensor's local part, the rank's
+    torch.chunk of dim 0), not gathered: gathering on gloo over CUDA (full_tensor) crashed the process."""
     out = {}
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # an FSDP2 shard: made whole
-        out[name.replace("module.", "").replace("_fsdp_wrapped_module.", "")] = g.detach().double().cpu()
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        out[name.replace("module.", "")] = g.detach().double().cpu()
     return out
 
 
@@ -85,8 +87,7 @@ def worker(rank: int, world: int, init: str, out: str, dtype_name: str, device_k
     result: dict = {"backend": backend, "device": str(device)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if rank == 0:
-            result["single"] = _step(model(), ids)
+        result["single"] = _step(model(), ids)
         ddp = DistributedDataParallel(model(), device_ids=[device.index] if cuda else None)
         loss, grads = _step(ddp, share)
         dist.all_reduce(loss)
@@ -102,11 +103,8 @@ def worker(rank: int, world: int, init: str, out: str, dtype_name: str, device_k
     result["forward"] = dict(fwd) if cuda else {"kernel": sum(r.forward_calls for r in made)}
     result["backward"] = dict(sum((r.served for r in backward_runner._RUNNERS.values()), start=collections.Counter()))
     result["compiled"] = compiled
-    result["single"] = tuple(result["single"]) if "single" in result else None
-    result["ddp"] = (float(result["ddp"][0]), result["ddp"][1])
-    result["fsdp2"] = (float(result["fsdp2"][0]), result["fsdp2"][1])
-    if result["single"] is not None:
-        result["single"] = (float(result["single"][0]), result["single"][1])
+    for mode in ("single", "ddp", "fsdp2"):
+        result[mode] = (float(result[mode][0]), result[mode][1])
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
