@@ -47,3 +47,30 @@ def test_first_calls_in_many_threads_all_capture_and_verify():
         t.join()
     assert not wrong
     assert len(seen) == n and not any(seen.values()), seen
+
+
+def test_a_first_call_does_its_cpu_work_on_one_thread_and_gives_the_callers_count_back():
+    seen: list[int] = []
+
+    def spec(q, k, v):
+        seen.append(torch.get_num_threads())
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        f = tc.compile(spec)
+        q, k, v = (torch.randn(1, 2, 24, 16) for _ in range(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = f(q, k, v)
+        after = torch.get_num_threads()
+        seen_in_stages = list(seen)
+        seen.clear()
+        spec(q, k, v)  # the caller's own call, outside any stage
+        outside = list(seen)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, spec(q, k, v)) < 1e-5
+    # capture, probes and float64 references on one thread; then the answer (on the CPU the spec serves) on two
+    assert len(seen_in_stages) > 2 and set(seen_in_stages[:-1]) == {1} and seen_in_stages[-1] == 2
+    assert after == 2 and outside == [2]
