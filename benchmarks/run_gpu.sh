@@ -37,6 +37,7 @@ if [ "$MODE" != "--no-bench" ]; then
   python3 benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" | tail -6
   python3 benchmarks/bench_flash_api.py --out "$OUT" 2>&1 | tee "$OUT/flash_api.log" | tail -10
   python3 benchmarks/warm_start.py --out "$OUT" 2>&1 | tee "$OUT/warm_start.log" | tail -6
+  python3 benchmarks/cold_race.py --out "$OUT" 2>&1 | tee "$OUT/cold_race.log" | tail -10
   python3 benchmarks/bench_generate.py --rows 1x4096,8x4096 --out "$OUT" 2>&1 | tee "$OUT/generate.log" | tail -6
   python3 -m torch_cubridge bench tests/support/zoo.py:causal_sdpa --shape 4,16,4096,128 --out "$OUT/cli_bench" 2>&1 | tail -5
 fi
