@@ -134,3 +134,28 @@ def test_a_large_pinned_argument_is_drawn_once_per_verification(monkeypatch):
         assert not torch.equal(a["q"], b["q"]) and not torch.equal(a["block_table"], b["block_table"])
     c, d = (vi.make_inputs(prog, bound, sizes, seed=s) for s in (1, 2))
     assert not torch.equal(c["k_pages"], d["k_pages"])
+
+
+def test_the_length_rules_are_remembered_for_the_same_program_and_reads_only(monkeypatch):
+    """A model's layers ask the same question: one symbolic run per program and read shapes. Another
+    cache length, stride or dtype is another question (the rule holds the sizes' example values)."""
+    import importlib
+    lengths = importlib.import_module("torch_cubridge.transfer.lengths")
+    prog = tc.transfer(kv_cache_concat, *_cache(1, 4, 60, 1, 32))
+    runs: list[int] = []
+    found = lengths._found
+
+    def counted(*a):
+        runs.append(1)
+        return found(*a)
+    monkeypatch.setattr(lengths, "_found", counted)
+    monkeypatch.setattr(lengths, "_MEMO", type(lengths._MEMO)())
+    args = lambda: dict(zip(("q", "k_new", "v_new", "k_cache", "v_cache"), _cache(1, 4, 60, 1, 32)))  # noqa: E731
+    first_rules = lengths.with_lengths(prog, args())
+    again = lengths.with_lengths(prog, args())
+    assert len(runs) == 1 and again.k.length == first_rules.k.length == prog.k.length
+    other = args()
+    other["k_cache"] = other["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)  # same sizes, other strides
+    lengths.with_lengths(prog, other)
+    lengths.with_lengths(prog, dict(zip(("q", "k_new", "v_new", "k_cache", "v_cache"), _cache(1, 4, 70, 1, 32))))
+    assert len(runs) == 3

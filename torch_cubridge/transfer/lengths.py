@@ -12,6 +12,8 @@ verification's redrawn inputs and the guards then move that dim as they move an 
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +26,13 @@ from ..ir.program import Program
 from ..ir.prologue import FIXED, needed_steps, operand_inputs, run_steps
 
 
+# with_lengths' rules by (program, what its prologue reads): a model's layers of one shape ask the same
+# question, and a symbolic run through a convolution's shape rules took 15 s of each of cvt's 13 first calls
+_MEMO: "OrderedDict[tuple, dict[str, tuple] | None]" = OrderedDict()
+_MEMO_CAP = 256
+_memo_lock = threading.Lock()
+
+
 def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
     """`p` with the length of each computed operand tied to an argument dim, or fixed where no size
     moves it (a module's latent queries); None where some computed operand's length is another function
@@ -31,8 +40,40 @@ def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
     computed = [(r, op) for r, op in (("q", p.q), ("k", p.k), ("v", p.v)) if op.step]
     if not computed:
         return p
-    steps = needed_steps(p.prologue, {op.step for _, op in computed})
     paths = sorted(operand_inputs(p))
+    key = _memo_key(p, bound, paths)
+    with _memo_lock:
+        known = key is not None and key in _MEMO
+        found = _MEMO.get(key) if known else None
+    if not known:
+        found = _found(computed, p, bound, paths)
+        if key is not None:
+            with _memo_lock:
+                _MEMO[key] = found
+                while len(_MEMO) > _MEMO_CAP:
+                    _MEMO.popitem(last=False)
+    if found is None:
+        return None
+    return replace(p, **{role: replace(op, length=found[role]) for role, op in computed})
+
+
+def _memo_key(p: Program, bound: dict[str, Any], paths: list[str]) -> tuple | None:
+    """Everything the rules are a function of: the program, and the size, layout, dtype and device of each
+    tensor its prologue reads (a value it reads, by value); None where a read is neither."""
+    parts: list = [p.to_json()]
+    for path in paths:
+        v = lookup(bound, path)
+        if isinstance(v, torch.Tensor):
+            parts.append((path, tuple(v.shape), tuple(v.stride()), str(v.dtype), str(v.device), path in bound))
+        elif isinstance(v, (int, float, bool, str, type(None))):
+            parts.append((path, type(v).__name__, v))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _found(computed: list, p: Program, bound: dict[str, Any], paths: list[str]) -> dict[str, tuple] | None:
+    steps = needed_steps(p.prologue, {op.step for _, op in computed})
     tensors = {path: t for path in paths if isinstance(t := lookup(bound, path), torch.Tensor)}
     # the run as captured, then with view sizes made symbolic ([B*T, C] viewed as [B, T, H, D] holds T as
     # a literal): the first that ties every length to an argument; a fixed length only where neither does
@@ -40,9 +81,7 @@ def with_lengths(p: Program, bound: dict[str, Any]) -> Program | None:
     if not _tied(found):
         again = _rules(computed, steps, tensors, bound, views=True)
         found = again if _tied(again) else found or again
-    if found is None:
-        return None
-    return replace(p, **{role: replace(op, length=found[role]) for role, op in computed})
+    return found
 
 
 def _tied(rules: dict[str, tuple] | None) -> bool:
