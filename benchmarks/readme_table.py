@@ -1,5 +1,5 @@
-"""The README's performance table, rendered from the latest results (benchmarks/results/bench_attention.json and
-bench_decode.json), so the front page shows what the last device run measured and nothing else.
+"""The README's performance table, rendered from the latest results (benchmarks/results/bench_attention.json,
+bench_train.json and bench_decode.json), so the front page shows what the last device run measured and nothing else.
 
 Usage: python benchmarks/readme_table.py            print the table
        python benchmarks/readme_table.py --write    replace the table between the README's markers
@@ -39,6 +39,18 @@ def forward_rows(res: dict) -> list[str]:
     return rows
 
 
+def train_rows(res: dict) -> list[str]:
+    rows = ["| variant | S | D | ours TFLOP/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | gradients vs float64 |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in res["results"]:
+        ok = {True: "pass", False: "FAIL"}.get(r.get("grads_match_fp64"), "–")
+        rows.append(f"| {NAMES.get(r['variant'], r['variant'])} | {r['S']} | {r['D']} | {r['ours_tflops']:.0f} | "
+                    f"{_ratio(r['ours_tflops'], r.get('sdpa_cudnn_tflops'))} | "
+                    f"{_ratio(r['ours_tflops'], r.get('sdpa_flash_tflops'))} | "
+                    f"{_ratio(r['ours_tflops'], r.get('flex_tflops'))} | {ok} |")
+    return rows
+
+
 def decode_rows(res: dict) -> list[str]:
     rows = ["| batch | queries | KV length | ours TB/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | error vs float64 |",
             "|---|---|---|---|---|---|---|---|"]
@@ -52,10 +64,14 @@ def decode_rows(res: dict) -> list[str]:
 def render() -> str:
     fwd = json.loads((RESULTS / "bench_attention.json").read_text())
     dec = json.loads((RESULTS / "bench_decode.json").read_text())
+    train = json.loads((RESULTS / "bench_train.json").read_text())
     lines = [BEGIN,
              "Forward, bf16, 16 heads, batch × length = 32k tokens; TFLOP/s over unmasked pairs, median of do_bench",
              f"({_origin(fwd)}, {fwd['date']}; `benchmarks/bench_attention.py`). A ratio above 1: ours is faster.",
              "", *forward_rows(fwd), "",
+             "Forward plus backward, same shapes, TFLOP/s at 3.5× the forward's FLOPs",
+             f"({_origin(train)}, {train['date']}; `benchmarks/bench_train.py`).",
+             "", *train_rows(train), "",
              "Decode, bf16, 32 query and 8 KV heads, D 128; bandwidth is K and V bytes read over time",
              f"({_origin(dec)}, {dec['date']}; `benchmarks/bench_decode.py`).",
              "", *decode_rows(dec), END]
