@@ -228,7 +228,8 @@ def test_generate_with_a_dynamic_cache_goes_through_the_cached_spec(family, monk
             have = prog.run(m64, *_to64(args[1:]), **kw64)
         except RuntimeError:  # xglm's own code cannot run in float64: judged in float32
             want, have = c.fn(m, *args[1:], **kwargs), prog.run(m, *args[1:], **kwargs)
-    assert len(have) == len(want) and all(isinstance(x, torch.Tensor) for x in (*have[-2:], have[0]))
+    output = have[1] if have[0] is None else have[0]  # a leading None: the module's forward returned a tuple
+    assert len(have) == len(want) and all(isinstance(x, torch.Tensor) for x in (*have[-2:], output))
     # the attention weights some modules return are served as None; every other item is compared
     pairs = [(h, w) for h, w in zip(have, want) if h is not None]
     assert len(pairs) >= 3 and all(rel_err(h, w) < 1e-5 for h, w in pairs)
@@ -289,3 +290,53 @@ def test_a_module_that_names_its_cache_layer_layer_id_joins_the_cache():
     wc, gc = (o.past_key_values for o in (want, got))
     assert gc.get_seq_length() == wc.get_seq_length() == 12
     assert rel_err(gc.layers[1].keys, wc.layers[1].keys) < 1e-12
+
+
+def _encoder_decoder_pair(family: str):
+    from transformers import FSMTConfig, FSMTForConditionalGeneration, XLMConfig, XLMWithLMHeadModel
+    torch.manual_seed(0)
+    if family == "xlm":  # one attention class for self and cross; its forward returns a 1-tuple
+        ref = XLMWithLMHeadModel(XLMConfig(vocab_size=128, emb_dim=64, n_layers=2, n_heads=4, causal=True))
+    else:  # separate self- and cross-attention modules, the cross one filling its own cache at the prefill
+        ref = FSMTForConditionalGeneration(FSMTConfig(
+            langs=["en", "de"], src_vocab_size=128, tgt_vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128))
+    ref = ref.double().eval()
+    model = copy.deepcopy(ref)
+    oa._compiled.clear()
+    oa._compiled_cached.clear()
+    oa.serve_own_attention(model)
+    return ref, model
+
+
+@pytest.mark.parametrize("family", ["xlm", "fsmt"])
+def test_an_encoder_decoder_cache_is_joined_through_stand_ins(family, monkeypatch):
+    """A call passing an EncoderDecoderCache goes through the cached spec over stand-ins of both its caches: the
+    logits, the self-attention keys and the cross-attention keys the real caches take, and the layers marked
+    filled, are the module's own forward's, in float64. (With CACHED_DECODE off, fsmt's cross-attention call
+    after the self-attention one filled the layer reads as a decode step, its queries counted on its
+    sequence-first input's batch axis, and runs the module's own code: on here, every call is the spec's.)"""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    monkeypatch.setattr(oa, "CACHED_DECODE", True)
+    ref, model = _encoder_decoder_pair(family)
+    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(0))  # past decode's 16 queries
+    kw = dict(input_ids=ids) if family == "xlm" else dict(input_ids=ids, decoder_input_ids=ids[:, :20])
+    caches = [EncoderDecoderCache(DynamicCache(), DynamicCache()) for _ in range(2)]
+    key = "cache" if family == "xlm" else "past_key_values"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(**kw, **{key: caches[0]}, use_cache=True)
+        got = model(**kw, **{key: caches[1]}, use_cache=True)
+    assert rel_err(got.logits, want.logits) < 1e-12
+    served = [e for c in oa._compiled_cached.values() for e in c.entries()]
+    assert served and all(e.result is not None for e in served), [e.reason for e in served]
+    assert sum(sum(c.served.values()) for c in oa._compiled_cached.values()) == (2 if family == "xlm" else 4)
+    w, g = caches
+    assert g.is_updated == w.is_updated
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        wc, gc = getattr(w, part), getattr(g, part)
+        assert len(gc.layers) == len(wc.layers)
+        for a, b in zip(gc.layers, wc.layers):
+            assert (a.keys is None) == (b.keys is None)
+            if b.keys is not None and b.keys.numel():
+                assert rel_err(a.keys, b.keys) < 1e-12 and rel_err(a.values, b.values) < 1e-12

@@ -14,7 +14,10 @@ and a stand-in cache whose `update` joins them with the new ones as DynamicLayer
 decode kernel reads in place, as its pieces); the spec also returns the new keys and values, and the real
 cache is then updated with them by its own code. Any other cache (static, sliding, encoder-decoder,
 offloaded) runs the module's own forward, as does a call that asks for the weights, and a module in
-training mode.
+training mode. An EncoderDecoderCache of two such DynamicCaches (xlm, fsmt, led) is stood in for the same way:
+its self-attention cache joins the layer's past, and its cross-attention cache, not yet filled for this layer
+(the prefill), keeps the keys a cross-attention call makes; the real caches are then updated by their own
+code, and the layer marked filled, as the module's own forward does.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ def module_spec(cls: type) -> Callable:
 
 
 _CACHE_KW, _PAST_K, _PAST_V = "cubridge_cache_keyword", "cubridge_past_keys", "cubridge_past_values"
+_JOINT = "cubridge_encoder_decoder"  # the cache is an EncoderDecoderCache: a stand-in of both its caches
 # Decode steps (a few new tokens against a past) through the cached spec too. Off: measured at 0.62-0.72x the
 # model's own code in decode tokens/s (H100, 2-layer models of hidden 2048, a 2k prompt, B 1 and 8: the step
 # is bound by the host, and the compiled call's host path is longer than the module's own), while the prefill
@@ -77,22 +81,36 @@ class _JoiningCache:
         return 0 if self.keys is None else self.keys.shape[-2]
 
 
+def _encoder_decoder(self_cache: _JoiningCache, cross_cache: _JoiningCache) -> Any:
+    """An EncoderDecoderCache (isinstance holds, as the module's code asks) over two stand-ins, no layer of
+    its cross-attention cache filled yet."""
+    from transformers.cache_utils import EncoderDecoderCache
+    made = EncoderDecoderCache.__new__(EncoderDecoderCache)
+    made.self_attention_cache, made.cross_attention_cache, made.is_updated = self_cache, cross_cache, {}
+    return made
+
+
 def cached_module_spec(cls: type) -> Callable:
     """The spec of one attention class called with a cache: its own forward over a _JoiningCache made from
-    the past keys and values it is given; returns the forward's result items, then the new keys and values."""
+    the past keys and values it is given; returns the forward's result items (after a None where it returned a
+    tuple), then the new keys and values (for an EncoderDecoderCache, the self-attention cache's, then the cross-attention cache's; None where the
+    call did not update that one)."""
     fwd = cls.forward
 
     def own_attention_forward_cached(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         kw = joined(kwargs)
         stand = _JoiningCache(kw.pop(_PAST_K, None), kw.pop(_PAST_V, None))
+        cross = _JoiningCache(None, None) if kw.pop(_JOINT, False) else None
+        given = stand if cross is None else _encoder_decoder(stand, cross)
         where = kw.pop(_CACHE_KW)  # the cache's keyword, or its position among the arguments
         if isinstance(where, int):
-            args = (*args[:where], stand, *args[where:])
+            args = (*args[:where], given, *args[where:])
         else:
-            kw[where] = stand
+            kw[where] = given
         out = fwd(module, *args, **kw)
-        return (*out, stand.new_keys, stand.new_values) if isinstance(out, tuple) else \
-            (out, stand.new_keys, stand.new_values)
+        new = (stand.new_keys, stand.new_values) + (() if cross is None else (cross.new_keys, cross.new_values))
+        # a leading None says the forward returned a tuple: a 1-tuple (xlm's) must not come back as its item
+        return (None, *out, *new) if isinstance(out, tuple) else (out, *new)
     own_attention_forward_cached.__name__ = f"{cls.__name__}_forward_cached"
     return _cached_specs.setdefault(cls, own_attention_forward_cached)
 
@@ -103,23 +121,37 @@ _cached_specs: dict[type, Callable] = {}
 def _dynamic_layer(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
                    ) -> tuple[str | int, Any, Any] | None:
     """(keyword or position, cache, layer or None) where the call passes one transformers DynamicCache (not
-    offloaded) and this module's layer in it is a plain DynamicLayer or not made yet; else None."""
+    offloaded) and this module's layer in it is a plain DynamicLayer or not made yet, or an EncoderDecoderCache
+    of two such caches whose cross-attention layer is not filled yet (the layer is the self-attention one's);
+    else None."""
     given = [*enumerate(args), *kwargs.items()]
     caches = [(k, v) for k, v in given if type(v).__name__.endswith("Cache")]
     idx = layer_index(module)
-    if len(caches) != 1 or type(caches[0][1]).__name__ != "DynamicCache" or idx is None:
+    if len(caches) != 1 or idx is None:
         return None
     name, cache = caches[0]
-    if getattr(cache, "offloading", False):
+    if type(cache).__name__ == "EncoderDecoderCache":
+        self_cache, cross_cache = (getattr(cache, n, None) for n in ("self_attention_cache", "cross_attention_cache"))
+        found = _plain_layer(self_cache, idx), _plain_layer(cross_cache, idx)
+        if None in found or cache.is_updated.get(idx) or _has_past(found[1][0]):
+            return None
+        return name, cache, found[0][0]
+    found = _plain_layer(cache, idx)
+    return None if found is None else (name, cache, found[0])
+
+
+def _plain_layer(cache: Any, idx: int) -> tuple[Any] | None:
+    """(layer or None,) where `cache` is a DynamicCache, not offloaded, whose layer `idx` is a plain
+    DynamicLayer or not made yet; else None."""
+    if type(cache).__name__ != "DynamicCache" or getattr(cache, "offloading", False):
         return None
     layers = getattr(cache, "layers", None)
     if layers is None:
         return None
     if idx < len(layers):
-        layer = layers[idx]
-        return (name, cache, layer) if type(layer).__name__ == "DynamicLayer" else None
+        return (layers[idx],) if type(layers[idx]).__name__ == "DynamicLayer" else None
     made = getattr(cache, "layer_class_to_replicate", None)
-    return (name, cache, None) if made is not None and made.__name__ == "DynamicLayer" else None
+    return (None,) if made is not None and made.__name__ == "DynamicLayer" else None
 
 
 _SEP = "__item"  # position_embeddings=(cos, sin) travels as position_embeddings__item0, ..item1
@@ -229,16 +261,30 @@ def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dic
     """A call with a DynamicCache (`args` and `kwargs` without it: _without): the compiled cached spec on
     the layer's past keys and values, then the real cache updated with the new ones by its own code."""
     name, cache, layer = route
+    joint = type(cache).__name__ == "EncoderDecoderCache"
     kw = dict(kwargs)
     if _has_past(layer):
         kw[_PAST_K], kw[_PAST_V] = layer.keys, layer.values
     kw[_CACHE_KW] = name
+    if joint:
+        kw[_JOINT] = True
     c = _compiled_cached.get(mod)
     if c is None:
         c = _compiled_cached[mod] = compile(spec)
-    *out, new_k, new_v = c(mod, *args, **split(kw))
-    cache.update(new_k, new_v, layer_index(mod))
-    return tuple(out) if len(out) != 1 else out[0]
+    got = c(mod, *args, **split(kw))
+    tupled = got[0] is None  # the forward returned a tuple (cached_module_spec)
+    *out, new_k, new_v = got[1:] if tupled else got
+    idx = layer_index(mod)
+    if not joint:
+        cache.update(new_k, new_v, idx)
+    else:
+        (*out, self_k, self_v), cross_k, cross_v = out, new_k, new_v
+        if self_k is not None:
+            cache.self_attention_cache.update(self_k, self_v, idx)
+        if cross_k is not None:  # as the module's own forward does after filling it
+            cache.cross_attention_cache.update(cross_k, cross_v, idx)
+            cache.is_updated[idx] = True
+    return tuple(out) if tupled else out[0]
 
 
 # why routed modules ran their own forward: {class name: Counter(reason)}, for explain and the survey
