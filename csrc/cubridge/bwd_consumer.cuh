@@ -55,7 +55,6 @@ struct BwdWarp {
   __device__ __forceinline__ void grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
                                         const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
                                         int b, int h, int q_lo, int cls) const {
-    constexpr float kLog2e = 1.4426950408889634f;
     const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
     const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
     // The mask's verdicts, first, as bits of one register (element nt * 4 + e): as per-element predicates

@@ -74,7 +74,6 @@ __device__ __forceinline__ void attention_decode(const FwdArgs& a, const typenam
   constexpr bool kRaw = score_is_default<Variant>(0);
   constexpr bool kSeg = KV::kSegmented;
   static_assert(!((kPaged || kSeg) && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
-  constexpr float kLog2e = 1.4426950408889634f;
 
   constexpr bool kSwz = decode_ring_swizzled<Cfg, kPaged>();  // (decode_loads.cuh)
   constexpr int LK = kSwz ? PD : LDS, LV = kSwz ? PDV : LDSV;  // K's and V's ring row pitches

@@ -93,7 +93,6 @@ template <class Variant, class T, int DV, bool kMeanV>
 __device__ __forceinline__ void store_row(const FwdArgs& a, const typename Variant::Params& p,
                                           const float (&acc)[(DV / 8 + 7) / 8][8], float m, float l, float factor,
                                           int b, int h, long long q, long long row, int k0, int skv) {
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int CT = DV / 8, CH = (CT + 7) / 8;
   const float sink2 = Variant::kHasSink ? Hook<Variant>::sink(a, p, b, h) * kLog2e : neg_inf();
   float o_scale, lse;

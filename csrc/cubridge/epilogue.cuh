@@ -30,7 +30,7 @@ __device__ __forceinline__ void finish_stats(float m2, float l, float sink2, flo
     lt = fmaf(l, c, fast_exp2(sink2 - mf));
   }
   o_scale = lt > 0.f ? c / lt : 0.f;
-  lse = lt > 0.f ? (mf + fast_log2(lt)) * 0.69314718055994531f : neg_inf();
+  lse = lt > 0.f ? (mf + fast_log2(lt)) * kLn2 : neg_inf();
 }
 __device__ __forceinline__ void finish_row(float m, float l_part, float factor, float sink2,
                                            float& o_scale, float& lse) {
@@ -39,8 +39,8 @@ __device__ __forceinline__ void finish_row(float m, float l_part, float factor, 
   // A row a finite fill near finfo.min fills whole: m * factor overflows to -inf though the row has keys.
   // Where x is the score itself (factor log2(e): a score hook) its LSE is m + ln(l), finite (the fill, ln(l)
   // below its rounding), as the backward reads it; with a sink, the sink outweighs the fill.
-  if (lse == neg_inf() && l > 0.f && m != neg_inf() && sink2 == neg_inf() && factor == 1.4426950408889634f)
-    lse = m + fast_log2(l) * 0.69314718055994531f;
+  if (lse == neg_inf() && l > 0.f && m != neg_inf() && sink2 == neg_inf() && factor == kLog2e)
+    lse = m + fast_log2(l) * kLn2;
 }
 
 // Write this warp's normalised O fragments (rows row0 .. row0 + 16*MT of the

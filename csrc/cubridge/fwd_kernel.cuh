@@ -39,7 +39,6 @@ __device__ __forceinline__ void attention_fwd(const FwdArgs& a, const typename V
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   using C = MmaConsumer<Cfg, Variant, T>;
   using Span = TileSpan<Variant, BN>;
-  constexpr float kLog2e = 1.4426950408889634f;
   static_assert(!(kPaged && Variant::kEmptyRowMeanV), "empty rows' mean of V reads V in one piece");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];

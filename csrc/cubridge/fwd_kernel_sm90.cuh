@@ -87,7 +87,6 @@ __device__ __forceinline__ void attention_fwd_sm90(const FwdArgs& a, const typen
   using C = WgmmaConsumer<Cfg, Variant, T>;
   using R = KVRing<ST>;
   using Span = TileSpan<Variant, BN>;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const Sm90Smem<Cfg> sm(smem_raw);
   const int tid = threadIdx.x, wg = tid / 128;

@@ -6,6 +6,10 @@
 
 namespace cubridge {
 
+// x in natural-log units times kLog2e is in log2 units (the hardware's ex2 and lg2); times kLn2, back.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.69314718055994531f;
+
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
 __device__ __forceinline__ float fast_exp2(float x) {  // 2^-inf = +0
