@@ -310,16 +310,15 @@ def _encoder_decoder_pair(family: str):
 
 
 @pytest.mark.parametrize("family", ["xlm", "fsmt"])
-def test_an_encoder_decoder_cache_is_joined_through_stand_ins(family, monkeypatch):
+def test_an_encoder_decoder_cache_is_joined_through_stand_ins(family):
     """A call passing an EncoderDecoderCache goes through the cached spec over stand-ins of both its caches: the
     logits, the self-attention keys and the cross-attention keys the real caches take, and the layers marked
-    filled, are the module's own forward's, in float64. (With CACHED_DECODE off, fsmt's cross-attention call
-    after the self-attention one filled the layer reads as a decode step, its queries counted on its
-    sequence-first input's batch axis, and runs the module's own code: on here, every call is the spec's.)"""
+    filled, are the module's own forward's, in float64. fsmt's cross-attention call sees the layer its
+    self-attention call just filled, and its sequence-first input's batch where queries are counted: a prefill
+    all the same, as the module's first call on this cache."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-    monkeypatch.setattr(oa, "CACHED_DECODE", True)
     ref, model = _encoder_decoder_pair(family)
-    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(0))  # past decode's 16 queries
+    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(0))
     kw = dict(input_ids=ids) if family == "xlm" else dict(input_ids=ids, decoder_input_ids=ids[:, :20])
     caches = [EncoderDecoderCache(DynamicCache(), DynamicCache()) for _ in range(2)]
     key = "cache" if family == "xlm" else "past_key_values"
@@ -340,3 +339,40 @@ def test_an_encoder_decoder_cache_is_joined_through_stand_ins(family, monkeypatc
             assert (a.keys is None) == (b.keys is None)
             if b.keys is not None and b.keys.numel():
                 assert rel_err(a.keys, b.keys) < 1e-12 and rel_err(a.values, b.values) < 1e-12
+
+
+def test_an_encoder_decoder_generate_serves_its_prefill_and_runs_its_decode_steps_itself():
+    """fsmt's generate over an EncoderDecoderCache: each attention module's first call on it (the prefill:
+    self-attention over the start token, cross-attention over the encoder's output) is the compiled spec's, the
+    decode steps the module's own code (CACHED_DECODE off); the tokens and every step's logits are a separate
+    copy's."""
+    ref, model = _encoder_decoder_pair("fsmt")
+    ids = torch.randint(3, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=4, do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True,
+              pad_token_id=1, eos_token_id=None, decoder_start_token_id=2)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, want = model.generate(ids, **kw), ref.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(rel_err(a, b) < 1e-12 for a, b in zip(got.logits, want.logits))
+    served = [sum(c.served.values()) for c in oa._compiled_cached.values()]
+    assert len(served) == 4 and set(served) == {1}, served
+
+
+def test_a_self_attention_only_encoder_decoder_cache_decodes_on_the_modules_own_code():
+    """xlm fills only the self-attention half of its EncoderDecoderCache, so no layer is ever marked filled:
+    a step after the prefill on the same cache is still a decode step (the module's own code), and both
+    passes' logits and the cache match the model's own forward in float64."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    ref, model = _encoder_decoder_pair("xlm")
+    ids = torch.randint(3, 128, (2, 25), generator=torch.Generator().manual_seed(0))
+    caches = [EncoderDecoderCache(DynamicCache(), DynamicCache()) for _ in range(2)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for ids_now in (ids[:, :24], ids):  # a prefill, then one new token against its cache
+            want = ref(input_ids=ids_now, cache=caches[0], use_cache=True)
+            got = model(input_ids=ids_now, cache=caches[1], use_cache=True)
+            assert rel_err(got.logits, want.logits) < 1e-12
+    assert caches[1].self_attention_cache.get_seq_length() == caches[0].self_attention_cache.get_seq_length() == 25
+    served = [sum(c.served.values()) for c in oa._compiled_cached.values()]
+    assert served == [1, 1], served

@@ -239,9 +239,19 @@ def _has_past(layer: Any) -> bool:
         and layer.keys.dim() == 4 and layer.keys.shape[-2] > 0
 
 
-def _decode_step(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]) -> bool:
-    """A few new tokens (the decode kernel's range) against a layer that holds past keys already."""
+# the modules each EncoderDecoderCache has served (its prefill): a later call of one is a decode step
+_served_on: "weakref.WeakKeyDictionary[Any, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+
+
+def _decode_step(mod: torch.nn.Module, route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, Any]
+                 ) -> bool:
+    """A few new tokens (the decode kernel's range) against a layer that holds past keys already. With an
+    EncoderDecoderCache, a module's second call on it: the layer a cross-attention call sees filled is the
+    self-attention's of the same pass, and the query count read below is the batch on sequence-first inputs
+    (fsmt)."""
     from ..lower.tiles import DECODE_MAX_QUERIES
+    if type(route[1]).__name__ == "EncoderDecoderCache":
+        return mod in _served_on.get(route[1], ())
     if not _has_past(route[2]):
         return False
     first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
@@ -278,6 +288,7 @@ def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dic
     if not joint:
         cache.update(new_k, new_v, idx)
     else:
+        _served_on.setdefault(cache, weakref.WeakSet()).add(mod)
         (*out, self_k, self_v), cross_k, cross_v = out, new_k, new_v
         if self_k is not None:
             cache.self_attention_cache.update(self_k, self_v, idx)
@@ -322,7 +333,7 @@ def serve_own_attention(model: torch.nn.Module, interface_served: bool = False) 
             if torch.compiler.is_compiling():
                 return _own(mod, *args, **kwargs)
             route = _dynamic_layer(mod, args, kwargs)
-            if route is not None and not CACHED_DECODE and _decode_step(route, args, kwargs):
+            if route is not None and not CACHED_DECODE and _decode_step(mod, route, args, kwargs):
                 return _own_call(mod, _own, args, kwargs, "a decode step against a cache (CACHED_DECODE off)")
             if route is not None:
                 a, kw = _without(route, args, kwargs)
