@@ -376,3 +376,28 @@ def test_a_self_attention_only_encoder_decoder_cache_decodes_on_the_modules_own_
     assert caches[1].self_attention_cache.get_seq_length() == caches[0].self_attention_cache.get_seq_length() == 25
     served = [sum(c.served.values()) for c in oa._compiled_cached.values()]
     assert served == [1, 1], served
+
+
+def test_a_module_that_returns_its_cache_returns_the_real_one():
+    """LED's decoder attention returns the cache it was given: through the cached spec that is the stand-in the
+    spec saw, and the caller must get its own EncoderDecoderCache back, filled as the module's own code fills
+    it, with the same output."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    from transformers.models.led.modeling_led import LEDDecoderAttention
+    torch.manual_seed(0)
+    ref = LEDDecoderAttention(64, 4, is_decoder=True, layer_idx=0).double().eval()
+    wrapper = torch.nn.ModuleList([copy.deepcopy(ref)])
+    oa._compiled_cached.clear()
+    oa.serve_own_attention(wrapper)
+    mod = wrapper[0]
+    assert "forward" in vars(mod)
+    x = torch.randn(2, 20, 64, dtype=torch.float64)
+    caches = [EncoderDecoderCache(DynamicCache(), DynamicCache()) for _ in range(2)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ref(x, None, caches[0])  # by position: the keyword is past_key_values in older transformers
+        got = mod(x, None, caches[1])
+    assert got[-1] is caches[1] and want[-1] is caches[0]
+    assert rel_err(got[0], want[0]) < 1e-12
+    assert rel_err(caches[1].self_attention_cache.layers[0].keys, caches[0].self_attention_cache.layers[0].keys) < 1e-12
+    assert sum(sum(c.served.values()) for c in oa._compiled_cached.values()) == 1

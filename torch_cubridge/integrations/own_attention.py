@@ -295,7 +295,15 @@ def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dic
         if cross_k is not None:  # as the module's own forward does after filling it
             cache.cross_attention_cache.update(cross_k, cross_v, idx)
             cache.is_updated[idx] = True
+    # a module that returns its cache (led) hands back the real one, never the spec's stand-in
+    out = [cache if _stand_in(x) else x for x in out]
     return tuple(out) if tupled else out[0]
+
+
+def _stand_in(x: Any) -> bool:
+    """A cache cached_module_spec made for the spec to see."""
+    return isinstance(x, _JoiningCache) or (type(x).__name__ == "EncoderDecoderCache"
+                                           and isinstance(getattr(x, "self_attention_cache", None), _JoiningCache))
 
 
 # why routed modules ran their own forward: {class name: Counter(reason)}, for explain and the survey
