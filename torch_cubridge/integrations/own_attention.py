@@ -8,16 +8,16 @@ attention weights it returns are served as None, as transformers' callers ignore
 A call is served by the compiled spec only where what it reads is all tensors and plain values. A cache
 object is updated by Python side effects (`cache.update`) that a captured graph does not replay, so a call
 that passes one (`generate`'s prefill; its decode steps too with CACHED_DECODE) is served through a
-stand-in: where the cache is transformers' DynamicCache and
-this module's layer a plain DynamicLayer, the spec is called with that layer's keys and values as tensors
-and a stand-in cache whose `update` joins them with the new ones as DynamicLayer does (a `torch.cat` the
-decode kernel reads in place, as its pieces); the spec also returns the new keys and values, and the real
-cache is then updated with them by its own code. Any other cache (static, sliding, encoder-decoder,
-offloaded) runs the module's own forward, as does a call that asks for the weights, and a module in
-training mode. An EncoderDecoderCache of two such DynamicCaches (xlm, fsmt, led) is stood in for the same way:
-its self-attention cache joins the layer's past, and its cross-attention cache, not yet filled for this layer
+stand-in: where the cache is transformers' DynamicCache and this module's layer a plain DynamicLayer, the
+spec is called with that layer's keys and values as tensors and a stand-in cache whose `update` joins them
+with the new ones as DynamicLayer does (a `torch.cat` the decode kernel reads in place, as its pieces); the
+spec also returns the new keys and values, and the real cache is then updated with them by its own code.
+An EncoderDecoderCache of two such DynamicCaches (xlm, fsmt, led) is stood in for the same way: its
+self-attention cache joins the layer's past, and its cross-attention cache, not yet filled for this layer
 (the prefill), keeps the keys a cross-attention call makes; the real caches are then updated by their own
-code, and the layer marked filled, as the module's own forward does.
+code, and the layer marked filled, as the module's own forward does. Any other cache (static, sliding,
+offloaded) runs the module's own forward, as does a call that asks for the weights, and a module in
+training mode.
 """
 from __future__ import annotations
 
@@ -93,8 +93,8 @@ def _encoder_decoder(self_cache: _JoiningCache, cross_cache: _JoiningCache) -> A
 def cached_module_spec(cls: type) -> Callable:
     """The spec of one attention class called with a cache: its own forward over a _JoiningCache made from
     the past keys and values it is given; returns the forward's result items (after a None where it returned a
-    tuple), then the new keys and values (for an EncoderDecoderCache, the self-attention cache's, then the cross-attention cache's; None where the
-    call did not update that one)."""
+    tuple), then the new keys and values (for an EncoderDecoderCache, the self-attention cache's, then the
+    cross-attention cache's; None where the call did not update that one)."""
     fwd = cls.forward
 
     def own_attention_forward_cached(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -268,8 +268,9 @@ def _without(route: tuple[str | int, Any, Any], args: tuple, kwargs: dict[str, A
 
 def _serve_cached(mod: torch.nn.Module, spec: Callable, args: tuple, kwargs: dict[str, Any],
                   route: tuple[str | int, Any, Any]) -> Any:
-    """A call with a DynamicCache (`args` and `kwargs` without it: _without): the compiled cached spec on
-    the layer's past keys and values, then the real cache updated with the new ones by its own code."""
+    """A call with a DynamicCache or an EncoderDecoderCache (`args` and `kwargs` without it: _without): the
+    compiled cached spec on the layer's past keys and values, then the real caches updated with the new ones by
+    their own code."""
     name, cache, layer = route
     joint = type(cache).__name__ == "EncoderDecoderCache"
     kw = dict(kwargs)
