@@ -27,23 +27,13 @@ def _origin(res: dict) -> str:
     return f"{res['gpu']}, commit {res['commit']}, torch {res['torch']}"
 
 
-def forward_rows(res: dict) -> list[str]:
-    rows = ["| variant | S | D | ours TFLOP/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | float64 check |",
+def tflops_rows(res: dict, check: str, check_header: str) -> list[str]:
+    """A TFLOP/s table (the forward's, or forward plus backward's): a row a variant, ratios against each peer,
+    and the float64 verdict the result names `check`."""
+    rows = ["| variant | S | D | ours TFLOP/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | " + check_header + " |",
             "|---|---|---|---|---|---|---|---|"]
     for r in res["results"]:
-        ok = {True: "pass", False: "FAIL"}.get(r.get("matches_fp64"), "–")
-        rows.append(f"| {NAMES.get(r['variant'], r['variant'])} | {r['S']} | {r['D']} | {r['ours_tflops']:.0f} | "
-                    f"{_ratio(r['ours_tflops'], r.get('sdpa_cudnn_tflops'))} | "
-                    f"{_ratio(r['ours_tflops'], r.get('sdpa_flash_tflops'))} | "
-                    f"{_ratio(r['ours_tflops'], r.get('flex_tflops'))} | {ok} |")
-    return rows
-
-
-def train_rows(res: dict) -> list[str]:
-    rows = ["| variant | S | D | ours TFLOP/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | gradients vs float64 |",
-            "|---|---|---|---|---|---|---|---|"]
-    for r in res["results"]:
-        ok = {True: "pass", False: "FAIL"}.get(r.get("grads_match_fp64"), "–")
+        ok = {True: "pass", False: "FAIL"}.get(r.get(check), "–")
         rows.append(f"| {NAMES.get(r['variant'], r['variant'])} | {r['S']} | {r['D']} | {r['ours_tflops']:.0f} | "
                     f"{_ratio(r['ours_tflops'], r.get('sdpa_cudnn_tflops'))} | "
                     f"{_ratio(r['ours_tflops'], r.get('sdpa_flash_tflops'))} | "
@@ -68,10 +58,10 @@ def render() -> str:
     lines = [BEGIN,
              "Forward, bf16, 16 heads, batch × length = 32k tokens; TFLOP/s over unmasked pairs, median of do_bench",
              f"({_origin(fwd)}, {fwd['date']}; `benchmarks/bench_attention.py`). A ratio above 1: ours is faster.",
-             "", *forward_rows(fwd), "",
+             "", *tflops_rows(fwd, "matches_fp64", "float64 check"), "",
              "Forward plus backward, same shapes, TFLOP/s at 3.5× the forward's FLOPs",
              f"({_origin(train)}, {train['date']}; `benchmarks/bench_train.py`).",
-             "", *train_rows(train), "",
+             "", *tflops_rows(train, "grads_match_fp64", "gradients vs float64"), "",
              "Decode, bf16, 32 query and 8 KV heads, D 128; bandwidth is K and V bytes read over time",
              f"({_origin(dec)}, {dec['date']}; `benchmarks/bench_decode.py`).",
              "", *decode_rows(dec), END]
