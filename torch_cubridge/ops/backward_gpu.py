@@ -15,7 +15,7 @@ from ..ir.expr import free_vars
 from ..ir.interval import interval
 from ..ir.program import Program
 from .backward_reference import canonical_out
-from .block_table import run_block_prepass
+from .block_table import prepass_kernels, run_block_prepass
 
 FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
 BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
@@ -53,11 +53,8 @@ class GpuBackward:
         self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
         self.post = CubinKernel(cub, low.kernels[2], threads=rows, smem_bytes=0)
         self.fmt = params_format(low.params)
-        self.blocks = None  # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
-        if low.prepass:
-            from ..lower.source import PREPASS_NAME, PREPASS_THREADS, SCAN_NAME
-            self.blocks = (CubinKernel(cub, PREPASS_NAME, threads=PREPASS_THREADS, smem_bytes=0),
-                           CubinKernel(cub, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0))
+        # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
+        self.blocks = prepass_kernels(cub) if low.prepass else None
         self.mask_vars = free_vars(p.mask) if p.mask is not None else set()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],

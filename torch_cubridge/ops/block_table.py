@@ -7,7 +7,16 @@ import struct
 
 import torch
 
+from .launch import CubinKernel
 from .pack import pack_params
+
+
+def prepass_kernels(cubin: bytes) -> tuple[CubinKernel, CubinKernel]:
+    """The pre-pass and its scan from a cubin whose source holds lower.source.prepass_entries (the forward's
+    or the backward's)."""
+    from ..lower.source import PREPASS_NAME, PREPASS_THREADS, SCAN_NAME
+    return (CubinKernel(cubin, PREPASS_NAME, threads=PREPASS_THREADS, smem_bytes=0),
+            CubinKernel(cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0))
 
 
 def run_block_prepass(classify, scan, fwd: bytes, fmt, fields, tensors: dict, scal: dict, B: int, H: int,

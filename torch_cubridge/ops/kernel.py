@@ -10,6 +10,7 @@ from .. import cache, config
 from ..build import compile_cubin, toolchain_id
 from ..lower import Lowered
 from ..version import __version__
+from .block_table import prepass_kernels
 from .launch import CubinKernel
 
 
@@ -72,9 +73,7 @@ def load_kernel(low: Lowered, arch: str) -> tuple[CubinKernel, dict, dict[str, C
         (src_dir / f"{key}.cu").write_text(low.source)  # for explain and debugging
     info["source_path"] = str(src_dir / f"{key}.cu")
     kern = CubinKernel(cubin, low.kernel, threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
-    from ..lower.source import PREPASS_THREADS, SCAN_NAME
     aux = {}
     if low.prepass is not None:
-        aux["prepass"] = CubinKernel(cubin, low.prepass, threads=PREPASS_THREADS, smem_bytes=0)
-        aux["scan"] = CubinKernel(cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0)
+        aux["prepass"], aux["scan"] = prepass_kernels(cubin)
     return kern, info, aux
