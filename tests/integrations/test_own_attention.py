@@ -181,6 +181,17 @@ def test_probabilities_zeroed_where_the_scores_were_masked():
         tc.transfer(other, q, k, v, mask, torch.rand(2, 1, 12, 12) > 0.5)
 
 
+def _assert_same_generate(model, ref, ids: torch.Tensor, tol: float, **kw) -> None:
+    """Greedy generate of both: equal tokens, and each step's logits within `tol` (a tiny model's attention is
+    nearly uniform, so tokens alone would not see keys and values joined out of order)."""
+    kw = dict(do_sample=False, output_logits=True, return_dict_in_generate=True, **kw)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, want = model.generate(ids, **kw), ref.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(rel_err(a, b) < tol for a, b in zip(got.logits, want.logits))
+
+
 CACHED = ["falcon", "bloom", "gpt_neox_japanese", "cpmant", "git", "xglm"]
 
 
@@ -204,15 +215,7 @@ def test_generate_with_a_dynamic_cache_goes_through_the_cached_spec(family, monk
     oa._compiled.clear()
     oa._compiled_cached.clear()
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        got = model.generate(ids, **kw)
-        ref = ref_model.generate(ids, **kw)
-    # tokens, and each step's logits: a tiny model's attention is nearly uniform, so tokens alone would not
-    # see keys and values joined out of order
-    assert torch.equal(got.sequences, ref.sequences)
-    assert all(rel_err(a, b) < 1e-5 for a, b in zip(got.logits, ref.logits))
+    _assert_same_generate(model, ref_model, ids, 1e-5, max_new_tokens=5, pad_token_id=0)
     cached = list(oa._compiled_cached.items())
     assert cached and all(e.result is not None for _, c in cached for e in c.entries()), \
         [e.reason for _, c in cached for e in c.entries()]
@@ -245,12 +248,7 @@ def test_decode_steps_run_the_module_by_default():
     oa._compiled.clear()
     oa._compiled_cached.clear()
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
-    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got, ref = model.generate(ids, **kw), ref_model.generate(ids, **kw)
-    assert torch.equal(got.sequences, ref.sequences)
-    assert all(rel_err(a, b) < 1e-5 for a, b in zip(got.logits, ref.logits))
+    _assert_same_generate(model, ref_model, ids, 1e-5, max_new_tokens=5, pad_token_id=0)
     calls = [sum(c.served.values()) for c in oa._compiled_cached.values()]
     assert calls and all(n == 1 for n in calls)  # the prefill of each module, once
 
@@ -348,13 +346,8 @@ def test_an_encoder_decoder_generate_serves_its_prefill_and_runs_its_decode_step
     copy's."""
     ref, model = _encoder_decoder_pair("fsmt")
     ids = torch.randint(3, 128, (2, 24), generator=torch.Generator().manual_seed(0))
-    kw = dict(max_new_tokens=4, do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True,
-              pad_token_id=1, eos_token_id=None, decoder_start_token_id=2)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got, want = model.generate(ids, **kw), ref.generate(ids, **kw)
-    assert torch.equal(got.sequences, want.sequences)
-    assert all(rel_err(a, b) < 1e-12 for a, b in zip(got.logits, want.logits))
+    _assert_same_generate(model, ref, ids, 1e-12, max_new_tokens=4, num_beams=1, pad_token_id=1, eos_token_id=None,
+                          decoder_start_token_id=2)
     served = [sum(c.served.values()) for c in oa._compiled_cached.values()]
     assert len(served) == 4 and set(served) == {1}, served
 
