@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import pickle
 import sqlite3
@@ -19,6 +18,7 @@ import pytest
 from torch_cubridge import cache as cache_mod
 from torch_cubridge import config
 from torch_cubridge.cache import ArtifactCache, CacheError, CacheReadOnlyError
+from racing import race
 
 REPO = Path(__file__).resolve().parents[2]
 CUBIN = b"\x7fELF fake cubin bytes"
@@ -254,19 +254,8 @@ def _race_worker(directory: str, counter: str, barrier, out) -> None:
 
 
 def test_two_processes_build_once(tmp_path: Path) -> None:
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(2), ctx.Queue()
     counter = tmp_path / "count"
-    procs = [
-        ctx.Process(target=_race_worker, args=(str(tmp_path / "k"), str(counter), barrier, out))
-        for _ in range(2)
-    ]
-    for p in procs:
-        p.start()
-    shas = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    shas = race(_race_worker, (str(tmp_path / "k"), str(counter)), 2, timeout=120)
     assert _builds(counter) == 1
     assert shas[0] == shas[1]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sqlite3
 import stat
@@ -21,6 +20,7 @@ from torch_cubridge import cache as cache_mod
 from torch_cubridge import config
 from torch_cubridge.cache import ArtifactCache, UnsafeCacheDirError
 from torch_cubridge.cache.index import Index
+from racing import race
 
 REPO = Path(__file__).resolve().parents[2]
 CUBIN = b"\x7fELF the real cubin"
@@ -367,15 +367,7 @@ def test_processes_racing_to_rebuild_the_index(tmp_path: Path) -> None:
     d = tmp_path / "k"
     keys = _populate(d, 10)
     (d / "index" / "cache.db").write_bytes(b"not a database" * 100)
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=_open_and_read, args=(str(d), keys, barrier, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = race(_open_and_read, (str(d), keys), 3, timeout=120)
     assert results == [sorted(keys)] * 3
 
 

@@ -3,12 +3,12 @@ variant's backward (a training job's ranks) build it once between them, and a la
 Real processes, the real compiler and the real cache and its file lock; no GPU is needed to build."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from pathlib import Path
 
 import torch
 
+from racing import race
 from test_lower import needs_nvcc
 
 ARCH = "sm_90"
@@ -27,16 +27,7 @@ def _build_backward(directory: str, barrier, out) -> None:
 
 
 def _run(directory: Path, n: int) -> list[tuple]:
-    ctx = mp.get_context("spawn")  # a fresh interpreter each: nothing of this one's memo or cache
-    barrier, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_build_backward, args=(str(directory), barrier, out)) for _ in range(n)]
-    for p in procs:
-        p.start()
-    got = [out.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return got
+    return race(_build_backward, (str(directory),), n, timeout=600)
 
 
 @needs_nvcc
