@@ -202,6 +202,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             raise UnsupportedSpec("the output mixes in an axis that is not batch, head, query or dim", op="output")
         odims.append(nm)
     canon_dims = ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):]
+    if "b" not in canon_dims and odims.count(None) > sum(x not in "*".join(filter(None, odims)) for x in canon_dims):
+        canon_dims = ["b"] + canon_dims  # a unit batch the operands were made without ([H, S, D] at B = 1) kept
     odims = _name_units(odims, canon_dims)
     lse_at: dict[str, Any] = {}
     if lse is not None:

@@ -55,7 +55,10 @@ def broadcast(ctx: Ctx, xs: list[Sym], op: str) -> tuple[tuple, list[Expr]]:
         big = [d for d in dims if ctx.dim_size(d) > 1]
         if not big:  # a broadcast dim of extent 1 has no index unless a role needs one
             roled = [d for d in dims if _has_roles(ctx, d)]
-            out.append(roled[0] if roled else ())
+            # or the one operand that has this dim at all (q times a number before q.k at Sq = 1 keeps its
+            # query axis); a unit dim two tensors share is a broadcast, and has none
+            own = [p[i] for x, p in zip(xs, padded) if i >= rank - len(x.axes)]
+            out.append(roled[0] if roled else own[0] if len(own) == 1 else ())
             continue
         out.append(max(big, key=lambda d: (_has_roles(ctx, d), len(d) == 1, len(d))))
     exprs = []

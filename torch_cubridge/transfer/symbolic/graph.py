@@ -18,7 +18,7 @@ from ...ir.expr import walk
 from ..prologue import Prologue
 from .elementwise import lift_scalar
 from .normaliser import NormaliserPath
-from .offscore import PENDING, OffScorePath, merges_dims
+from .offscore import PENDING, OffScorePath, merges_dims, packed_read
 from .rules import RULES, Call, no_rule
 from .sym import Ctx, Sym, input_sym, packet_name  # noqa: F401  (input_sym: the backend's too)
 
@@ -78,7 +78,7 @@ class Walker(OffScorePath, NormaliserPath):
                     and node.args and self._split_source(node.args[0], split_from) \
                     and (merges_dims(node) or packet_name(node) in ("select", "slice")) \
                     and not (_made(node.args[0], split_from) and merges_dims(node) and _lowers_rank(node)):
-                self.env[node] = self.materialize(node)  # the argument's split view, made by the prologue
+                self.env[node] = self._split_view(node)  # the argument's split view, made by the prologue
                 self.from_call.add(node)
                 # a view that splits that view further is made there too: [B*S, 3*H*D] viewed [B, S, 3*H*D],
                 # then [B, S, 3, H, D], permuted, q selected (a fused qkv: BLIP's and timm's ViTs); a view
@@ -112,6 +112,18 @@ class Walker(OffScorePath, NormaliserPath):
             elif node.op == "output":
                 return self.arg(node.args[0])
         raise UnsupportedSpec("graph has no output")
+
+    def _split_view(self, node: Node) -> Sym:
+        """The view `node` of an argument to split, made by the prologue. A view that splits the packed dim
+        and merges batch with heads at once ([Sq, B, H*D] viewed [Sq, B*H, D] for bmm) is made with the
+        merged dim unflattened, so the batch and head axes stay apart for the matmul to name."""
+        try:
+            sym = self.call(node)
+        except UnsupportedSpec:
+            return self.materialize(node)
+        if isinstance(sym, Sym) and packed_read(sym) and any(len(ax) > 1 for ax in sym.axes):
+            return self.materialize_unflattened(node, sym)
+        return self.materialize(node)
 
     def _split_source(self, a: Any, split_from: set[Node]) -> bool:
         """`a` is an argument, or a tensor the prologue made, whose split view the prologue is to make."""

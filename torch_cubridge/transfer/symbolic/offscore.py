@@ -160,7 +160,10 @@ class OffScorePath:
             split = loads(sym.expr) & made_here & self.split_inputs
             if split or merged and (_gathers(sym.expr) or loads(sym.expr) & made_here):
                 self._make_at(chain)
-            if split and _packed(self.env.get(x)):
+                # the value made here may itself be the tensor a refused walk named (made only now, at the
+                # matmul, it was an expression of earlier steps when the walk passed its views)
+                split = split or loads(self.env[chain[-1]].expr) & self.split_inputs
+            if split and packed_read(self.env.get(x)):
                 # the spec never shapes the operand with its batch and heads apart (the module's explicit
                 # path: [B*H, S, D] views only): made as it reaches the matmul, its merged dims unflattened
                 self.env[x] = self.materialize_unflattened(x, self.env[x])
@@ -173,7 +176,10 @@ class OffScorePath:
         if isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
                 and sym.expr.attr in self.ctx.facts.get("unflattened", ()):
             return sym  # made so already: made again it would lose its merged axes
-        if _packed(sym) and any(len(ax) > 1 for ax in sym.axes):
+        unflat = self.ctx.facts.get("unflattened", ())
+        reads_unflat = isinstance(sym, Sym) and sym.expr is not None and loads(sym.expr) & set(unflat)
+        if (packed_read(sym) or reads_unflat) and any(len(ax) > 1 for ax in sym.axes):
+            # a function of a tensor made unflattened (the split query scaled) keeps its axes apart too
             return self.materialize_unflattened(node, sym)
         if isinstance(sym, Sym) and sym.expr is not None and len(sym.axes) > 4 \
                 and any(len(ax) == 0 for ax in sym.axes):
@@ -273,7 +279,7 @@ def _to_merge(x: Node) -> list[Node]:
     return chain
 
 
-def _packed(v: Any) -> bool:
+def packed_read(v: Any) -> bool:
     """v reads a tensor with two axes packed in one dim (contract.packs_axes)."""
     return isinstance(v, Sym) and v.expr is not None and any(packs_axes(n) for n in walk(v.expr) if n.op == "load")
 
