@@ -54,6 +54,20 @@ def _transfer_stage(fn: Callable, bound: dict[str, Any], backend: str, llm_optio
         warm = remembered(cap, key, backend, "record in the disk cache")
         if warm is not None:  # verified by an earlier process for exactly this spec hash
             return warm
+        with verdicts.transfer_turn(key) as waited:  # processes racing on a new spec: one works, the rest wait
+            warm = remembered(cap, key, backend, "record in the disk cache") if waited else None
+            return warm if warm is not None else _transfer_and_verify(fn, bound, backend, llm_options, cap, key,
+                                                                      where)
+    except UnsupportedSpec:
+        raise
+    except Exception as e:  # an internal error is a refusal that names itself, never an escape
+        raise UnsupportedSpec(f"internal error ({type(e).__name__}: {e}); please report it with the spec",
+                              op="torch_cubridge") from e
+
+
+def _transfer_and_verify(fn: Callable, bound: dict[str, Any], backend: str, llm_options: dict | None,
+                         cap: Captured, key: str, where: tuple[str, str] | None) -> Transferred:
+    try:
         candidates, used = _transfer(fn, bound, backend, llm_options, cap)
         # Modules that differ only in attributes the trace never read (a model's layers: layer_idx) give
         # one graph; where this module's own transfer gives a program (guards included) verified for

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,31 @@ def test_gpu_verdicts_remember_pass_and_failure(tmp_path, monkeypatch):
     assert verdicts.gpu_verdict("fwd-a:sha", "spec", "H100") is False
     assert verdicts.gpu_verdict("fwd-b:sha", "spec", "H100") is True
     assert verdicts.gpu_verdict("fwd-b:other", "spec", "H100") is None  # another binary: verified again
+
+
+def test_processes_racing_on_a_new_spec_transfer_and_verify_it_once(tmp_path):
+    """Three processes meet the same new spec at once (each waits for a start file after its imports): one
+    transfers and verifies it holding the spec's turn, the other two wait for the turn and take its record, so
+    the work is not done three times over on the same cores."""
+    e = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    e.pop("CUBRIDGE_READONLY", None)
+    go = tmp_path / "go"
+    gated = SCRIPT.replace("t0 = time.perf_counter()", f"import os\nopen({str(tmp_path / 'ready')!r} + str(os.getpid()), 'w').close()\n"
+                           f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\nt0 = time.perf_counter()")
+    procs = [subprocess.Popen([sys.executable, "-c", gated, "0.25"], env=e, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=str(tmp_path)) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("ready*"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        go.touch()
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    worked = [g for g in got if g["trials"] > 0]
+    assert len(worked) == 1, got
+    assert all("earlier process" in g["reason"] for g in got if g is not worked[0])
+    assert all(g["err"] < 1e-5 for g in got)

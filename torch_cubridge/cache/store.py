@@ -109,6 +109,12 @@ class ArtifactCache:
     def _lock(self, key: str) -> filelock.FileLock:
         return filelock.FileLock(str(self._path(key, "lock")), timeout=_LOCK_TIMEOUT_S)
 
+    def turn_lock(self, key: str) -> filelock.FileLock:
+        """The file lock of `key`, entry or not: processes that should do one piece of work once take turns on it."""
+        check_key(key)
+        self._before_write()
+        return self._lock(key)
+
     def _lock_for_file(self, name: str) -> filelock.FileLock | None:
         """The lock writers of file `name` hold, if it is one of ours (<key>.cubin / <key>.json)."""
         key, _, ext = name.rpartition(".")

@@ -9,14 +9,18 @@ argument shapes and dtypes and this package's source; the GPU verdict adds the k
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from typing import Any
+from typing import Any, Iterator
+
+import filelock
 
 from .. import config
 from . import default_cache
 
-_PROGRAM, _GPU, _WARM, _TRACE = "prog-", "gpuok-", "warm-", "trace-"
+_PROGRAM, _GPU, _WARM, _TRACE, _TURN = "prog-", "gpuok-", "warm-", "trace-", "turn-"
+TURN_WAIT_S = 60.0  # a turn held longer than this (a hung process) is not waited for
 _WRITTEN: set[str] = set()  # the records this process wrote: a verdict read back from one is its own
 
 
@@ -114,3 +118,32 @@ def gpu_verdict(kernel_key: str, spec_key: str, device: str) -> bool | None:
 
 def remember_gpu_verdict(kernel_key: str, spec_key: str, device: str, ok: bool, worst: float) -> None:
     _remember(_GPU, {"ok": ok, "worst_rel_err": worst}, kernel_key, spec_key, device)
+
+
+@contextlib.contextmanager
+def transfer_turn(spec_key: str) -> Iterator[bool]:
+    """Processes that meet the same new spec take turns: the first transfers and verifies it holding the turn
+    (its record written before the turn ends), and the others wait for the turn, not doing the same work on the
+    same cores, then look for its record. Yields whether this process waited: it then looks for the record, and
+    where there is none (a refusal, a failure) it works on without the turn, beside the others. Read-only
+    caches and lock problems take no turn."""
+    lock = None
+    if not config.is_readonly():
+        try:
+            lock = default_cache().turn_lock(_TURN + _digest(spec_key))
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            try:
+                lock.acquire(timeout=TURN_WAIT_S)
+                lock.release()
+            except Exception:
+                pass
+            yield True
+            return
+        except Exception:
+            lock = None
+    try:
+        yield False
+    finally:
+        if lock is not None:
+            lock.release()
