@@ -90,3 +90,88 @@ def test_a_bf16_training_step_on_the_kernels_is_as_close_to_float32_as_eager(fam
         floor = 1e-2 * max(float(w.norm()), 1e-2 * top)
         err, err16 = float((grads[n] - w).norm()), float((grads16[n] - w).norm())
         assert err <= 3 * err16 + floor, f"{family}: {n} off by {err:.3e} (eager bf16 {err16:.3e})"
+
+
+def _encoder_models(family: str) -> tuple[type, dict]:
+    """The model class and tiny config of an encoder or encoder-decoder family: T5 (a learnable
+    relative-position table the self-attention scores read), whisper (audio features in, an encoder without a
+    mask), bert (a bidirectional padding mask)."""
+    from transformers import BertForMaskedLM, T5ForConditionalGeneration, WhisperForConditionalGeneration
+    if family == "t5":
+        return T5ForConditionalGeneration, dict(vocab_size=128, d_model=256, d_kv=64, d_ff=256, num_layers=2,
+                                                num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
+                                                relative_attention_max_distance=32, decoder_start_token_id=0,
+                                                pad_token_id=0)
+    if family == "whisper":
+        return WhisperForConditionalGeneration, dict(vocab_size=128, d_model=256, encoder_layers=2, decoder_layers=2,
+                                                     encoder_attention_heads=4, decoder_attention_heads=4,
+                                                     encoder_ffn_dim=256, decoder_ffn_dim=256, num_mel_bins=16,
+                                                     max_source_positions=80, max_target_positions=64,
+                                                     dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                                                     decoder_start_token_id=1, pad_token_id=0, eos_token_id=2,
+                                                     bos_token_id=1, suppress_tokens=None, begin_suppress_tokens=None)
+    return BertForMaskedLM, dict(vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _encoder_batch(family: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 128, (B, S), generator=g).cuda()
+    labels = torch.randint(3, 128, (B, 40), generator=g).cuda()
+    if family == "whisper":  # two mel frames per encoder position (its stride-2 convolution)
+        return dict(input_features=torch.randn(B, 16, 160, generator=g).cuda(), labels=labels)
+    mask = torch.ones_like(ids)
+    mask[1, -PAD:] = 0  # right padding: the padded keys masked for every query, their query rows kept
+    if family == "bert":
+        return dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+@pytest.mark.parametrize("family", ["t5", "whisper", "bert"])
+def test_a_bf16_training_step_of_an_encoder_family_is_as_close_to_float32_as_eager(family):
+    """The same check for the encoder and encoder-decoder families: every attention forward on the kernel, each
+    with its backward; T5's self-attention reads its learnable table, so those backwards are the reference's
+    (with a warning) and the table's gradient is checked with the rest."""
+    from transformers import AutoConfig
+    tcx.clear_tables()
+    cls, kw = _encoder_models(family)
+    models = []
+    for impl, dtype in (("eager", torch.float32), ("eager", torch.bfloat16), ("cubridge", torch.bfloat16)):
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(family, **kw)
+        models.append(cls._from_config(cfg, attn_implementation=impl, dtype=dtype).cuda())
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    batch = _encoder_batch(family)
+    before = _backward_served()
+
+    def step(model):
+        model.train()
+        model.zero_grad()
+        inputs = {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in batch.items()}
+        loss = model(**inputs).loss
+        loss.backward()
+        return float(loss), {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (loss32, grads32), (loss16, grads16), (loss, grads) = (step(m) for m in models)
+    served = _backward_served() - before
+    fwd = sum((c.served for m, c in tcx.table_items() if any(m is x for x in models[2].modules())),
+              start=collections.Counter())
+    assert fwd["kernel"] > 0 and fwd["spec"] == 0, fwd
+    assert sum(served.values()) == fwd["kernel"], (served, fwd)
+    if family == "t5":
+        assert served["reference"] > 0 and any("relative_attention_bias" in n for n in grads)
+    else:
+        assert served == {"kernel": fwd["kernel"]}, served
+    assert abs(loss - loss32) <= 1.5 * abs(loss16 - loss32) + 2e-3 * abs(loss32), (loss, loss16, loss32)
+    assert grads.keys() == grads32.keys()
+    flat = [torch.cat([g[n].flatten() for n in grads32]) for g in (grads, grads16, grads32)]
+    assert _rel(flat[0], flat[2]) <= 1.5 * _rel(flat[1], flat[2]) + 1e-3, (_rel(flat[0], flat[2]),
+                                                                           _rel(flat[1], flat[2]))
+    top = max(float(g.norm()) for g in grads32.values())
+    for n, w in grads32.items():
+        floor = 1e-2 * max(float(w.norm()), 1e-2 * top)
+        err, err16 = float((grads[n] - w).norm()), float((grads16[n] - w).norm())
+        assert err <= 3 * err16 + floor, f"{family}: {n} off by {err:.3e} (eager bf16 {err16:.3e})"
