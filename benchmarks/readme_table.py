@@ -27,12 +27,14 @@ def _origin(res: dict) -> str:
     return f"{res['gpu']}, commit {res['commit']}, torch {res['torch']}"
 
 
-def tflops_rows(res: dict, check: str, check_header: str) -> list[str]:
+def tflops_rows(res: dict, check: str, check_header: str, shape: tuple[int, int] | None = None) -> list[str]:
     """A TFLOP/s table (the forward's, or forward plus backward's): a row a variant, ratios against each peer,
-    and the float64 verdict the result names `check`."""
+    and the float64 verdict the result names `check`; with `shape` (S, D), that shape's rows only."""
     rows = ["| variant | S | D | ours TFLOP/s | vs cuDNN | vs SDPA-flash | vs FlexAttention | " + check_header + " |",
             "|---|---|---|---|---|---|---|---|"]
     for r in res["results"]:
+        if shape is not None and (r["S"], r["D"]) != shape:
+            continue
         ok = {True: "pass", False: "FAIL"}.get(r.get(check), "–")
         rows.append(f"| {NAMES.get(r['variant'], r['variant'])} | {r['S']} | {r['D']} | {r['ours_tflops']:.0f} | "
                     f"{_ratio(r['ours_tflops'], r.get('sdpa_cudnn_tflops'))} | "
@@ -59,9 +61,9 @@ def render() -> str:
              "Forward, bf16, 16 heads, batch × length = 32k tokens; TFLOP/s over unmasked pairs, median of do_bench",
              f"({_origin(fwd)}, {fwd['date']}; `benchmarks/bench_attention.py`). A ratio above 1: ours is faster.",
              "", *tflops_rows(fwd, "matches_fp64", "float64 check"), "",
-             "Forward plus backward, same shapes, TFLOP/s at 3.5× the forward's FLOPs",
+             "Forward plus backward, S 4096, D 128, TFLOP/s at 3.5× the forward's FLOPs",
              f"({_origin(train)}, {train['date']}; `benchmarks/bench_train.py`).",
-             "", *tflops_rows(train, "grads_match_fp64", "gradients vs float64"), "",
+             "", *tflops_rows(train, "grads_match_fp64", "gradients vs float64", (4096, 128)), "",
              "Decode, bf16, 32 query and 8 KV heads, D 128; bandwidth is K and V bytes read over time",
              f"({_origin(dec)}, {dec['date']}; `benchmarks/bench_decode.py`).",
              "", *decode_rows(dec), END]
