@@ -42,6 +42,8 @@ def transfer_stage(fn: Callable, bound: dict[str, Any], backend: str = "symbolic
     check_call(bound)  # bad input raises TypeError/ValueError here, before any work
     if on_cuda(bound):
         early.warm_compiler()
+        from .ops import hotpath
+        hotpath.module()  # the host fast path's C module builds on its thread while this call transfers
     with staged():
         return _transfer_stage(fn, bound, backend, llm_options, where)
 

@@ -136,3 +136,34 @@ def test_the_c_watch_check_agrees_with_the_python_one(built, monkeypatch):
     assert built.holds(held) and w.unchanged()
     q = torch.randn(1, 2, 8, 16)
     assert built.serve([], (q, q, q), held) is None
+
+
+def _load_racing(cache: str, count: str, barrier, out) -> None:
+    """One racing process: load the module from an empty cache, each compile counted in `count`."""
+    import os
+    os.environ["CUBRIDGE_CACHE_DIR"] = cache
+    from torch_cubridge.build import host as host_
+    from torch_cubridge.ops import host_module as hm
+    build = host_.build_module
+
+    def counted(*a, **k):
+        with open(count, "a") as f:
+            f.write("build\n")
+        return build(*a, **k)
+    host_.build_module = counted
+    barrier.wait()
+    try:
+        out.put(hm.module_path().name if hm.load_module() is not None else None)
+    except CompilerUnavailable as e:
+        out.put(f"unavailable: {e}")
+
+
+def test_processes_starting_together_compile_the_module_once(tmp_path):
+    """On a cold cache the processes of a job wait for one compiler run and load its module."""
+    from racing import race
+    count = tmp_path / "count"
+    got = race(_load_racing, (str(tmp_path / "cache"), str(count)), 3, timeout=300)
+    if any(str(g).startswith("unavailable") for g in got):
+        pytest.skip(got[0])
+    assert len(set(got)) == 1 and None not in got
+    assert count.read_text().count("build") == 1

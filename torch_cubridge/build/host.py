@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+import filelock
+
 from .. import config
 from .errors import BuildError, CompilerUnavailable
 
@@ -99,7 +101,11 @@ def load_module(headers: Mapping[str, str]) -> ModuleType:
     if not path.is_file():
         if config.is_readonly():
             raise CompilerUnavailable("read-only mode and no host fast path module in the cache", compiler="cc")
-        build_module(path, headers)
+        config.ensure_private_dir(path.parent)
+        # once across processes: those starting together on a cold cache wait for one compiler, not run sixteen
+        with filelock.FileLock(str(path) + ".lock", timeout=_TIMEOUT_S + 30):
+            if not path.is_file():
+                build_module(path, headers)
     spec = importlib.util.spec_from_file_location(f"torch_cubridge.{NAME}", path)
     if spec is None or spec.loader is None:
         raise BuildError(f"cannot load {path}", "", compiler="cc")
