@@ -344,3 +344,58 @@ def test_gradients_through_ops_after_the_attention(monkeypatch, compiled):
     _check(got[:3], want[:3])
     assert judge_rows(got[3], want[3], ROW_TOL).ok
     assert backward_runner.backward_for(made[-1].kernel_id).served["reference"] >= 1
+
+
+def _gated_rows(q, k, v, gate):
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1)
+    return (p * gate[..., None]) @ v
+
+
+def _divided_rows(q, k, v, temp):
+    p = (q @ k.transpose(-1, -2) * 0.25).softmax(-1)
+    return (p / temp[None, :, None, None]) @ v
+
+
+def _row_sinks(q, k, v, c):
+    """A sink logit per query row: its share of each row's weight is a factor of the row, read through the LSE."""
+    s = torch.cat([q @ k.transpose(-1, -2) * 0.25, c[..., None]], -1)
+    return s.softmax(-1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("fn,extra", [(_gated_rows, lambda: torch.rand(2, 4, 37) + 0.5),
+                                      (_divided_rows, lambda: torch.rand(4) + 0.5),
+                                      (_row_sinks, lambda: torch.randn(2, 4, 37))],
+                         ids=["gate", "temperature", "row_sink"])
+def test_a_row_scaled_program_trains_through_the_op(monkeypatch, fn, extra):
+    """The probabilities scaled per query row after the softmax (a gate, a temperature, a sink per row read
+    through the LSE): the op gives O unscaled and PyTorch applies the scale after it, so dO, the LSE's gradient
+    and the learnable factor's gradient reach the backward; every gradient, the factor's too, is float64's."""
+    made = serve_by_op(monkeypatch)
+    f = tc.compile(fn)
+    g = torch.Generator().manual_seed(7)
+    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (extra(),)
+    dout = torch.randn(2, 4, 37, 16, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, got = _grads(f, args, dout)
+    assert made and made[-1].p.row_scale is not None
+    assert f.served["kernel"] == 1 and f.served["spec"] == 0, f.served
+    assert made[-1].forward_calls == 1
+    _, want = _reference(fn, args, dout)
+    _check(got, want)
+
+
+def test_a_row_sink_program_trains_under_torch_compile_fullgraph(monkeypatch):
+    """The row scale applied after the op traces with it: one graph, gradients float64's."""
+    torch._dynamo.reset()
+    serve_by_op(monkeypatch)
+    f = tc.compile(_row_sinks, fallback="silent")
+    g = torch.Generator().manual_seed(3)
+    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (torch.randn(2, 4, 37, generator=g),)
+    with torch.no_grad():
+        f(*args)  # registers the runner before the trace
+    model = torch.compile(lambda q, k, v, c: f(q, k, v, c) * 2, fullgraph=True)
+    dout = torch.randn_like(args[0])
+    _, got = _grads(model, args, dout)
+    _, want = _reference(lambda *a: _row_sinks(*a) * 2, args, dout)
+    _check(got, want)

@@ -45,8 +45,6 @@ def autograd_refusal(runner: Any) -> str | None:
     p = runner.p
     if getattr(runner, "paged", None) is not None or getattr(runner, "segments", None) is not None:
         return "K and V read in place from pages or pieces have no backward"
-    if p.row_scale is not None:
-        return "a row scale applied inside the op has no backward yet"
     learnable = {x.name for x in p.extras if x.dtype.startswith(("float", "bfloat"))}
     try:
         derive(p, learnable)
@@ -74,7 +72,8 @@ class BackwardRunner:
     def __init__(self, runner: Any) -> None:
         self.p = runner.p
         self.name = getattr(runner, "kernel_id", "attention")
-        self.lse_out = bool(getattr(runner, "_lse_out", False))
+        # the LSE's gradient is real where the spec returns the LSE or a row scale, applied after the op, reads it
+        self.lse_grad = bool(getattr(runner, "_lse_out", False)) or self.p.row_scale is not None
         self.served: collections.Counter = collections.Counter()
         self._kernels: dict[tuple, Any] = {}     # (arch, dtype, head dim) -> GpuBackward, or None
         self._verified: dict[tuple, bool] = {}   # its verdict on its first call
@@ -105,15 +104,16 @@ class BackwardRunner:
             why = self._why[key]
         self._warn(why)
         self.served["reference"] += 1
-        return reference_backward(self.p, q, k, v, extras, scalars, dout, dlse if self.lse_out else None, learn)
+        return reference_backward(self.p, q, k, v, extras, scalars, dout, dlse if self.lse_grad else None, learn)
 
     # -- the kernel's gate -----------------------------------------------------------------
     def _refusal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor | None,
                  dlse: torch.Tensor | None, learn: list[int]) -> str | None:
         if learn and not self._sink_only(learn):
             return "gradients of learnable tensors the score reads have no backward kernel yet"
-        if self.lse_out and dlse is not None:
-            return "the spec returns the rows' log-sum-exp, whose gradient the backward kernel does not take"
+        if self.lse_grad and dlse is not None:
+            return "the rows' log-sum-exp has a gradient (returned, or read by a row scale), which the backward " \
+                   "kernel does not take"
         return backward_gpu.refusal(self.p, q, k, v, lse is not None)
 
     def _sink_only(self, learn: list[int]) -> bool:

@@ -4,7 +4,8 @@
 declared), its extra tensors and its argument scalars, and a kernel id from
 the in-process registry; `cubridge::attention_lse` the same, for a program
 whose spec also returns the rows' log-sum-exp (the kernel's own, [B, H, Sq]
-in float32; bind.as_result puts it in the spec's layout and dtype). Both are differentiable: a call that needs
+in float32; bind.as_result puts it in the spec's layout and dtype), with O before
+the program's row scale (the caller applies it: ops/op_calls.py). Both are differentiable: a call that needs
 gradients goes through `attention_lse`, which saves q, k, v, the extras, O and the LSE (nothing quadratic), and
 its backward is the op `attention_backward` (ops/backward_runner.py). The fake implementation gives the output's shape
 from the program's layout, so torch.compile(fullgraph=True) traces through
@@ -78,8 +79,10 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.save_for_backward(q, k, v, out, lse, *extras)
     ctx.scalars, ctx.kernel_id = scalars, kernel_id
     ctx.learn = [i for i, t in enumerate(extras) if t.is_floating_point() and t.requires_grad]
-    # a gradient reaching the LSE counts only where the spec returns it (else it is the backward's own input)
-    ctx.lse_grad = bool(getattr(_runner(kernel_id), "_lse_out", False))
+    # a gradient reaching the LSE counts where the spec returns it or a row scale read it (op_calls applies the
+    # scale after the op); else the LSE is the backward's own input
+    r = _runner(kernel_id)
+    ctx.lse_grad = bool(getattr(r, "_lse_out", False)) or r.p.row_scale is not None
 
 
 def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None = None) -> tuple:

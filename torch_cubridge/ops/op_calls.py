@@ -10,8 +10,11 @@ from typing import Any
 
 import torch
 
-from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value
+from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, scalar_values
+from ..ir.expr import ROW_LSE
+from ..ir.interpreter import index_env, row_factor
 from ..ir.prologue import run_epilogue, run_prologue
+from .fastpath import canon
 
 
 class CustomOpCalls:
@@ -44,6 +47,8 @@ class CustomOpCalls:
         if self._lse_out or grad:  # the op that gives the kernel's LSE too: the spec returns it, or the
             # backward reads it (the op's autograd, ops/custom_op.py)
             out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
+            if self.p.row_scale is not None:
+                out = self._scale_rows_outside(out, lse, q, k, v, extras, bound)
         else:
             out = custom_op.attention(q, k, v, extras, scal, self.kernel_id)
         out = out if self.p.out.dtype == "q" else out.to(getattr(torch, self.p.out.dtype))
@@ -52,10 +57,35 @@ class CustomOpCalls:
         # outside the op, so autograd and torch.compile see them as they see the prologue's
         return run_epilogue(self.p, res, bound) if self.p.epilogue else res
 
+    def _scale_rows_outside(self, out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, extras: list, bound: dict) -> torch.Tensor:
+        """The program's row scale on `out` (the kernel's layout), by PyTorch after the op, whose `attention_lse`
+        gives O unscaled: autograd carries the scale into dO, into the LSE's gradient (the backward's dLSE) and
+        into the gradients of learnable tensors the scale reads."""
+        p, perms = self.p, self.plan.perms
+        (B, H, Sq, D), _ = canon(q, perms[0])
+        (_, Hkv, Skv, _), _ = canon(k, perms[1])
+        Dv = canon(v, perms[2])[0][3]
+        sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
+        env = index_env(sizes, scalar_values(p, bound, sizes), {x.name: t for x, t in zip(p.extras, extras)},
+                        B, H, q.device)
+        env[ROW_LSE] = lse.unsqueeze(-1)
+        # the kernel's layout is its dims in out_flat's order, contiguous: viewed as [B, H, Sq, Dv] and back
+        # with reshapes and permutes only (torch.compile traces them)
+        ext = {"b": B, "h": H, "s": Sq, "d": Dv}
+        names = list(self.plan.out_flat)
+        o = out.reshape([ext[c] for c in names])
+        if "b" not in names:  # an output without a batch dim: B is 1
+            o, names = o.unsqueeze(0), ["b"] + names
+        o = o.permute([names.index(c) for c in "bhsd"])
+        scaled = (o.float() * row_factor(p.row_scale, env, B, H, Sq, torch.float32)).to(out.dtype)
+        return scaled.permute(["bhsd".index(c) for c in names]).reshape(out.shape)
+
     def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list,
                    want_lse: bool = False) -> Any:
         """The custom op's body: the output in the kernel's layout, with the rows' log-sum-exp where the
-        spec returns it or `want_lse` (the op `attention_lse`)."""
+        spec returns it or `want_lse` (the op `attention_lse`, whose O is before the program's row scale:
+        op_call applies it, differentiably)."""
         it = iter(scalars)
         bound = {s.arg: next(it) for s in self.p.scalars if s.arg is not None}
         ex = {x.name: t for x, t in zip(self.p.extras, extras)}

@@ -255,7 +255,7 @@ class KernelRunner(KVReads, CustomOpCalls):
                          not raw and not poison)
         else:
             out.zero_()
-        if p.row_scale is not None:
+        if p.row_scale is not None and not want_lse:  # with want_lse (the op with autograd) the caller scales
             self._scale_rows(out, lay[1], (B, H, Sq, Dv), {"B": B, "H": H, "Hkv": hkv_spec, "Sq": Sq, "Skv": Skv,
                                                             "D": head_dim or D}, scal, tensors, lse)
         return self._result(out, raw, lse, want_lse)
