@@ -17,6 +17,11 @@ class HeldTensorRefused(UnsupportedSpec):
     the cause a refusal reports ahead of the first walk's reason."""
 
 
+class OutputLayoutRefused(UnsupportedSpec):
+    """The spec's views of the attention output give a layout no output names (the query axis split into
+    image rows and columns): the walk may run again with those views left to the epilogue."""
+
+
 class SplitLayoutRefused(UnsupportedSpec):
     """An operand's argument packs dims the spec splits apart (heads and head dim as one [.., H*D] dim):
     the walk may run again with the argument's split view made by the prologue (`input` names it)."""

@@ -135,3 +135,35 @@ def test_compiled_function_serves_the_epilogue_spec_on_the_cpu():
     assert e.result is not None and e.result.program.epilogue and e.result.report.ok
     # what a kernel would serve: the verified program, against the spec in float64
     assert rel_err(e.result.program.run(x, *ws), es.separate_projections(*_to64((x,) + ws))) < 1e-5
+
+
+def _image_output(q, k, v):
+    """The output viewed back onto the image ([B, rows, cols, H*D]): the query axis split in two, a layout
+    no output names, so the views go to the epilogue."""
+    B, H, S, D = q.shape
+    o = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5, -1) @ v
+    return o.view(B, H, 4, S // 4, D).permute(0, 2, 3, 1, 4).reshape(B, 4, S // 4, H * D)
+
+
+def test_an_output_viewed_back_onto_the_image_takes_its_views_as_the_epilogue():
+    def make(S):
+        g = torch.Generator().manual_seed(S)
+        return tuple(torch.randn(2, 3, S, 16, generator=g) for _ in range(3))
+    _check(_image_output, make, [20])  # the views hold the image size: the program is guarded to it
+
+
+def test_vitdet_attention_transfers_with_its_image_views_in_the_epilogue():
+    """transformers' ViTDet attention (no relative positions): its output is reshaped onto the image grid."""
+    from transformers import VitDetConfig
+    from transformers.models.vitdet.modeling_vitdet import VitDetAttention
+    torch.manual_seed(0)
+    cfg = VitDetConfig(hidden_size=64, num_attention_heads=4, use_relative_position_embeddings=False)
+    mod = VitDetAttention(cfg, input_size=(4, 5)).eval()
+
+    def spec(m, x):
+        return m(x)[0]
+    x = torch.randn(2, 4, 5, 64)
+    prog = tc.transfer(spec, mod, x)
+    assert prog.epilogue
+    with torch.no_grad():
+        assert rel_err(prog.run(mod, x), spec(mod.double(), x.double())) < 1e-5

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ..errors import SplitLayoutRefused, UnsupportedSpec
+from ..errors import OutputLayoutRefused, SplitLayoutRefused, UnsupportedSpec
 from ..ir.expr import Expr, call, const, rewrite, substitute, var, walk
 from ..ir.program import ExtraTensor, Operand, Output
 from .symbolic.contract import packs_axes
@@ -199,7 +199,8 @@ def assemble(ctx: Ctx, result: Any, paths: dict[str, str], q_dtype: torch.dtype,
             continue
         nm = "*".join(_OUT_DIM.get(r or "", "?") for r in rs)
         if "?" in nm:
-            raise UnsupportedSpec("the output mixes in an axis that is not batch, head, query or dim", op="output")
+            raise OutputLayoutRefused("the output mixes in an axis that is not batch, head, query or dim",
+                                      op="output")
         odims.append(nm)
     canon_dims = ["b", "h", "s", "d"][(0 if "b" in q.dims else 1):]
     if "b" not in canon_dims and odims.count(None) > sum(x not in "*".join(filter(None, odims)) for x in canon_dims):
@@ -321,7 +322,7 @@ def _name_units(odims: list[str | None], canon: list[str]) -> list[str]:
     missing = [x for x in canon if not any(x in (o or "").split("*") for o in odims)]
     out = [o if o is not None else missing.pop(0) if missing else None for o in odims]
     if None in out:
-        raise UnsupportedSpec("the output has more axes than batch, head, query and dim", op="output")
+        raise OutputLayoutRefused("the output has more axes than batch, head, query and dim", op="output")
     names: list[str] = out  # type: ignore[assignment]
     for x in missing:
         later = canon[canon.index(x) + 1:]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..capture.trace import Captured
-from ..errors import HeldTensorRefused, SplitLayoutRefused, UnsupportedSpec
+from ..errors import HeldTensorRefused, OutputLayoutRefused, SplitLayoutRefused, UnsupportedSpec
 from ..ir.expr import free_vars, loads
 from ..ir.program import Program, row_sink
 from .assemble import assemble
@@ -31,7 +31,8 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
     holds tensors of its own, the walks run once more letting one side of q.k be such a tensor (a
     module's latent query, made by the prologue). An argument that packs dims the spec splits apart
     ([B, S, H*D] viewed as [B, S, H, D]) is taken again as its split view, made by the prologue (a view,
-    no copy). A refusal reports the first walk's reason, or the held-operand walk's where that names
+    no copy). An output whose views no layout names (its query axis split into image rows and columns) is
+    taken again with those views in the epilogue, the output as the attention matmul gives it. A refusal reports the first walk's reason, or the held-operand walk's where that names
     the cause (a tensor baked in from outside the arguments).
     """
     first: UnsupportedSpec | None = None
@@ -40,10 +41,17 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
             break
         not_score: set[str] = set()
         split: set[str] = set()
+        views_out = False  # the attention output's views left to the epilogue
         for _ in range(12):  # each retry leaves one more matmul or split view to the prologue
             walker: list[Walker] = []
             try:
-                return _transfer_once(cap, prologue, not_score, walker, held, split)
+                return _transfer_once(cap, prologue, not_score, walker, held, split, views_out)
+            except OutputLayoutRefused as e:
+                first = first or e
+                if not prologue or views_out:
+                    break
+                views_out = True
+                continue
             except SplitLayoutRefused as e:
                 first = first or e
                 if not prologue or e.input in split:
@@ -61,7 +69,8 @@ def symbolic_transfer(cap: Captured, prologue: bool = True) -> Program:
 
 
 def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_out: list,
-                   held: bool = False, split: frozenset[str] | set[str] = frozenset()) -> Program:
+                   held: bool = False, split: frozenset[str] | set[str] = frozenset(),
+                   views_out: bool = False) -> Program:
     ctx = Ctx()
     inputs, paths, consts = {}, {}, {}
     for path in cap.tensor_paths:
@@ -85,6 +94,7 @@ def _transfer_once(cap: Captured, prologue: bool, not_score: set[str], walker_ou
     walker.not_score = set(not_score)
     walker.held_operand = held
     walker.split_inputs = set(split)
+    walker.epilogue_at_attention = views_out
     walker_out.append(walker)
     result = walker.run(cap.graph, [tensor_name(p) for p in cap.tensor_paths], const_names)
     parts = assemble(ctx, result, paths, _q_dtype(ctx), cap.signature, consts)

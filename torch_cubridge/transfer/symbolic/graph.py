@@ -43,6 +43,7 @@ class Walker(OffScorePath, NormaliserPath):
         self.score_node: str | None = None
         self.split_inputs: set[str] = set()  # arguments whose split views the prologue makes (symbolic_transfer)
         self.boundary: Node | None = None  # the attention output the epilogue starts from (transfer/epilogue.py)
+        self.epilogue_at_attention = False  # every op on the attention output is the epilogue's (symbolic_transfer)
 
     def arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -87,6 +88,10 @@ class Walker(OffScorePath, NormaliserPath):
             elif node.op == "get_attr":
                 self.env[node] = self.inputs[consts[node.target]]
             elif node.op == "call_function":
+                at = self._attention_output_read_by(node) if self.epilogue_at_attention else None
+                if at is not None:  # its views too: the output as the attention matmul leaves it
+                    self.boundary = at
+                    return self.env[at]
                 had_score = "score" in self.ctx.facts
                 try:
                     self.env[node] = self.settle(node, self.call(node))
