@@ -219,3 +219,36 @@ def test_gradients_through_ops_after_the_attention_on_the_kernel():
     for i, (got, want) in enumerate(zip(leaves, ref)):
         v = judge_rows(got.grad.float(), want.grad, ROW_TOL, allowance=allow if i == 0 else None)
         assert v.ok, (i, v)
+
+
+def _gated_rows(q, k, v, gate):
+    return (torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1) * gate[..., None].to(q.dtype)) @ v
+
+
+def _row_sinks(q, k, v, c):
+    s = q @ k.transpose(-1, -2) * 0.125
+    s = torch.cat([s, c[..., None].to(s.dtype)], -1)
+    return s.softmax(-1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("fn", [_gated_rows, _row_sinks], ids=["gate", "row_sink"])
+def test_a_row_scaled_program_trains_on_the_forward_kernel(fn):
+    """A factor per query row after the softmax (a learnable gate; a sink per row, read through the LSE): the
+    op's forward on the kernel gives O unscaled and PyTorch scales it, so every gradient, the factor's too,
+    is float64's; the backward is the reference's (no backward kernel takes a row scale)."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 4, 257, 64, generator=g) for _ in range(3))
+    extra = torch.rand(2, 4, 257, generator=g) + 0.5 if fn is _gated_rows else torch.randn(2, 4, 257, generator=g)
+    args = _leaves((q, k, v, extra), torch.bfloat16)
+    f = tc.compile(fn)
+    with torch.no_grad():
+        out = f(*args)
+    dout = torch.randn_like(args[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _run(f, args, dout)
+    want = _run(fn, [a.double() for a in _leaves(args, torch.float64)], dout.double())
+    _assert_grads(got, want, args, out, dout)
+    assert f.served["kernel"] == 2 and f.served["spec"] == 0, f.served
+    assert f.kernels()[-1].p.row_scale is not None
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}

@@ -80,3 +80,17 @@ def test_tuple_result_with_weights_and_a_bias():
     ref = es.projected_with_weights(*(a.double() for a in (q, k, v, w, bias)))
     assert f.served["kernel"] == 1 and weights is None
     assert rel_err(out.float().cpu(), ref[0]) < 1e-2 and torch.equal(b2.cpu(), bias * 2)
+
+
+def test_an_output_viewed_back_onto_the_image():
+    """ViTDet's and SAM's layout: the output reshaped onto the image grid, its views the epilogue's."""
+    from transformers import VitDetConfig
+    from transformers.models.vitdet.modeling_vitdet import VitDetAttention
+    torch.manual_seed(0)
+    cfg = VitDetConfig(hidden_size=128, num_attention_heads=2, use_relative_position_embeddings=False)
+    mod = VitDetAttention(cfg, input_size=(14, 14)).eval().to(torch.bfloat16)
+
+    def spec(m, x):
+        return m(x)[0]
+    f = _serve(spec, (mod, torch.randn(2, 14, 14, 128, dtype=torch.bfloat16)))
+    assert f.kernels()[-1].p.epilogue
