@@ -176,8 +176,10 @@ def test_processes_racing_on_a_new_spec_transfer_and_verify_it_once(tmp_path):
     e = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
     e.pop("CUBRIDGE_READONLY", None)
     go = tmp_path / "go"
-    gated = SCRIPT.replace("t0 = time.perf_counter()", f"import os\nopen({str(tmp_path / 'ready')!r} + str(os.getpid()), 'w').close()\n"
-                           f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\nt0 = time.perf_counter()")
+    ready, gate = str(tmp_path / "ready"), str(go)
+    gated = SCRIPT.replace("t0 = time.perf_counter()",  # each says it is ready, then waits for the start file
+                           f"import os\nopen({ready!r} + str(os.getpid()), 'w').close()\n"
+                           f"while not os.path.exists({gate!r}): time.sleep(0.01)\nt0 = time.perf_counter()")
     procs = [subprocess.Popen([sys.executable, "-c", gated, "0.25"], env=e, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=str(tmp_path)) for _ in range(3)]
     try:
