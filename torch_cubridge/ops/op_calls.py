@@ -57,6 +57,17 @@ class CustomOpCalls:
         # outside the op, so autograd and torch.compile see them as they see the prologue's
         return run_epilogue(self.p, res, bound) if self.p.epilogue else res
 
+    def _row_factor(self, sizes: dict, scal: dict, tensors: dict, lse: torch.Tensor | None, rows: tuple,
+                    dev: torch.device) -> torch.Tensor:
+        """The program's row scale as a [B, H, Sq, 1] float32 factor (`rows`: B, H, Sq); `lse`: the rows'
+        log-sum-exp [B, H, Sq], where the scale reads it. The runner's in-place scaling and the scaling after
+        the op both take it from here."""
+        B, H, Sq = rows
+        env = index_env(sizes, scal, tensors, B, H, dev)
+        if lse is not None:
+            env[ROW_LSE] = lse.unsqueeze(-1)
+        return row_factor(self.p.row_scale, env, B, H, Sq, torch.float32)
+
     def _scale_rows_outside(self, out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                             v: torch.Tensor, extras: list, bound: dict) -> torch.Tensor:
         """The program's row scale on `out` (the kernel's layout), by PyTorch after the op, whose `attention_lse`
@@ -67,9 +78,8 @@ class CustomOpCalls:
         (_, Hkv, Skv, _), _ = canon(k, perms[1])
         Dv = canon(v, perms[2])[0][3]
         sizes = {"B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "Skv": Skv, "D": D}
-        env = index_env(sizes, scalar_values(p, bound, sizes), {x.name: t for x, t in zip(p.extras, extras)},
-                        B, H, q.device)
-        env[ROW_LSE] = lse.unsqueeze(-1)
+        factor = self._row_factor(sizes, scalar_values(p, bound, sizes),
+                                  {x.name: t for x, t in zip(p.extras, extras)}, lse, (B, H, Sq), q.device)
         # the kernel's layout is its dims in out_flat's order, contiguous: viewed as [B, H, Sq, Dv] and back
         # with reshapes and permutes only (torch.compile traces them)
         ext = {"b": B, "h": H, "s": Sq, "d": Dv}
@@ -78,7 +88,7 @@ class CustomOpCalls:
         if "b" not in names:  # an output without a batch dim: B is 1
             o, names = o.unsqueeze(0), ["b"] + names
         o = o.permute([names.index(c) for c in "bhsd"])
-        scaled = (o.float() * row_factor(p.row_scale, env, B, H, Sq, torch.float32)).to(out.dtype)
+        scaled = (o.float() * factor).to(out.dtype)
         return scaled.permute(["bhsd".index(c) for c in names]).reshape(out.shape)
 
     def op_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list, scalars: list,

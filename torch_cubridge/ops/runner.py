@@ -17,7 +17,6 @@ from ..ir.paged import PagedRead
 from ..ir.segments import KVSegments
 from ..ir.expr import ROW_LSE, free_vars
 from ..ir.expr import scalars as scalars_of
-from ..ir.interpreter import index_env, row_factor
 from ..ir.interval import interval
 from ..ir.program import Program
 from ..ir.prologue import run_epilogue, run_prologue
@@ -325,12 +324,8 @@ class KernelRunner(KVReads, CustomOpCalls):
     def _scale_rows(self, out: torch.Tensor, strides: tuple, shape: tuple, sizes: dict, scal: dict,
                     tensors: dict, lse: torch.Tensor | None) -> None:
         """The program's row scale on the output, in place, by PyTorch after the kernel (on its stream)."""
-        B, H, Sq, _ = shape
-        env = index_env(sizes, scal, tensors, B, H, out.device)
-        if lse is not None:
-            env[ROW_LSE] = lse.unsqueeze(-1)
         o = out.as_strided(shape, strides)
-        o.mul_(row_factor(self.p.row_scale, env, B, H, Sq, torch.float32).to(o.dtype))
+        o.mul_(self._row_factor(sizes, scal, tensors, lse, shape[:3], out.device).to(o.dtype))
 
     def _result(self, out: torch.Tensor, raw: bool, lse: torch.Tensor | None = None, want_lse: bool = False) -> Any:
         p = self.p
