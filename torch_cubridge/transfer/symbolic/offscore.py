@@ -173,11 +173,10 @@ class OffScorePath:
         made with its merged axes kept apart (materialize_unflattened): a [B*H, S, D] q made from a packed
         projection ([B*N, H*D], split by the spec) stays batch by heads, as the other operands are made."""
         sym = self.env.get(node)
-        if isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" \
-                and sym.expr.attr in self.ctx.facts.get("unflattened", ()):
+        unflat = set(self.ctx.facts.get("unflattened", ()))
+        if isinstance(sym, Sym) and sym.expr is not None and sym.expr.op == "load" and sym.expr.attr in unflat:
             return sym  # made so already: made again it would lose its merged axes
-        unflat = self.ctx.facts.get("unflattened", ())
-        reads_unflat = isinstance(sym, Sym) and sym.expr is not None and loads(sym.expr) & set(unflat)
+        reads_unflat = isinstance(sym, Sym) and sym.expr is not None and loads(sym.expr) & unflat
         if (packed_read(sym) or reads_unflat) and any(len(ax) > 1 for ax in sym.axes):
             # a function of a tensor made unflattened (the split query scaled) keeps its axes apart too
             return self.materialize_unflattened(node, sym)
