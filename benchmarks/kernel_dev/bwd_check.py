@@ -1,8 +1,8 @@
-"""GPU check of the sm_80-class backward kernel (csrc/cubridge/bwd_kernel.cuh, lower/backward.py).
+"""GPU check of the backward kernels (csrc/cubridge/bwd_kernel*.cuh, lower/backward.py): the arch's own.
 
 For each zoo program (causal, full, softcap, sliding window, GQA, document mask, plus a spec with fully masked
 rows), B=2, H=4, S in {128, 257, 1024}, D in {64, 128}, bf16: O and the LSE from the CuIR interpreter in float64,
-the backward kernels built through the library (build.compile_cubin) and launched through ops/launch.py, and dQ,
+the backward kernels built and launched through the library (ops/backward_gpu.py), and dQ,
 dK, dV compared per row (max abs error of a row / the row's max abs, rows of near-zero reference judged against
 the tensor's max) with the float64 backward of the kernel's own inputs (delta from the bf16 O it is handed; the
 verdict), and dQ also with float64 autograd of the spec (end to end: rows that keep few keys carry the bf16 O's
@@ -13,7 +13,6 @@ Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py
 """
 from __future__ import annotations
 
-import struct
 import sys
 import time
 import traceback
@@ -27,21 +26,14 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch_cubridge as tc  # noqa: E402
-from torch_cubridge.build import compile_cubin  # noqa: E402
-from torch_cubridge.config import csrc_dir  # noqa: E402
-from torch_cubridge.ir.bind import bind_args, scalar_values, sizes_of, extra_tensors  # noqa: E402
+from torch_cubridge.ir.bind import bind_args, extra_tensors  # noqa: E402
 from torch_cubridge.ir.interpreter import run_program  # noqa: E402
-from torch_cubridge.ir.interval import interval  # noqa: E402
-from torch_cubridge.lower.backward import ROWS_PER_CTA, lower_backward  # noqa: E402
-from torch_cubridge.ops.launch import CubinKernel  # noqa: E402
-from torch_cubridge.ops.pack import pack_params, params_format  # noqa: E402
+from torch_cubridge.ops.backward_gpu import GpuBackward  # noqa: E402
 from zoo import CASES, EMPTY_ROWS, empty_rows_causal, empty_rows_reference, std  # noqa: E402
 from bwd_rows import diagnose, kernel_reference, live_keys, lse_program, row_errors  # noqa: E402
 
 TOL_ROW = 0.05   # a row's max abs error over its max abs (bf16 P and dS on the tensor cores: ~1e-2 typical)
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
-FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
-BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
 
 
 def case(name):
@@ -55,51 +47,25 @@ def case(name):
 _BUILT: dict = {}
 
 
-def kernels(p, D, arch, block_m=None):
-    key = (p.structure().to_json(), D, arch, block_m)
+def kernels(p, D, arch, kernel=None):
+    """The backward kernels as the library builds them (ops/backward_gpu.py); kernel: "sm90" or "sm80" (None:
+    the lowering's choice for the arch)."""
+    key = (p.structure().to_json(), D, arch, kernel)
     if key not in _BUILT:
-        low = lower_backward(p, arch, "bfloat16", D, block_m=block_m)
-        cub = compile_cubin(low.source, arch, include_dirs=[csrc_dir()])
-        t = low.tile
-        _BUILT[key] = (low, CubinKernel(cub, low.kernels[0], threads=32 * ROWS_PER_CTA, smem_bytes=0),
-                       CubinKernel(cub, low.kernels[1], threads=t.threads, smem_bytes=t.smem_bytes),
-                       CubinKernel(cub, low.kernels[2], threads=32 * ROWS_PER_CTA, smem_bytes=0))
+        _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel)
     return _BUILT[key]
 
 
-def st(x):
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def run_backward(p, bound, q, k, v, o, lse, do, D, arch, block_m=None):
-    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32;
-    block_m: query rows a step, None for the lowering's choice)."""
-    low, pre, main, post = kernels(p, D, arch, block_m)
-    B, H, Sq, _ = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    sizes = sizes_of(p, q, k)
-    scal = scalar_values(p, bound, sizes)
-    scale = 1.0
-    if low.scale is not None:
-        scale = interval(low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None):
+    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
+    kern = kernels(p, D, arch, kernel)
     tensors = extra_tensors(p, bound, q.device, {})
-    params = pack_params(params_format(low.params), low.params, tensors, scal, {})
-    delta = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
-    dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    args = struct.pack(BWD, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                       *st(q), *st(k), *st(v), *st(o), B, H, Hkv, Sq, Skv, scale,
-                       do.data_ptr(), *st(do), delta.data_ptr(), dq_acc.data_ptr(),
-                       dq.data_ptr(), *st(dq), dk.data_ptr(), *st(dk), dv.data_ptr(), *st(dv))
-    stream = torch.cuda.current_stream().cuda_stream
-    rows = (-(-Sq // ROWS_PER_CTA), H, B)
+    extras = [tensors[x.name] for x in p.extras]
+    scalars = [bound[s.arg] for s in p.scalars if s.arg is not None]
 
     def go():
-        pre.launch(rows, (args,), stream)
-        main.launch((-(-Skv // low.tile.block_n), Hkv, B), (args, params), stream)
-        post.launch(rows, (args,), stream)
-    go()
-    return (dq, dk, dv), go, (delta, dq_acc, tensors)
+        return kern(q, k, v, extras, scalars, o, lse, do)
+    return go(), go, (tensors,)
 
 
 def check(name, B, H, Hkv, S, D, arch):
@@ -131,7 +97,7 @@ def check(name, B, H, Hkv, S, D, arch):
         finite = finite and got[0][:, :, :EMPTY_ROWS].abs().max().item() == 0.0
     ok = finite and max(errs) < TOL_ROW
     lines = []
-    tile = kernels(p, D, arch)[0].tile
+    tile = kernels(p, D, arch).low.tile
     live = live_keys(fn, q, k, extras) if not ok or e2e_dq.max().item() >= TOL_ROW else None
     if not ok:
         for label, e, r, blk in zip(("dQ", "dK", "dV"), row_errs, ref, (tile.block_m, tile.block_n, tile.block_n)):
@@ -170,14 +136,10 @@ def bench(arch):
         flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
         bound = bind_args(p.signature, (q, k, v), {})
         _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
-        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch)[0].tile.block_m} rows a step;"]
-        for bm in (16, 32, 64):  # the other steps, for the choice in lower/backward.py bwd_block_m
-            if bm != kernels(p, D, arch)[0].tile.block_m:
-                try:
-                    _, go_bm, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, bm)
-                    row.append(f"{bm}: {flops / timed(go_bm) / 1e12:6.1f}")
-                except Exception as e:  # a tile past the arch's shared memory
-                    row.append(f"{bm}: n/a ({type(e).__name__})")
+        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch).low.tile.kernel}"]
+        if arch == "sm_90a":  # the FA2-class kernel the Hopper one replaces, on the same inputs
+            _, go80, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, "sm80")
+            row.append(f"sm80: {flops / timed(go80) / 1e12:6.1f}")
         row[-1] += ")"
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
@@ -214,7 +176,7 @@ def main() -> int:
         print("bwd_check: no CUDA device")
         return 2
     major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}"
+    arch = "sm_90a" if major == 9 else f"sm_{major}{minor}"  # the library's Hopper target
     print(f"bwd_check on {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}; row tolerance {TOL_ROW}")
     print("dQ, dK, dV: against the float64 backward of the kernel's inputs (the verdict); dQ e2e: against float64"
           " autograd of the spec")
@@ -222,7 +184,7 @@ def main() -> int:
     bad = 0
     t0 = time.time()
     for name in NAMES + ["empty_rows_causal"]:
-        for D in (64, 128):
+        for D in (64, 128) if "--d" not in sys.argv else (int(sys.argv[sys.argv.index("--d") + 1]),):
             for S in (128, 257, 1024):
                 Hkv = 2 if name == "gqa_expand" else 4
                 try:

@@ -17,7 +17,7 @@ struct BwdArgs {
   FwdArgs f;
   const void* dout;  // dO [B, Hq, Sq, Dv] through the strides below
   long long do_sb, do_sh, do_ss;
-  float* delta;      // [B, Hq, Sq] contiguous: rowsum(dO * O), written by the preprocess kernel
+  float* delta;      // [B, Hq, sq_pad] contiguous: rowsum(dO * O), written by the preprocess kernel
   float* dq_acc;     // [B, Hq, Sq, D] contiguous float32: zeroed by the preprocess kernel, summed by atomics
   void* dq;          // [B, Hq, Sq, D] in the input dtype, written by the postprocess kernel
   long long dq_sb, dq_sh, dq_ss;
@@ -25,6 +25,8 @@ struct BwdArgs {
   long long dk_sb, dk_sh, dk_ss;
   void* dv;          // [B, Hkv, Skv, Dv]
   long long dv_sb, dv_sh, dv_ss;
+  float* lse_pad;    // [B, Hq, sq_pad]: f.lse copied by the preprocess kernel, whole blocks for bulk copies
+  long long sq_pad;  // Sq rounded up to a whole number of 64-row blocks (pad rows: LSE and delta zero)
 };
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
@@ -51,6 +53,42 @@ struct BwdTile {
 
   static_assert(D % 8 == 0 && D >= 8 && D <= 256, "head dim in steps of 8, at most 256");
   static_assert(BM % 16 == 0 && Warps % (BM / 16) == 0, "dQ's row tiles split the warps evenly");
+};
+
+// Hopper backward (bwd_kernel_sm90.cuh): a CTA owns BN = 64 * kConsumers keys of one KV head, a consumer
+// warpgroup 64 of them, and walks BM = 64 query rows a step behind a producer warp's TMA copies. Head dims in
+// steps of 8 up to 128 (whole 64-column chunks in shared memory, the copy engine zero-filling past D): a
+// thread keeps kPadD / 2 floats of dK and as many of dV for the whole walk, which past 128 columns is more
+// than the 240 registers a consumer thread may take.
+// dQ = dS K: past 64 columns each warpgroup takes its own 64 columns over all BN keys (kDqSplitN, the
+// warpgroups' dS shared through shared memory); at 64 columns each takes its own keys, all columns, and
+// both add their share.
+// Shared memory: 1024 alignment slack, K, V, kStages x (Q, dO), two dS buffers [BM][BN], kStages x (LSE,
+// delta) rows, the barriers (K and V full, then per stage full and empty) and two ints per stage (the item
+// and its class, which the producer hands the consumers).
+template <int D, int BN, int Stages>
+struct BwdSm90Tile {
+  static constexpr int kHeadDim = D;
+  static constexpr int kPadD = (D + 63) / 64 * 64;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = BN;
+  static constexpr int kConsumers = BN / 64;
+  static constexpr int kStages = Stages;
+  static constexpr bool kDqSplitN = kPadD > 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);  // the consumer warpgroups, then the producer's
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
+      ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
+  static constexpr unsigned kQBytes = kBlockM * kPadD * 2, kKBytes = BN * kPadD * 2, kSBytes = kBlockM * BN * 2;
+  static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows
+  static constexpr int kBarriers = 1 + 2 * Stages;
+  static constexpr int kSmemBytes =
+      1024 + 2 * kKBytes + Stages * 2 * kQBytes + 2 * kSBytes + Stages * 2 * kRowBytes + 8 * kBarriers + 8 * Stages;
+
+  static_assert(D % 8 == 0 && D >= 8 && D <= 128, "head dim in steps of 8, at most 128");
+  static_assert(BN == 128, "two consumer warpgroups of 64 keys");
+  static_assert(Stages >= 2 && Stages <= 4, "two to four stages of Q and dO");
+  static_assert(kSmemBytes <= 232448, "at most 227 KB of shared memory per CTA");
 };
 
 }  // namespace cubridge

@@ -25,6 +25,76 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
 #endif
 }
 
+// One warp's 16 keys x NT * 8 queries of S^T and dP^T (the m16n8 accumulator layout: keys as rows from
+// kv_row0, queries as columns from q_lo) become P and dS, in place:
+//   P = exp(score(s) - LSE), dS = P (dP - delta) dscore/ds,
+// zero where the mask drops the pair (partial blocks only: cls), past the keys' or queries' end, and on empty
+// rows. The FA2-class warp (BwdWarp) and the Hopper warpgroup (bwd_consumer_sm90.cuh) both call it.
+template <class Variant, int NT>
+__device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
+                                          const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
+                                          int b, int h, int q_lo, int cls, int kv_row0, int lane) {
+  constexpr bool kRaw = score_is_default<Variant>(0);
+  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+  // The mask's verdicts, first, as bits of one register (element nt * 4 + e): as per-element predicates
+  // alive through the exponentials they take registers the masked variants lack at 32 rows a step.
+  static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
+  unsigned drop = 0;
+  if constexpr (Variant::kHasMask)
+    if (cls == kPartial) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = imin(q_lo + nt * 8 + (lane % 4) * 2 + e % 2, sq - 1);
+          const int kv = imin(kv_row0 + (e / 2) * 8, skv - 1);
+          drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
+        }
+    }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
+      const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
+      const bool keep = q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u);
+      const float raw = s[0][nt][e];
+      const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
+      const float lse = sLse[ql];
+      // An empty row (LSE -inf: every key masked, no sink) has no probabilities: P and dS are zero. A hooked
+      // score is in the LSE's own units, and is subtracted before it is scaled (as softmax.cuh does): a row
+      // a fill near finfo.min fills whole has x and LSE at the fill, where lse * log2(e) overflows.
+      const float pr = !keep || lse == neg_inf() ? 0.f
+                       : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
+      const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
+      s[0][nt][e] = pr;
+      dp[0][nt][e] = pr != 0.f ? pr * (dp[0][nt][e] - sDelta[ql]) * g : 0.f;
+    }
+}
+
+// Rows kv_row0 and kv_row0 + 8 of dK and dV (the m16n8 accumulator layout, DT n8 tiles; D columns of data)
+// to global memory in the input dtype, rows past the keys' end skipped.
+template <int D, int DT, class T>
+__device__ __forceinline__ void store_dkdv(const float (&dk)[1][DT][4], const float (&dv)[1][DT][4],
+                                           const BwdArgs& a, int b, int hk, int kv_row0, int lane) {
+  const int skv = static_cast<int>(a.f.Skv);
+  T* gK = static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh;
+  T* gV = static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int kv = kv_row0 + hf * 8;
+    if (kv >= skv) continue;
+#pragma unroll
+    for (int t = 0; t < DT; ++t) {
+      const int c = t * 8 + (lane % 4) * 2;
+      if (D % 64 != 0 && c >= D) continue;  // the padded columns
+      *reinterpret_cast<unsigned*>(gK + kv * a.dk_ss + c) = pack2<T>(dk[0][t][2 * hf], dk[0][t][2 * hf + 1]);
+      *reinterpret_cast<unsigned*>(gV + kv * a.dv_ss + c) = pack2<T>(dv[0][t][2 * hf], dv[0][t][2 * hf + 1]);
+    }
+  }
+}
+
 template <class Cfg, class Variant, class T>
 struct BwdWarp {
   static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, LD = Cfg::kLd, LDS = Cfg::kLdS;
@@ -51,46 +121,11 @@ struct BwdWarp {
     gemm_qk_smem<T, 1, NT, KC, LD, LD>(s, smem_u32(sK) + a_off, smem_u32(sQ) + b_off);
   }
 
-  // s becomes P and dp becomes dS, in place. cls: the block's class (the mask hook on partial blocks only).
+  // s becomes P and dp becomes dS, in place (bwd_grads). cls: the block's class.
   __device__ __forceinline__ void grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
                                         const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
                                         int b, int h, int q_lo, int cls) const {
-    const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
-    const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-    // The mask's verdicts, first, as bits of one register (element nt * 4 + e): as per-element predicates
-    // alive through the exponentials they take registers the masked variants lack at 32 rows a step.
-    static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
-    unsigned drop = 0;
-    if constexpr (Variant::kHasMask)
-      if (cls == kPartial) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q = imin(q_lo + nt * 8 + (lane % 4) * 2 + e % 2, sq - 1);
-            const int kv = imin(kv_row0 + (e / 2) * 8, skv - 1);
-            drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
-          }
-      }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
-        const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
-        const bool keep = q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u);
-        const float raw = s[0][nt][e];
-        const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
-        const float lse = sLse[ql];
-        // An empty row (LSE -inf: every key masked, no sink) has no probabilities: P and dS are zero. A hooked
-        // score is in the LSE's own units, and is subtracted before it is scaled (as softmax.cuh does): a row
-        // a fill near finfo.min fills whole has x and LSE at the fill, where lse * log2(e) overflows.
-        const float pr = !keep || lse == neg_inf() ? 0.f
-                         : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
-        const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
-        s[0][nt][e] = pr;
-        dp[0][nt][e] = pr != 0.f ? pr * (dp[0][nt][e] - sDelta[ql]) * g : 0.f;
-      }
+    bwd_grads<Variant, NT>(s, dp, sLse, sDelta, a, p, b, h, q_lo, cls, kv_row0, lane);
   }
 
   // dV += P^T dO and dK += dS^T Q (P and dS rounded to T, as the tensor cores take them).
@@ -158,22 +193,7 @@ struct BwdWarp {
   // This warp's rows of dK and dV (in the input dtype) to global memory, rows past the keys' end skipped.
   __device__ __forceinline__ void store(const float (&dk)[1][DT][4], const float (&dv)[1][DT][4], const BwdArgs& a,
                                         int b, int hk) const {
-    constexpr int D = Cfg::kHeadDim;
-    const int skv = static_cast<int>(a.f.Skv);
-    T* gK = static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh;
-    T* gV = static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int kv = kv_row0 + hf * 8;
-      if (kv >= skv) continue;
-#pragma unroll
-      for (int t = 0; t < DT; ++t) {
-        const int c = t * 8 + (lane % 4) * 2;
-        if (D % 16 != 0 && c >= D) continue;
-        *reinterpret_cast<unsigned*>(gK + kv * a.dk_ss + c) = pack2<T>(dk[0][t][2 * hf], dk[0][t][2 * hf + 1]);
-        *reinterpret_cast<unsigned*>(gV + kv * a.dv_ss + c) = pack2<T>(dv[0][t][2 * hf], dv[0][t][2 * hf + 1]);
-      }
-    }
+    store_dkdv<Cfg::kHeadDim, DT, T>(dk, dv, a, b, hk, kv_row0, lane);
   }
 };
 

@@ -1,8 +1,10 @@
 // The backward's two small kernels around the main one (bwd_kernel.cuh):
-//   preprocess:  delta[b, h, q] = sum_d dO[b, h, q, d] * O[b, h, q, d] (float32), and dQ's float32
+//   preprocess:  delta[b, h, q] = sum_d dO[b, h, q, d] * O[b, h, q, d] (float32), the LSE copied into the
+//                same padded rows (the Hopper kernel bulk-copies whole blocks of both), and dQ's float32
 //                accumulator zeroed (the main kernel adds every key block's share into it by atomics);
 //   postprocess: dQ = the accumulator, converted to the input dtype.
-// Launch both with grid (ceil(Sq / kBwdRowsPerCta), Hq, B), block 32 * kBwdRowsPerCta: a warp per query row.
+// Launch the preprocess with grid (ceil(sq_pad / kBwdRowsPerCta), Hq, B), the postprocess with
+// (ceil(Sq / kBwdRowsPerCta), Hq, B); block 32 * kBwdRowsPerCta: a warp per query row.
 #pragma once
 #include "bwd_config.cuh"
 #include "mma.cuh"
@@ -16,7 +18,11 @@ template <int D, int DV, class T>
 __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y, b = blockIdx.z;
-  if (q >= a.f.Sq) return;
+  const long long prow = (b * a.f.Hq + h) * a.sq_pad + q;
+  if (q >= a.f.Sq) {  // a pad row: no probabilities (the kernels drop rows past Sq)
+    if (q < a.sq_pad && lane == 0) a.delta[prow] = a.lse_pad[prow] = 0.f;
+    return;
+  }
   const T* o = static_cast<const T*>(a.f.o) + b * a.f.o_sb + h * a.f.o_sh + q * a.f.o_ss;
   const T* g = static_cast<const T*>(a.dout) + b * a.do_sb + h * a.do_sh + q * a.do_ss;
   float acc = 0.f;
@@ -24,7 +30,10 @@ __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   const long long row = (b * a.f.Hq + h) * a.f.Sq + q;
-  if (lane == 0) a.delta[row] = acc;
+  if (lane == 0) {
+    a.delta[prow] = acc;
+    a.lse_pad[prow] = a.f.lse[row];
+  }
   float* dq = a.dq_acc + row * D;
   for (int d = lane; d < D; d += 32) dq[d] = 0.f;
 }

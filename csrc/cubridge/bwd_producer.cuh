@@ -71,11 +71,11 @@ struct BwdLoads {
     const T* gdO = static_cast<const T*>(a.dout) + b * a.do_sb + h * a.do_sh;
     load_tile<BM, D, LD, NTH>(sQ, gQ, a.f.q_ss, q_lo, sq, tid);
     load_tile<BM, D, LD, NTH>(sdO, gdO, a.do_ss, q_lo, sq, tid);
-    const long long row0 = (b * a.f.Hq + h) * a.f.Sq;
+    const long long row0 = (b * a.f.Hq + h) * a.sq_pad;
     for (int r = tid; r < 2 * BM; r += NTH) {
       const int q = q_lo + r % BM;
       const bool ok = q < sq;
-      const float* src = r < BM ? a.f.lse + row0 + (ok ? q : 0) : a.delta + row0 + (ok ? q : 0);
+      const float* src = (r < BM ? a.lse_pad : a.delta) + row0 + (ok ? q : 0);
       cp_async4(smem_u32(r < BM ? sLse + r : sDelta + r - BM), src, ok);
     }
     cp_async_commit();

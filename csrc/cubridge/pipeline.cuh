@@ -44,6 +44,31 @@ struct KVRing {
   __device__ __forceinline__ static unsigned free_phase(int i) { return ((i / ST) & 1) ^ 1; }
 };
 
+// The backward's barriers (bwd_kernel_sm90.cuh), 8 bytes each from shared address `bars`: K and V full (the
+// CTA's resident keys, loaded once), then per stage a full one (the copy engine wrote a query block's Q, dO,
+// LSE and delta) and an empty one (every consumer warp is done with them). Positions and phases as KVRing's.
+template <int ST>
+struct QueryRing {
+  static constexpr int kBarriers = 1 + 2 * ST;
+  unsigned bars;
+
+  __device__ __forceinline__ unsigned kv_full() const { return bars; }
+  __device__ __forceinline__ unsigned full(int s) const { return bars + 8u * (1 + s); }
+  __device__ __forceinline__ unsigned empty(int s) const { return bars + 8u * (1 + ST + s); }
+
+  __device__ __forceinline__ void init(int consumer_warps) const {
+    mbar_init(kv_full(), 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), consumer_warps);
+    }
+    mbar_init_fence();
+  }
+  __device__ __forceinline__ static int stage(int i) { return i % ST; }
+  __device__ __forceinline__ static unsigned full_phase(int i) { return (i / ST) & 1; }
+  __device__ __forceinline__ static unsigned free_phase(int i) { return ((i / ST) & 1) ^ 1; }
+};
+
 // A consumer warp is done with the buffer behind barrier `bar`: one arrival for the warp.
 __device__ __forceinline__ void release_warp(unsigned bar, int lane) {
   __syncwarp();

@@ -58,6 +58,14 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* d, unsi
       : "memory");
 }
 
+// Copy `bytes` (a multiple of 16, both addresses 16-aligned) of contiguous global memory into shared memory at
+// `dst`, completing them on barrier `bar` (the caller set the expected count).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // Per-warpgroup register budgets (sm_90a); the kernel must start with a cap
 // (__launch_bounds__(threads, 1)) for these to take effect.
 template <int N>

@@ -42,6 +42,13 @@ __device__ __forceinline__ void wgmma_hold(float* d) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A operand registers of an RS wgmma: kept unchanged (and unreused) until the wait.
+template <int R>
+__device__ __forceinline__ void wgmma_hold_a(unsigned* a) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
 // PTX names every accumulator register; the lists below are written out once.
 #define CB_REGS32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define CB_REGS40 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}"
@@ -64,6 +71,13 @@ __device__ __forceinline__ void wgmma_hold(float* d) {
                ", %" #I0 ", %" #I1 ", p, 1, 1, 0, 0;\n}\n"                                \
                : CB_ACC##R                                                                \
                : "l"(da), "l"(db), "r"(acc))
+// d (+)= A B with A [64 x 16] K-major and B [16 x N] MN-major (transposed), both in shared memory.
+#define CB_WGMMA_SST(N, R, TY, I0, I1, I2)                                                \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #I2 ", 0;\n"                          \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " CB_REGS##R \
+               ", %" #I0 ", %" #I1 ", p, 1, 1, 0, 1;\n}\n"                                \
+               : CB_ACC##R                                                                \
+               : "l"(da), "l"(db), "r"(acc))
 // d += A B with A in registers and B [16 x N] MN-major (transposed) in shared memory.
 #define CB_WGMMA_RS(N, R, TY, I0, I1, I2, I3, I4)                                          \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
@@ -79,6 +93,11 @@ template <int N, class T> struct Wgmma;
                                               unsigned long long db, int acc) {                 \
       if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SS(N, R, "bf16", I0, I1, I2);     \
       else CB_WGMMA_SS(N, R, "f16", I0, I1, I2);                                                \
+    }                                                                                           \
+    __device__ __forceinline__ static void ss_t(float* d, unsigned long long da,                \
+                                                unsigned long long db, int acc) {               \
+      if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SST(N, R, "bf16", I0, I1, I2);    \
+      else CB_WGMMA_SST(N, R, "f16", I0, I1, I2);                                               \
     }                                                                                           \
     __device__ __forceinline__ static void rs(float* d, const unsigned* a, unsigned long long db) { \
       if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_RS(N, R, "bf16", I0, I1, I2, I3, I4); \

@@ -1,7 +1,8 @@
 """The backward kernel's translation unit for one program: the forward's Variant (lower/variant.py) plus its
-score_grad hook, d score / d s derived from the score's Expr (ir/derivative.py), and three extern "C" entries
-around csrc/cubridge/bwd_kernel.cuh: the preprocess (delta, dQ's accumulator zeroed), the main kernel and the
-postprocess (dQ in the input dtype)."""
+score_grad hook, d score / d s derived from the score's Expr (ir/derivative.py), and three extern "C" entries:
+the preprocess (delta and the LSE in padded rows, dQ's accumulator zeroed), the main kernel and the
+postprocess (dQ in the input dtype). The main kernel is csrc/cubridge/bwd_kernel_sm90.cuh's on sm_90a (wgmma,
+TMA, a producer warp) up to head dim 128, else bwd_kernel.cuh's (FA2-class, mma.sync, sm_80 and later)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -22,12 +23,16 @@ POST_NAME = "cubridge_bwd_post"
 ROWS_PER_CTA = 8  # bwd_prepost.cuh kBwdRowsPerCta: a warp per query row
 
 
+SQ_PAD = 64  # bwd_config.cuh BwdArgs::sq_pad: query rows padded to whole blocks of the Hopper kernel's
+
+
 @dataclass(frozen=True)
 class BwdTile:
     """bwd_config.cuh's BwdTile: BM query rows a step, 16 keys a warp (block_n = 16 * warps)."""
     head_dim: int
     block_m: int = 64
     warps: int = 8
+    kernel = "sm80"
 
     @property
     def block_n(self) -> int:
@@ -41,6 +46,33 @@ class BwdTile:
     def smem_bytes(self) -> int:
         ld, lds = pad16(self.head_dim) + 8, self.block_n + 8
         return (2 * self.block_n * ld + 4 * self.block_m * ld + self.block_m * lds) * 2 + 4 * self.block_m * 4
+
+
+@dataclass(frozen=True)
+class BwdSm90Tile:
+    """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's."""
+    head_dim: int
+    block_n: int = 128
+    stages: int = 2
+    block_m = 64
+    kernel = "sm90"
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.block_n // 64 + 1)
+
+    @property
+    def smem_bytes(self) -> int:
+        pd = -(-self.head_dim // 64) * 64
+        q, kv, ds, rows = self.block_m * pd * 2, self.block_n * pd * 2, self.block_m * self.block_n * 2, self.block_m * 4
+        return 1024 + 2 * kv + self.stages * 2 * q + 2 * ds + self.stages * 2 * rows + 8 * (1 + 2 * self.stages) \
+            + 8 * self.stages
+
+
+def hopper_backward(arch: str, head_dim: int) -> bool:
+    """Whether the Hopper backward kernel serves this head dim on `arch`: sm_90a (its wgmma), and dK and dV
+    rows of at most 128 padded columns (a consumer thread holds half of each for the whole walk)."""
+    return arch == "sm_90a" and head_dim <= 128
 
 
 # The most dynamic shared memory one CTA may take (bytes) by compute capability; others take the least
@@ -68,7 +100,7 @@ def bwd_block_m(head_dim: int, arch: str = "sm_80") -> int:
 @dataclass(frozen=True)
 class LoweredBackward:
     source: str
-    tile: BwdTile
+    tile: BwdTile | BwdSm90Tile
     params: tuple[ParamField, ...]
     scale: object | None   # the folded score scale (FwdArgs.scale), or None when the score hook is generated
     dtype: str
@@ -101,9 +133,10 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
                    value_dim: int | None = None, fast_tanh: bool = True,
-                   block_m: int | None = None) -> LoweredBackward:
-    """The backward kernels' translation unit for `p` (FA2-class, mma.sync: sm_80 and later). block_m: query
-    rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare."""
+                   block_m: int | None = None, kernel: str | None = None) -> LoweredBackward:
+    """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
+    (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
+    query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim)
@@ -116,7 +149,12 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         p = replace(p, empty_rows="zero")
     if block_m not in (None, 16, 32, 64):
         raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
-    tile = BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
+    if kernel is None:
+        kernel = "sm90" if hopper_backward(arch, head_dim) and block_m is None else "sm80"
+    if kernel == "sm90" and not hopper_backward(arch, head_dim):
+        raise UnsupportedSpec(f"the Hopper backward kernel takes sm_90a and head dims up to 128, not {arch} "
+                              f"and {head_dim}", op="lower")
+    tile = BwdSm90Tile(head_dim) if kernel == "sm90" else BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")
     grad = score_grad_hook(p, CExpr(p, head_dim, fast))
@@ -124,25 +162,37 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     variant = variant[:-2].rstrip("\n") + "\n" + "\n".join(grad + ["};"]) if grad else variant
     t = C_TYPES[dtype]
     D = head_dim
+    if kernel == "sm90":
+        tma = "const __grid_constant__ cubridge::TmaDesc"
+        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}>;",
+               f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
+               '              "lower/backward.py\'s BwdSm90Tile agrees with bwd_config.cuh\'s");']
+        main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv, {tma} tdo) {{",
+                f"  cubridge::attention_bwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv, &tdo);"]
+        header = '#include "cubridge/bwd_kernel_sm90.cuh"'
+    else:
+        cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;",
+               f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
+               '              "lower/backward.py\'s BwdTile agrees with bwd_config.cuh\'s");']
+        main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",
+                f"  cubridge::attention_bwd<Cfg, Variant, {t}>(a, p);"]
+        header = '#include "cubridge/bwd_kernel.cuh"'
     src = "\n".join([
         "// Generated by torch_cubridge.lower.backward from a CuIR program. Do not edit.",
-        '#include "cubridge/bwd_kernel.cuh"',
+        header,
         '#include "cubridge/interval.cuh"',
         '#include "cubridge/fastmath.cuh"',
         '#include "cubridge/block_prepass.cuh"',
         "",
         variant,
         "",
-        f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;",
-        f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
-        '              "lower/backward.py\'s BwdTile agrees with bwd_config.cuh\'s");',
+        *cfg,
         f'extern "C" __global__ void __launch_bounds__({32 * ROWS_PER_CTA})',
         f"{PRE_NAME}(cubridge::BwdArgs a) {{",
         f"  cubridge::bwd_preprocess<{D}, {D}, {t}>(a);",
         "}",
         'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)',
-        f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",
-        f"  cubridge::attention_bwd<Cfg, Variant, {t}>(a, p);",
+        *main,
         "}",
         f'extern "C" __global__ void __launch_bounds__({32 * ROWS_PER_CTA})',
         f"{POST_NAME}(cubridge::BwdArgs a) {{",

@@ -1,6 +1,7 @@
-"""The sm_80-class backward kernel (lower/backward.py, csrc/cubridge/bwd_*.cuh) for one program at one head
-dim and dtype: built once, then launched per backward as three kernels (the preprocess: delta and dQ's
-float32 accumulator; the main kernel: a CTA per key tile; the postprocess: dQ in the input dtype).
+"""The backward kernel (lower/backward.py, csrc/cubridge/bwd_*.cuh) for one program at one head dim, dtype and
+arch: built once, then launched per backward as three kernels (the preprocess: delta, the LSE in padded rows
+and dQ's float32 accumulator; the main kernel: a CTA per key tile, on sm_90a the Hopper one, which reads Q,
+K, V and dO through tensor maps; the postprocess: dQ in the input dtype).
 
 It reads q, k, v, O, dO as [B, H, S, D] with the last dim contiguous, the forward's LSE [B, H, Sq] in
 float32, and writes dQ, dK, dV straight into tensors in the operands' own layouts.
@@ -15,10 +16,13 @@ from ..ir.expr import free_vars
 from ..ir.interval import interval
 from ..ir.program import Program
 from .backward_reference import canonical_out
+from ..lower.backward import SQ_PAD
 from .block_table import prepass_kernels, run_block_prepass
+from .tma import no_broadcast, tensor_map
 
 FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
-BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3  # BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides
+# BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides, lse_pad, sq_pad
+BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3 + "Qq"
 
 
 def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
@@ -38,13 +42,13 @@ def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_l
 class GpuBackward:
     """The three kernels of one program's backward, at one head dim, dtype and arch."""
 
-    def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int) -> None:
+    def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int, kernel: str | None = None) -> None:
         from ..lower.backward import ROWS_PER_CTA, lower_backward
         from ..ops.kernel import cached_cubin, source_key
         from ..ops.launch import CubinKernel
         from ..ops.pack import params_format
         self.p = p
-        self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim)
+        self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim, kernel=kernel)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
@@ -64,12 +68,13 @@ class GpuBackward:
         from ..ops.pack import pack_params
         p = self.p
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        qc, kc, vc = (_rows(to_canonical(t, op)) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
+        rows = _tma_rows if self.low.tile.kernel == "sm90" else _rows
+        qc, kc, vc = (rows(to_canonical(t, op)) for t, op in ((q, p.q), (k, p.k), (v, p.v)))
         dqc, dkc, dvc = (to_canonical(t, op) for t, op in ((dq, p.q), (dk, p.k), (dv, p.v)))
         B, H, Sq, D = qc.shape
         Hkv, Skv = kc.shape[1], kc.shape[2]
         oc = _rows(canonical_out(p, out, B, H, Sq, vc.shape[-1]))
-        doc = _rows(canonical_out(p, dout, B, H, Sq, vc.shape[-1]))
+        doc = rows(canonical_out(p, dout, B, H, Sq, vc.shape[-1]))
         lse = lse.float().contiguous()
         sizes = sizes_of(p, qc, kc)
         it = iter(scalars)
@@ -79,7 +84,9 @@ class GpuBackward:
             scale = interval(self.low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
         tensors = {x.name: t for x, t in zip(p.extras, extras)}
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        delta = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
+        sq_pad = -(-Sq // SQ_PAD) * SQ_PAD
+        delta = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
+        lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
         dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
         # dim strided, they write a dense buffer copied over after
@@ -88,17 +95,21 @@ class GpuBackward:
         args = struct.pack(BWD, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
                            *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
                            doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
-                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))))
+                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad)
         rt, table = {}, None
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
             rt, table = run_block_prepass(*self.blocks, args[:struct.calcsize(FWD)], self.fmt, self.low.params,
                                           tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
                                           self.low.tile.block_n, self.mask_vars, q.device, stream)
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
-        rows = (-(-Sq // self.rows_per_cta), H, B)
-        self.pre.launch(rows, (args,), stream)
-        self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), (args, params), stream)
-        self.post.launch(rows, (args,), stream)
+        blocks = (args, params)
+        if self.low.tile.kernel == "sm90":  # Q and dO in boxes of 64 rows, K and V of the CTA's keys
+            m, n, dt = self.low.tile.block_m, self.low.tile.block_n, q.dtype
+            blocks += tuple(tensor_map(t.data_ptr(), tuple(t.shape), (*t.stride()[:3], 1), dt, r)
+                            for t, r in ((qc, m), (kc, n), (vc, n), (doc, m)))
+        self.pre.launch((-(-sq_pad // self.rows_per_cta), H, B), (args,), stream)
+        self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), blocks, stream)
+        self.post.launch((-(-Sq // self.rows_per_cta), H, B), (args,), stream)
         del table  # enqueued: the caching allocator reuses it only for later work on this stream
         for t, b in zip((dqc, dkc, dvc), bufs):
             if b is not t:
@@ -109,6 +120,15 @@ class GpuBackward:
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t with its last dim contiguous (the kernel reads rows of D elements)."""
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _tma_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as the copy engine reads it: 16-byte aligned, every stride but the last's a multiple of 16 bytes and
+    none zero (tma.no_broadcast); else a contiguous copy."""
+    el = t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and no_broadcast(tuple(t.shape), tuple(t.stride())) and \
+        all((st * el) % 16 == 0 or n == 1 for st, n in zip(t.stride()[:3], t.shape[:3]))
+    return t if ok else t.contiguous()
 
 
 def _st(t: torch.Tensor) -> tuple[int, int, int]:

@@ -1,0 +1,135 @@
+// The Hopper backward's consumer (bwd_kernel_sm90.cuh): a warpgroup owns 64 of the CTA's keys and, per query
+// block, computes on the tensor cores (wgmma, float32 accumulation), keys as rows as the FA2-class warp does
+// (bwd_consumer.cuh), so P and dS leave the accumulators as the A operands of the dV and dK products:
+//   S^T = K Q^T, dP^T = V dO^T          (both operands in shared memory)
+//   P, dS                                (bwd_grads: the score, score_grad and mask hooks)
+//   dV += P^T dO, dK += dS^T Q           (P and dS from registers)
+//   dQ = dS K                            (dS staged in shared memory as [query][key]), added to dQ's float32
+//                                        accumulator by 2-wide reductions.
+// Its m64nN accumulators hold, per 16-row warp slice, the m16n8 layout the FA2-class pieces use.
+#pragma once
+#include "bwd_config.cuh"
+#include "bwd_consumer.cuh"
+#include "pipeline.cuh"
+#include "wgmma.cuh"
+
+namespace cubridge {
+
+template <class Cfg, class Variant, class T>
+struct WgmmaBwdConsumer {
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD;
+  static constexpr int NT = BM / 8;                    // n8 query tiles of S^T
+  static constexpr int DT = PD / 8;                    // n8 tiles of a dK / dV row
+  static constexpr int KC = (Cfg::kHeadDim + 15) / 16; // k16 steps over the head dim holding data
+  static constexpr int PK = BM / 16;                   // k16 steps over the queries (dV, dK)
+  static constexpr int NQ = 64;                        // dQ columns a warpgroup computes
+  static constexpr int QT = NQ / 8;
+  static_assert(PD == 64 || (PD == 128 && Cfg::kDqSplitN && Cfg::kConsumers == 2), "dQ's split");
+  int cw, warp, lane, kv_row0;  // kv_row0: this thread's first key (+8: its second)
+  unsigned sK, sV;
+
+  __device__ __forceinline__ WgmmaBwdConsumer(int wg, int tid, int kv_lo, unsigned k_tile, unsigned v_tile) {
+    cw = wg;
+    const int t = tid - 128 * wg;
+    warp = t / 32;
+    lane = t % 32;
+    kv_row0 = kv_lo + cw * 64 + warp * 16 + lane / 4;
+    sK = k_tile;
+    sV = v_tile;
+  }
+
+  // S^T and dP^T of this warpgroup's keys against the block in shared memory at sQ, sdO (asynchronous).
+  __device__ __forceinline__ void products(float (&sc)[1][NT][4], float (&dp)[1][NT][4], unsigned sQ,
+                                           unsigned sdO) const {
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
+      Wgmma<BM, T>::ss(&sc[0][0][0], sw128_desc(sK + off, 16, 1024), sw128_desc(sQ + qoff, 16, 1024), kc > 0);
+    }
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
+      Wgmma<BM, T>::ss(&dp[0][0][0], sw128_desc(sV + off, 16, 1024), sw128_desc(sdO + qoff, 16, 1024), kc > 0);
+    }
+    wgmma_commit();
+  }
+
+  // P (or dS) as the A operand: keys as rows, queries as the k dimension.
+  __device__ __forceinline__ static void a_operand(unsigned (&pa)[PK][4], const float (&x)[1][NT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk) {
+      pa[kk][0] = pack2<T>(x[0][2 * kk][0], x[0][2 * kk][1]);
+      pa[kk][1] = pack2<T>(x[0][2 * kk][2], x[0][2 * kk][3]);
+      pa[kk][2] = pack2<T>(x[0][2 * kk + 1][0], x[0][2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(x[0][2 * kk + 1][2], x[0][2 * kk + 1][3]);
+    }
+  }
+
+  // dV += P^T dO and dK += dS^T Q (asynchronous).
+  __device__ __forceinline__ void accumulate(float (&dv)[1][DT][4], float (&dk)[1][DT][4], const unsigned (&pa)[PK][4],
+                                             const unsigned (&da)[PK][4], unsigned sQ, unsigned sdO) const {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+      Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], sw128_desc(sdO + kk * 16 * 128, BM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+      Wgmma<PD, T>::rs(&dk[0][0][0], da[kk], sw128_desc(sQ + kk * 16 * 128, BM * 128, 1024));
+    wgmma_commit();
+  }
+
+  // This warpgroup's dS^T into the [query][key] tile at `tile` (128-byte swizzled, chunk cw: its 64 keys),
+  // from its A operand (a_operand's packing: each word two adjacent queries of one key).
+  __device__ __forceinline__ void stage_ds(unsigned char* tile, const unsigned (&da)[PK][4]) const {
+    const int kl = cw * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int q = (2 * kk + r / 2) * 8 + (lane % 4) * 2, kv = kl + (r % 2) * 8;
+        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q, kv)) = static_cast<unsigned short>(da[kk][r]);
+        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q + 1, kv)) =
+            static_cast<unsigned short>(da[kk][r] >> 16);
+      }
+  }
+
+  // dQ's share of this warpgroup (asynchronous): columns [64 cw, 64 cw + 64) over every key where the
+  // warpgroups split dQ's columns, else all 64 columns over its own keys.
+  __device__ __forceinline__ void dq(float (&acc)[1][QT][4], unsigned sdS) const {
+    constexpr int KS = Cfg::kDqSplitN ? BN / 16 : 4;
+    const unsigned b0 = sK + (Cfg::kDqSplitN ? cw * BN * 128 : 0);
+    const int k0 = Cfg::kDqSplitN ? 0 : cw * 4;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const int k = k0 + kk;
+      Wgmma<NQ, T>::ss_t(&acc[0][0][0], sw128_desc(sdS + (k / 4) * BM * 128 + (k % 4) * 32, 16, 1024),
+                         sw128_desc(b0 + k * 16 * 128, BN * 128, 1024), kk > 0);
+    }
+    wgmma_commit();
+  }
+
+  // dQ's share added to the float32 accumulator of head h, rows past Sq and the padded columns skipped.
+  __device__ __forceinline__ void add_dq(const float (&acc)[1][QT][4], const BwdArgs& a, int b, int h,
+                                         int q_lo) const {
+    constexpr int D = Cfg::kHeadDim;
+    const int sq = static_cast<int>(a.f.Sq), c0 = Cfg::kDqSplitN ? cw * NQ : 0;
+    float* rows = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq) * D;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int q = q_lo + warp * 16 + lane / 4 + hf * 8;
+      if (q >= sq) continue;
+#pragma unroll
+      for (int j = 0; j < QT; ++j) {
+        const int c = c0 + j * 8 + (lane % 4) * 2;
+        if (D % 64 != 0 && c >= D) continue;
+        red_add2(rows + static_cast<long long>(q) * D + c, acc[0][j][2 * hf], acc[0][j][2 * hf + 1]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }
+};
+
+}  // namespace cubridge
