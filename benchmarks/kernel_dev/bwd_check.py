@@ -9,7 +9,8 @@ verdict), and dQ also with float64 autograd of the spec (end to end: rows that k
 error in delta there, in any FlashAttention-style backward; bwd_rows.py says why). A mismatch prints its worst
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
-Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench]
+Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
+[--d D]
 """
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def main() -> int:
     print(f"{'program':22s} {'S':>5s} {'D':>4s}  {'dQ':>8s} {'dK':>8s} {'dV':>8s}  {'dQ e2e':>8s}  finite  verdict")
     bad = 0
     t0 = time.time()
-    for name in NAMES + ["empty_rows_causal"]:
+    for name in NAMES + ["empty_rows_causal"] if "--bench-only" not in sys.argv else []:
         for D in (64, 128) if "--d" not in sys.argv else (int(sys.argv[sys.argv.index("--d") + 1]),):
             for S in (128, 257, 1024):
                 Hkv = 2 if name == "gqa_expand" else 4
