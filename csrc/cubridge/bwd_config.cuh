@@ -18,7 +18,8 @@ struct BwdArgs {
   const void* dout;  // dO [B, Hq, Sq, Dv] through the strides below
   long long do_sb, do_sh, do_ss;
   float* delta;      // [B, Hq, sq_pad] contiguous: rowsum(dO * O), written by the preprocess kernel
-  float* dq_acc;     // [B, Hq, Sq, D] contiguous float32: zeroed by the preprocess kernel, summed by atomics
+  float* dq_acc;     // float32, zeroed before the main kernel adds into it: [B, Hq, Sq, D] (FA2-class kernel),
+                     // or 64 x 64 blocks (the Hopper kernel's; bwd_prepost.cuh dq_tiled_at)
   void* dq;          // [B, Hq, Sq, D] in the input dtype, written by the postprocess kernel
   long long dq_sb, dq_sh, dq_ss;
   void* dk;          // [B, Hkv, Skv, D]
@@ -63,7 +64,8 @@ struct BwdTile {
 // dQ = dS K: past 64 columns each warpgroup takes its own 64 columns over all BN keys (kDqSplitN, the
 // warpgroups' dS shared through shared memory); at 64 columns each takes its own keys, all columns, and
 // both add their share.
-// Shared memory: 1024 alignment slack, K, V, kStages x (Q, dO), two dS buffers [BM][BN], kStages x (LSE,
+// Shared memory: 1024 alignment slack, K, V, kStages x (Q, dO), two dS buffers [BM][BN], a warpgroup's dQ
+// share staged per consumer (64 x 64 float32, added to global memory by one bulk reduction), kStages x (LSE,
 // delta) rows, the barriers (K and V full, then per stage full and empty) and two ints per stage (the item
 // and its class, which the producer hands the consumers).
 template <int D, int BN, int Stages>
@@ -81,9 +83,11 @@ struct BwdSm90Tile {
       ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
   static constexpr unsigned kQBytes = kBlockM * kPadD * 2, kKBytes = BN * kPadD * 2, kSBytes = kBlockM * BN * 2;
   static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows
+  static constexpr unsigned kDqBytes = 64 * 64 * 4;    // a warpgroup's staged dQ share
   static constexpr int kBarriers = 1 + 2 * Stages;
   static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + Stages * 2 * kQBytes + 2 * kSBytes + Stages * 2 * kRowBytes + 8 * kBarriers + 8 * Stages;
+      1024 + 2 * kKBytes + Stages * 2 * kQBytes + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
+      8 * kBarriers + 8 * Stages;
 
   static_assert(D % 8 == 0 && D >= 8 && D <= 128, "head dim in steps of 8, at most 128");
   static_assert(BN == 128, "two consumer warpgroups of 64 keys");

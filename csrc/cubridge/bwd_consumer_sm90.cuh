@@ -5,12 +5,13 @@
 //   P, dS                                (bwd_grads: the score, score_grad and mask hooks)
 //   dV += P^T dO, dK += dS^T Q           (P and dS from registers)
 //   dQ = dS K                            (dS staged in shared memory as [query][key]), added to dQ's float32
-//                                        accumulator by 2-wide reductions.
+//                                        accumulator by a bulk reduction of the warpgroup's 64 x 64 share.
 // Its m64nN accumulators hold, per 16-row warp slice, the m16n8 layout the FA2-class pieces use.
 #pragma once
 #include "bwd_config.cuh"
 #include "bwd_consumer.cuh"
 #include "pipeline.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace cubridge {
@@ -110,23 +111,33 @@ struct WgmmaBwdConsumer {
     wgmma_commit();
   }
 
-  // dQ's share added to the float32 accumulator of head h, rows past Sq and the padded columns skipped.
-  __device__ __forceinline__ void add_dq(const float (&acc)[1][QT][4], const BwdArgs& a, int b, int h,
-                                         int q_lo) const {
-    constexpr int D = Cfg::kHeadDim;
-    const int sq = static_cast<int>(a.f.Sq), c0 = Cfg::kDqSplitN ? cw * NQ : 0;
-    float* rows = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq) * D;
+  // dQ's share added to the float32 accumulator of head h: staged in this warpgroup's 64 x 64 buffer in
+  // dq_tiled_at's order (a warp's float2 stores consecutive: no bank conflicts), then one bulk reduction into
+  // the block's tile (rows past Sq and the padded columns land in the padding, which nothing reads).
+  __device__ __forceinline__ void add_dq(const float (&acc)[1][QT][4], float* stage0, unsigned sdq0,
+                                         const BwdArgs& a, int b, int h, int q_lo) const {
+    float* st = stage0 + cw * 64 * 64;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int q = q_lo + warp * 16 + lane / 4 + hf * 8;
-      if (q >= sq) continue;
+    for (int j = 0; j < QT; ++j)
 #pragma unroll
-      for (int j = 0; j < QT; ++j) {
-        const int c = c0 + j * 8 + (lane % 4) * 2;
-        if (D % 64 != 0 && c >= D) continue;
-        red_add2(rows + static_cast<long long>(q) * D + c, acc[0][j][2 * hf], acc[0][j][2 * hf + 1]);
-      }
+      for (int hf = 0; hf < 2; ++hf)
+        *reinterpret_cast<float2*>(st + ((warp * 8 + j) * 2 + hf) * 64 + lane * 2) =
+            make_float2(acc[0][j][2 * hf], acc[0][j][2 * hf + 1]);
+    fence_proxy_async();
+    named_sync(3 + cw, 128);  // the warpgroup's share staged
+    if (warp == 0 && lane == 0) {
+      constexpr int CH = Cfg::kDqSplitN ? PD / 64 : 1;
+      const long long nmb = a.sq_pad / 64, blk = ((b * a.f.Hq + h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
+      bulk_reduce_add_f32(a.dq_acc + blk * 64 * 64, sdq0 + cw * Cfg::kDqBytes, Cfg::kDqBytes);
     }
+  }
+  // The issuer's last reduction has read the staging buffer (before the barrier after which it is rewritten).
+  __device__ __forceinline__ void dq_stage_free() const {
+    if (warp == 0 && lane == 0) bulk_wait_read();
+  }
+  // Every reduction complete before the thread exits.
+  __device__ __forceinline__ void finish_dq() const {
+    if (warp == 0 && lane == 0) bulk_wait();
   }
 
   __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }

@@ -11,7 +11,8 @@
 // - the producer warp (bwd_producer_sm90.cuh): K and V of the CTA's keys once, then each live query block's
 //   Q, dO, LSE and delta into a kStages-deep ring (pipeline.cuh, QueryRing); it gives its registers away;
 // - the consumer warpgroups (bwd_consumer_sm90.cuh), 64 keys each: the five products on the tensor cores,
-//   dK and dV in registers for the whole walk, dQ's share added to its float32 accumulator;
+//   dK and dV in registers for the whole walk, dQ's share staged in shared memory and added to its float32
+//   accumulator by one bulk reduction per warpgroup and block;
 // - the epilogue: dK and dV in the input dtype (bwd_consumer.cuh, store_dkdv), and dQ by the postprocess.
 #pragma once
 #include <cuda_bf16.h>
@@ -27,8 +28,9 @@ namespace cubridge {
 template <class Cfg>
 struct BwdSm90Smem {
   static constexpr int ST = Cfg::kStages;
-  unsigned sK, sV, sQ, sdO, sdS, sLse, sDelta;  // shared addresses (Q, dO, LSE, delta: stage 0)
-  unsigned char* ds_tile;                        // dS buffer 0, generic
+  unsigned sK, sV, sQ, sdO, sdS, sDq, sLse, sDelta;  // shared addresses (Q, dO, LSE, delta: stage 0)
+  unsigned char* ds_tile;                             // dS buffer 0, generic
+  float* dq_stage;                                    // consumer 0's dQ share, generic
   const float *lse, *delta;                      // stage 0's rows, generic
   QueryRing<ST> ring;
   int* info;  // per stage: the item, and its class | 4 where it is the walk's last
@@ -42,9 +44,11 @@ struct BwdSm90Smem {
     sQ = sV + Cfg::kKBytes;
     sdO = sQ + ST * Cfg::kQBytes;
     sdS = sdO + ST * Cfg::kQBytes;
-    sLse = sdS + 2 * Cfg::kSBytes;
+    sDq = sdS + 2 * Cfg::kSBytes;
+    sLse = sDq + Cfg::kConsumers * Cfg::kDqBytes;
     sDelta = sLse + ST * Cfg::kRowBytes;
     ds_tile = base + (sdS - sK);
+    dq_stage = reinterpret_cast<float*>(base + (sDq - sK));
     lse = reinterpret_cast<const float*>(base + (sLse - sK));
     delta = reinterpret_cast<const float*>(base + (sDelta - sK));
     ring.bars = sDelta + ST * Cfg::kRowBytes;
@@ -111,6 +115,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     const int buf = i & 1;
     c.stage_ds(sm.ds_tile + buf * Cfg::kSBytes, da);
     fence_proxy_async();  // the generic writes, before the tensor cores read them
+    c.dq_stage_free();    // the issuer's last reduction has read the staging buffer, before the barrier below
     if constexpr (Cfg::kDqSplitN)
       named_sync(1, 128 * NC);  // every warpgroup's keys of dS staged
     else
@@ -124,8 +129,10 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     wgmma_hold_a<4 * C::PK>(&da[0][0]);
     wgmma_hold<4 * C::QT>(&dq[0][0][0]);
     c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
-    c.add_dq(dq, a, b, h, q_lo);
+    // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
+    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo);
   }
+  c.finish_dq();
   store_dkdv<Cfg::kHeadDim, C::DT, T>(dk, dv, a, b, hk, c.kv_row0, c.lane);
 }
 

@@ -13,8 +13,20 @@ namespace cubridge {
 
 constexpr int kBwdRowsPerCta = 8;
 
-// D: Q's head dim (dQ's columns); DV: V's (dO's and O's columns).
-template <int D, int DV, class T>
+// Where the Hopper kernel's dQ accumulator holds element (q, c) of head h: per (b, h) and 64-row block, CH
+// chunks of 64 columns, each 64 x 64 floats in the order a warpgroup stages them (bwd_consumer_sm90.cuh add_dq:
+// a warp's 16 rows, n8 tile j, half hf, then lane and element).
+template <int CH>
+__device__ __forceinline__ long long dq_tiled_at(const BwdArgs& a, int b, int h, int q, int c) {
+  const int r = q % 64, cc = c % 64;
+  const int warp = r / 16, hf = (r % 16) / 8, lane = (r % 8) * 4 + (cc % 8) / 2, j = cc / 8;
+  const long long blk = ((b * a.f.Hq + h) * (a.sq_pad / 64) + q / 64) * CH + c / 64;
+  return blk * 4096 + ((warp * 8 + j) * 2 + hf) * 64 + lane * 2 + cc % 2;
+}
+
+// D: Q's head dim (dQ's columns); DV: V's (dO's and O's columns). ZeroDq: zero dQ's row-major accumulator
+// (the Hopper kernel's tiled one is zeroed by the host).
+template <int D, int DV, class T, bool ZeroDq = true>
 __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -34,18 +46,25 @@ __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
     a.delta[prow] = acc;
     a.lse_pad[prow] = a.f.lse[row];
   }
-  float* dq = a.dq_acc + row * D;
-  for (int d = lane; d < D; d += 32) dq[d] = 0.f;
+  if constexpr (ZeroDq) {
+    float* dq = a.dq_acc + row * D;
+    for (int d = lane; d < D; d += 32) dq[d] = 0.f;
+  }
 }
 
-template <int D, class T>
+// CH: 0 where the accumulator is row-major [B, Hq, Sq, D], else its chunks per block (dq_tiled_at).
+template <int D, class T, int CH = 0>
 __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y, b = blockIdx.z;
   if (q >= a.f.Sq) return;
-  const float* acc = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq + q) * D;
   T* dq = static_cast<T*>(a.dq) + b * a.dq_sb + h * a.dq_sh + q * a.dq_ss;
-  for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(acc[d]);
+  if constexpr (CH == 0) {
+    const float* acc = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq + q) * D;
+    for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(acc[d]);
+  } else {
+    for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(a.dq_acc[dq_tiled_at<CH>(a, b, h, q, d)]);
+  }
 }
 
 }  // namespace cubridge

@@ -66,6 +66,19 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                : "memory");
 }
 
+// Add `bytes` of float32 at shared `src` into global `dst` (both 16-aligned), element by element, as one bulk
+// request; its reads of `src` complete with bulk_wait_read.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk requests have read their shared sources (the buffers may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and have completed (their global writes done) before the thread exits.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // Per-warpgroup register budgets (sm_90a); the kernel must start with a cap
 // (__launch_bounds__(threads, 1)) for these to take effect.
 template <int N>

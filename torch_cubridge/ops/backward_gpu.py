@@ -87,7 +87,10 @@ class GpuBackward:
         sq_pad = -(-Sq // SQ_PAD) * SQ_PAD
         delta = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
         lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
-        dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
+        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at), zeroed here
+            dq_acc = torch.zeros(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
+        else:  # zeroed by the preprocess
+            dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
         # dim strided, they write a dense buffer copied over after
         bufs = [t if t.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
