@@ -73,6 +73,67 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
     }
 }
 
+// The same in two halves, so the tensor cores take dV = P^T dO while dP^T is still on them (the Hopper
+// kernel): bwd_probs makes P, as the A operand pa (input dtype), from S^T alone, and leaves s holding
+// P dscore/ds in float32; bwd_dscores then makes dS from it and dP^T, as the A operand da.
+template <class Variant, int NT, class T>
+__device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[NT / 2][4], const float* sLse,
+                                          const FwdArgs& a, const typename Variant::Params& p, int b, int h,
+                                          int q_lo, int cls, int kv_row0, int lane) {
+  constexpr bool kRaw = score_is_default<Variant>(0);
+  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+  static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
+  unsigned drop = 0;
+  if constexpr (Variant::kHasMask)
+    if (cls == kPartial) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int q = imin(q_lo + nt * 8 + (lane % 4) * 2 + e % 2, sq - 1);
+          const int kv = imin(kv_row0 + (e / 2) * 8, skv - 1);
+          drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
+        }
+    }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float pr[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
+      const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
+      const bool keep = q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u);
+      const float raw = s[0][nt][e];
+      const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
+      const float lse = sLse[ql];
+      // as bwd_grads: an empty row has no probabilities; a hooked score is subtracted before it is scaled
+      pr[e] = !keep || lse == neg_inf() ? 0.f
+              : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
+      const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
+      s[0][nt][e] = pr[e] != 0.f ? pr[e] * g : 0.f;
+    }
+    pa[nt / 2][(nt % 2) * 2] = pack2<T>(pr[0], pr[1]);
+    pa[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(pr[2], pr[3]);
+  }
+}
+
+template <int NT, class T>
+__device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const float (&dp)[1][NT][4],
+                                            unsigned (&da)[NT / 2][4], const float* sDelta, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = nt * 8 + (lane % 4) * 2 + e % 2;
+      ds[e] = pg[0][nt][e] != 0.f ? pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]) : 0.f;
+    }
+    da[nt / 2][(nt % 2) * 2] = pack2<T>(ds[0], ds[1]);
+    da[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+  }
+}
+
 // Rows kv_row0 and kv_row0 + 8 of dK and dV (the m16n8 accumulator layout, DT n8 tiles; D columns of data)
 // to global memory in the input dtype, rows past the keys' end skipped.
 template <int D, int DT, class T>

@@ -39,7 +39,8 @@ struct WgmmaBwdConsumer {
     sV = v_tile;
   }
 
-  // S^T and dP^T of this warpgroup's keys against the block in shared memory at sQ, sdO (asynchronous).
+  // S^T and dP^T of this warpgroup's keys against the block in shared memory at sQ, sdO (asynchronous: two
+  // groups, S^T's first).
   __device__ __forceinline__ void products(float (&sc)[1][NT][4], float (&dp)[1][NT][4], unsigned sQ,
                                            unsigned sdO) const {
     wgmma_fence();
@@ -48,6 +49,7 @@ struct WgmmaBwdConsumer {
       const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
       Wgmma<BM, T>::ss(&sc[0][0][0], sw128_desc(sK + off, 16, 1024), sw128_desc(sQ + qoff, 16, 1024), kc > 0);
     }
+    wgmma_commit();  // S^T first: its probabilities are made while dP^T is computed
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
@@ -56,24 +58,18 @@ struct WgmmaBwdConsumer {
     wgmma_commit();
   }
 
-  // P (or dS) as the A operand: keys as rows, queries as the k dimension.
-  __device__ __forceinline__ static void a_operand(unsigned (&pa)[PK][4], const float (&x)[1][NT][4]) {
-#pragma unroll
-    for (int kk = 0; kk < PK; ++kk) {
-      pa[kk][0] = pack2<T>(x[0][2 * kk][0], x[0][2 * kk][1]);
-      pa[kk][1] = pack2<T>(x[0][2 * kk][2], x[0][2 * kk][3]);
-      pa[kk][2] = pack2<T>(x[0][2 * kk + 1][0], x[0][2 * kk + 1][1]);
-      pa[kk][3] = pack2<T>(x[0][2 * kk + 1][2], x[0][2 * kk + 1][3]);
-    }
-  }
-
-  // dV += P^T dO and dK += dS^T Q (asynchronous).
-  __device__ __forceinline__ void accumulate(float (&dv)[1][DT][4], float (&dk)[1][DT][4], const unsigned (&pa)[PK][4],
-                                             const unsigned (&da)[PK][4], unsigned sQ, unsigned sdO) const {
+  // dV += P^T dO (asynchronous).
+  __device__ __forceinline__ void accumulate_dv(float (&dv)[1][DT][4], const unsigned (&pa)[PK][4], unsigned sdO) const {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
       Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], sw128_desc(sdO + kk * 16 * 128, BM * 128, 1024));
+    wgmma_commit();
+  }
+
+  // dK += dS^T Q (asynchronous).
+  __device__ __forceinline__ void accumulate_dk(float (&dk)[1][DT][4], const unsigned (&da)[PK][4], unsigned sQ) const {
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
       Wgmma<PD, T>::rs(&dk[0][0][0], da[kk], sw128_desc(sQ + kk * 16 * 128, BM * 128, 1024));

@@ -98,17 +98,18 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     const int h = walk.head(item), q_lo = walk.q_lo(item);
     const unsigned sQ = sm.sQ + s * Cfg::kQBytes, sdO = sm.sdO + s * Cfg::kQBytes;
 
+    // the tensor cores take S^T, dP^T, then dV while dS is made, then dK while dS is staged, then dQ
     float sc[1][C::NT][4], dp[1][C::NT][4];
-    c.products(sc, dp, sQ, sdO);
-    wgmma_wait<0>();
-    wgmma_hold<4 * C::NT>(&sc[0][0][0]);
-    wgmma_hold<4 * C::NT>(&dp[0][0][0]);
-    bwd_grads<Variant, C::NT>(sc, dp, sm.lse + s * BM, sm.delta + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
-                              c.lane);
     unsigned pa[C::PK][4], da[C::PK][4];
-    C::a_operand(pa, sc);
-    C::a_operand(da, dp);
-    c.accumulate(dv, dk, pa, da, sQ, sdO);
+    c.products(sc, dp, sQ, sdO);
+    wgmma_wait<1>();
+    wgmma_hold<4 * C::NT>(&sc[0][0][0]);
+    bwd_probs<Variant, C::NT, T>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
+    c.accumulate_dv(dv, pa, sdO);
+    wgmma_wait<1>();
+    wgmma_hold<4 * C::NT>(&dp[0][0][0]);
+    bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
+    c.accumulate_dk(dk, da, sQ);
     // dS for dQ, from its packed operand while the tensor cores take dV and dK: the buffers alternate, so a
     // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
     // its last dQ completed)
