@@ -127,7 +127,11 @@ class BackwardRunner:
         if not q.is_cuda:
             return q.device.type, q.dtype, d, q.device.type
         major, minor = torch.cuda.get_device_capability(q.device)
-        return f"sm_{major}{minor}", q.dtype, d, torch.cuda.get_device_name(q.device)
+        # Hopper: the forward's own target (sm_90a, its wgmma backward kernel, unless the Hopper kernels are
+        # switched off)
+        from .runner import arch_for
+        arch = arch_for(q.device) if major == 9 else f"sm_{major}{minor}"
+        return arch, q.dtype, d, torch.cuda.get_device_name(q.device)
 
     def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
               scalars: list[float], lse: torch.Tensor, dout: torch.Tensor) -> tuple[str | None, torch.Tensor]:
