@@ -109,3 +109,39 @@ def test_other_head_dims_and_archs_build(name, arch, D, tmp_path):
     """96 columns split unevenly over dQ's column groups; sm_86 takes 16 rows a step; 24 and 56 pad their
     last k16 step with zero columns."""
     _build_case(name, arch, D, tmp_path)
+
+
+# The Hopper kernel at the head dims and programs the device runs measure; at 128 columns softcap's two hooks
+# (tanh for the score and for its derivative) and the document mask's block-map reads spill a little, which the
+# bounds below admit and no more.
+HOPPER_SPILL = {("softcap_causal", 128): 64, ("document_causal", 128): 8}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", NAMES)
+def test_hopper_backward_is_wgmma_fed_by_tma(name, D, tmp_path):
+    """On sm_90a the backward is the Hopper kernel: warpgroup MMA (HGMMA) on operands the copy engine brought
+    (UTMALDG, and the LSE and delta rows by bulk copies), dQ added by one bulk reduction (UBLKRED), no mma.sync,
+    and the registers handed from the producer to the consumers (USETMAXREG)."""
+    low = lower_backward(_prog(name, D), "sm_90a", head_dim=D)
+    assert low.tile.kernel == "sm90"
+    cubin = tc.cubin(_prog(name, D), arch="sm_90a", head_dim=D, backward=True)
+    sass = _sass(cubin, tmp_path)
+    for op in ("HGMMA", "UTMALDG", "UBLKCP", "UBLKRED", "USETMAXREG"):
+        assert op in sass, op
+    assert "HMMA" not in sass.replace("HGMMA", "")
+    _, log = _ptxas(low.source, "sm_90a")
+    main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
+    spill = int(re.search(r"(\d+) bytes spill stores", main)[1])
+    assert spill <= HOPPER_SPILL.get((name, D), 0), main
+
+
+def test_hopper_backward_takes_what_fits_its_registers():
+    """sm_90a up to head dim 128 (a consumer thread holds half of dK's and dV's padded rows); past it, and on
+    other archs, the FA2-class kernel; a forced Hopper kernel where it does not fit is refused, not built."""
+    assert lower_backward(_prog("causal_sdpa", 120), "sm_90a", head_dim=120).tile.kernel == "sm90"
+    assert lower_backward(_prog("causal_sdpa"), "sm_90", head_dim=64).tile.kernel == "sm80"
+    assert lower_backward(_prog("causal_sdpa"), "sm_90a", head_dim=64, kernel="sm80").tile.kernel == "sm80"
+    with pytest.raises(UnsupportedSpec, match="Hopper backward"):
+        lower_backward(_prog("causal_sdpa"), "sm_80", head_dim=64, kernel="sm90")
