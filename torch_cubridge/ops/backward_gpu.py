@@ -12,7 +12,6 @@ import struct
 import torch
 
 from ..ir.bind import scalar_values, sizes_of, to_canonical
-from ..ir.expr import free_vars
 from ..ir.interval import interval
 from ..ir.program import Program
 from .backward_reference import canonical_out
@@ -59,7 +58,6 @@ class GpuBackward:
         self.fmt = params_format(low.params)
         # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
         self.blocks = prepass_kernels(cub) if low.prepass else None
-        self.mask_vars = free_vars(p.mask) if p.mask is not None else set()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                  scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
@@ -103,7 +101,7 @@ class GpuBackward:
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
             rt, table = run_block_prepass(*self.blocks, args[:struct.calcsize(FWD)], self.fmt, self.low.params,
                                           tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
-                                          self.low.tile.block_n, self.mask_vars, q.device, stream)
+                                          self.low.tile.block_n, p.mask, q.device, stream)
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
         blocks = (args, params)
         if self.low.tile.kernel == "sm90":  # Q and dO in boxes of 64 rows, K and V of the CTA's keys

@@ -3,10 +3,12 @@ scan, run before a kernel whose block_class reads it, at that kernel's own tile 
 backward's). One table row per (batch, head, query tile) where the mask reads b and h; shared otherwise."""
 from __future__ import annotations
 
+import functools
 import struct
 
 import torch
 
+from ..ir.expr import Expr, free_vars
 from .launch import CubinKernel
 from .pack import pack_params
 
@@ -19,12 +21,21 @@ def prepass_kernels(cubin: bytes) -> tuple[CubinKernel, CubinKernel]:
             CubinKernel(cubin, SCAN_NAME, threads=PREPASS_THREADS, smem_bytes=0))
 
 
+@functools.lru_cache(maxsize=256)
+def mask_axes(mask: Expr) -> frozenset[str]:
+    """The index variables the mask reads: the table has a row block per batch entry only where it reads
+    "b", per head only where it reads "h" (else one, broadcast)."""
+    return frozenset(free_vars(mask))
+
+
 def run_block_prepass(classify, scan, fwd: bytes, fmt, fields, tensors: dict, scal: dict, B: int, H: int,
-                      Sq: int, Skv: int, block_m: int, block_n: int, mask_vars: set[str], dev: torch.device,
+                      Sq: int, Skv: int, block_m: int, block_n: int, mask: Expr, dev: torch.device,
                       stream: int) -> tuple[dict[str, int], torch.Tensor]:
-    """Launch the pre-pass (`classify`) and its scan on `stream`; the runtime Params words that point the
-    kernel's block_class at the table, and the table (the caller keeps it alive past the kernel's launch)."""
+    """Launch the pre-pass (`classify`) and its scan on `stream` for the program's `mask`; the runtime Params
+    words that point the kernel's block_class at the table, and the table (the caller keeps it alive past the
+    kernel's launch)."""
     nq, nk = -(-Sq // block_m), -(-Skv // block_n)
+    mask_vars = mask_axes(mask)
     bb = B if "b" in mask_vars else 1
     hb = H if "h" in mask_vars else 1
     rows = bb * hb * nq

@@ -86,8 +86,9 @@ def make(runner: Any, device: int, capturing: Any, sm_count: int, ctas_per_sm: i
     if runner._sites:
         names, fixed = [x.name for x in per_call], {n: tuple(t.shape) for n, t in consts.items()}
 
-        def bounds(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, shapes: tuple) -> bool:
+        def in_bounds(B: int, H: int, Hkv: int, Sq: int, Skv: int, D: int, shapes: tuple) -> bool:
             return runner.reads_in_bounds((B, H, Hkv, Sq, Skv, D), {**fixed, **dict(zip(names, shapes))})
+        bounds = in_bounds
     return mod.Decoder(torch.Tensor, runner.dtype, ranks, perms, out_dims, runner.head_dim, runner.value_dim,
                        tile.block_m, tile.block_n, kern.handle(device), kern.threads, kern.smem_bytes, device,
                        float(runner._scale_const), params, NO_PAGES, ctas_per_sm, sm_count, min_blocks,

@@ -82,7 +82,6 @@ class KernelRunner(KVReads, CustomOpCalls):
         self.plan = Plan(p)
         self._consts: dict[tuple, torch.Tensor] = {}
         self._lit = {s.name: s.value for s in p.scalars} if self.plan.literal_scalars else None
-        self._mask_vars = free_vars(p.mask) if p.mask is not None else set()
         self._row_lse = p.row_scale is not None and ROW_LSE in free_vars(p.row_scale)  # the kernel writes it
         self._lse_out = p.out.lse_index >= 0  # the spec returns the rows' log-sum-exp: the kernel writes it
         # what a call must work out, decided once: most programs need none of it per call
@@ -350,7 +349,7 @@ class KernelRunner(KVReads, CustomOpCalls):
         tile = self.low.tile
         rt, self._table = run_block_prepass(self.aux["prepass"], self.aux["scan"], fwd, self.fmt, self.low.params,
                                             tensors, scal, B, H, Sq, Skv, tile.block_m, tile.block_n,
-                                            self._mask_vars, dev, stream)
+                                            self.p.mask, dev, stream)
         return rt  # self._table: the buffer kept alive until the launch is enqueued on the stream
 
     def _scale(self, sizes: dict, scal: dict) -> float:
