@@ -156,7 +156,8 @@ def _build_and_verify(fn: Callable, res: Transferred, bound: dict[str, Any]) -> 
     from .lower import lower
     from .lower.choice import choose_kernel
     from .ops.registry import register
-    from .ops.runner import KernelRunner, arch_for
+    from .build.arch import arch_for
+    from .ops.runner import KernelRunner
     from .verify.gpu import gpu_cases, verify_kernel
     p = res.program
     device = call_device(bound)

@@ -34,7 +34,7 @@ def build_early(prog: Program, bound: dict[str, Any], device: torch.device) -> N
         from ..lower import lower
         from ..lower.choice import choose_kernel
         from ..ops.kernel import kernel_key, load_kernel
-        from ..ops.runner import arch_for
+        from .arch import arch_for
         arch = arch_for(device)
         low = lower(prog, choice=choose_kernel(prog, bound, arch), fast_tanh=True)
         key = kernel_key(low, arch)

@@ -74,7 +74,7 @@ def paged_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, 
     on the current stream; False where the kernel does not take the call (nothing written then)."""
     if not _takes(k_cache, v_cache, k, v, block_table, pos):
         return False
-    from .runner import arch_for
+    from ..build.arch import arch_for
     kernels = _kernels(arch_for(k_cache.device))
     if kernels is None:
         return False

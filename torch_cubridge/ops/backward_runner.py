@@ -129,7 +129,7 @@ class BackwardRunner:
         major, minor = torch.cuda.get_device_capability(q.device)
         # Hopper: the forward's own target (sm_90a, its wgmma backward kernel, unless the Hopper kernels are
         # switched off)
-        from .runner import arch_for
+        from ..build.arch import arch_for
         arch = arch_for(q.device) if major == 9 else f"sm_{major}{minor}"
         return arch, q.dtype, d, torch.cuda.get_device_name(q.device)
 

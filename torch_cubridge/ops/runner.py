@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from ..config import hopper_kernel_enabled
-from ..errors import UnsupportedSpec
 from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, scalar_values
 from ..ir.paged import PagedRead
 from ..ir.segments import KVSegments
@@ -386,15 +384,6 @@ def _readable_copy(t: torch.Tensor, perm: tuple) -> torch.Tensor:
     c = t.as_strided(*canon(t, perm)).contiguous()
     return c if c.data_ptr() % 16 == 0 else c.clone()
 
-
-def arch_for(device: torch.device) -> str:
-    """The arch this kernel is built for on `device`: sm_80 class, or sm_90a (Hopper: wgmma, TMA)."""
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise UnsupportedSpec(f"the kernel needs sm_80 or newer; this GPU is sm_{major}{minor}", op="kernel")
-    if major == 9:
-        return "sm_90a" if minor == 0 and hopper_kernel_enabled() else "sm_90"
-    return f"sm_{major}{minor}" if major == 8 else "sm_80"
 
 
 class DecodeRunner(DecodeLaunch, KernelRunner):
