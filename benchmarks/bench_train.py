@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_cubridge as tc  # noqa: E402
 from record import save  # noqa: E402
 from timing import add_tflops, parse_plan  # noqa: E402
-from variants import SPECS, document_ids, flex_mods, pair_count  # noqa: E402
+from variants import SPECS, document_ids, flex_mods, pair_count, relative_table  # noqa: E402
 from torch_cubridge.ops.backward_runner import ROW_TOL  # noqa: E402  (the backward's own first-call check's)
 from torch_cubridge.verify.judge import delta_rounding_allowance, judge_rows  # noqa: E402
 VARIANTS = ("causal", "full", "sliding_1024", "softcap_causal", "alibi_causal", "prefix_1024", "document",
-            "gqa_causal")
+            "gqa_causal", "relbias_causal")
 
 
 def bench(fn) -> float:
@@ -50,10 +50,11 @@ def peak_gb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
-def step_of(attn, q, k, v, do):
-    """One forward and backward: the gradients of q, k and v (none accumulated, so steps compare)."""
+def step_of(attn, q, k, v, do, learn=()):
+    """One forward and backward: the gradients of q, k, v and the learnable tensors (none accumulated, so steps
+    compare)."""
     def step():
-        return torch.autograd.grad(attn(q, k, v), (q, k, v), do)
+        return torch.autograd.grad(attn(q, k, v), (q, k, v, *learn), do)
     return step
 
 
@@ -62,8 +63,9 @@ def grads_vs_fp64(spec, grads, q, k, v, do, extra, o) -> dict:
     with the rounding of delta = rowsum(dO * O) from our bf16 O allowed per row (every variant here has
     dscore/ds at most D^-0.5: a softcap's derivative is at most the scale)."""
     one = [t[:1].detach().double().requires_grad_() for t in (q, k, v)]
-    ex = tuple(t[:1] for t in extra)
-    ref = torch.autograd.grad(spec(*one, *ex), one, do[:1].double())
+    ex = tuple(t.detach().double().requires_grad_() if t.is_floating_point() else t[:1] for t in extra)
+    learn = [t for t in ex if t.requires_grad]
+    ref = torch.autograd.grad(spec(*one, *ex), one + learn, do[:1].double())
     dq_extra = delta_rounding_allowance(o[:1], do[:1], k[:1], q.shape[-1] ** -0.5)
     out = {}
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
@@ -71,7 +73,14 @@ def grads_vs_fp64(spec, grads, q, k, v, do, extra, o) -> dict:
         out[f"{name}_worst_over_bound"] = verdict.worst
         out[f"{name}_rel_l2"] = float((g[:1].double() - r).norm() / r.norm().clamp_min(1e-30))
         out[f"{name}_ok"] = verdict.ok
-    out["grads_match_fp64"] = all(out[f"{n}_ok"] for n in ("dq", "dk", "dv"))
+    names = ["dq", "dk", "dv"]
+    # a learnable table's gradient (one row: every batch entry adds into it) is the first entry's alone here
+    for i, r in enumerate(ref[3:]):
+        g = grads[3 + i]
+        verdict = judge_rows(g.reshape(1, -1), r.reshape(1, -1), ROW_TOL)
+        out[f"table{i}_worst_over_bound"], out[f"table{i}_ok"] = verdict.worst, verdict.ok
+        names.append(f"table{i}")
+    out["grads_match_fp64"] = all(out[f"{n}_ok"] for n in names)
     return out
 
 
@@ -84,18 +93,25 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(2))
     for t in (q, k, v):
         t.requires_grad_()
-    extra, doc = (), None
+    extra, doc, rel = (), None, None
     if name == "document":
         doc = document_ids(B, S, dev)
         extra = (doc,)
+    if name == "relbias_causal":
+        rel = relative_table(H, S, dev)
+        extra = (rel,)
+    learn = (rel,) if rel is not None else ()
     pairs = pair_count(name, B, S, dev, doc) * H
     flops = 3.5 * 4 * pairs * D
     row: dict = {"variant": name, "S": S, "D": D, "B": B, "H": H, "Hkv": Hkv, "density": pairs / (B * H * S * S)}
     spec = SPECS[name]
     f = tc.compile(spec, fallback="raise")
-    ours = step_of(lambda a, b, c: f(a, b, c, *extra), q, k, v, do)
+    ours = step_of(lambda a, b, c: f(a, b, c, *extra), q, k, v, do, learn)
     t0 = time.perf_counter()
     grads = ours()
+    if learn:  # the table's gradient sums over the batch: the check's reference takes the first entry alone
+        one = step_of(lambda a, b, c: f(a, b, c, *extra), q[:1], k[:1], v[:1], do[:1], learn)()
+        grads = grads[:3] + one[3:]
     torch.cuda.synchronize()
     row["first_step_s"] = time.perf_counter() - t0
     row["forward_served"] = dict(f.served)
@@ -120,11 +136,12 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
                 row[f"sdpa_{be}_ms"], row[f"sdpa_{be}_error"] = None, str(e)[:200]
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        score, mask = flex_mods(name, H, S, dev, doc)
+        score, mask = flex_mods(name, H, S, dev, doc, rel)
         bm = create_block_mask(mask, B if name == "document" else None, None, S, S, device=dev) if mask else None
         torch._dynamo.reset()
         flex = torch.compile(flex_attention)
-        fstep = step_of(lambda a, b, c: flex(a, b, c, score_mod=score, block_mask=bm, enable_gqa=Hkv != H), q, k, v, do)
+        fstep = step_of(lambda a, b, c: flex(a, b, c, score_mod=score, block_mask=bm, enable_gqa=Hkv != H), q, k, v, do,
+                        learn)
         t0 = time.perf_counter()
         fstep()
         torch.cuda.synchronize()

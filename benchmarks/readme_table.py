@@ -16,7 +16,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- performance table: benchmarks/readme_table.py -->", "<!-- end of performance table -->"
 NAMES = {"full": "full", "causal": "causal", "sliding_1024": "sliding window 1024", "softcap_causal": "softcap 50, causal",
          "softcap_full": "softcap 50, full", "alibi_causal": "ALiBi, causal", "prefix_1024": "prefix-LM 1024",
-         "document": "document ids", "gqa_causal": "GQA 4:1, causal"}
+         "document": "document ids", "gqa_causal": "GQA 4:1, causal",
+         "relbias_causal": "learnable relative bias, causal"}
 
 
 def _ratio(ours: float | None, other: float | None) -> str:

@@ -64,6 +64,20 @@ def gqa_causal(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def relbias_causal(q, k, v, rel):
+    """A learnable relative-position bias: rel [H, 2S - 1], one value per head and distance (Swin, T5 unbucketed)."""
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    s = _scores(q, k) + rel[:, i[None, :] - i[:, None] + S - 1].to(q.dtype)
+    return torch.softmax(s.masked_fill(~_causal(S, q.device), float("-inf")), -1) @ v
+
+
+def relative_table(H, S, dev):
+    """relbias_causal's table, learnable: small values, the same every run."""
+    g = torch.Generator().manual_seed(H * S)
+    return (0.1 * torch.randn(H, 2 * S - 1, generator=g)).to(dev).requires_grad_()
+
+
 def document_ids(B, S, dev):
     """[B, S] document ids: 64 documents of S/8 to S/2 tokens, cut at S; the same documents every run."""
     lens = torch.randint(S // 8, S // 2, (64,), generator=torch.Generator().manual_seed(S))
@@ -71,8 +85,8 @@ def document_ids(B, S, dev):
     return ids[None].expand(B, S).contiguous().to(dev)
 
 
-def flex_mods(name, H, S, dev, doc=None):
-    """(score_mod, mask_mod) for FlexAttention."""
+def flex_mods(name, H, S, dev, doc=None, rel=None):
+    """(score_mod, mask_mod) for FlexAttention (rel: relbias_causal's table, a captured buffer it differentiates)."""
     causal_m = lambda b, h, qi, ki: qi >= ki
     if name in ("full", "softcap_full"):
         mask = None
@@ -90,6 +104,8 @@ def flex_mods(name, H, S, dev, doc=None):
     elif name == "alibi_causal":
         slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=dev)
         score = lambda s, b, h, qi, ki: s + slopes[h] * (ki - qi)
+    elif name == "relbias_causal":
+        score = lambda s, b, h, qi, ki: s + rel[h, ki - qi + S - 1]
     return score, mask
 
 
@@ -118,4 +134,4 @@ def pair_count(name, B, S, dev, doc=None) -> int:
 
 SPECS = {"full": full, "causal": causal, "sliding_1024": sliding_1024, "softcap_causal": softcap_causal,
          "softcap_full": softcap_full, "alibi_causal": alibi_causal, "prefix_1024": prefix_1024,
-         "document": document, "gqa_causal": gqa_causal}
+         "document": document, "gqa_causal": gqa_causal, "relbias_causal": relbias_causal}
