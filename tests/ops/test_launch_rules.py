@@ -201,3 +201,22 @@ def test_the_python_page_word_refuses_empty_pages_and_keeps_the_rule():
     assert pack.page_div_word(48) == rules.page_div(48)
     with pytest.raises(ValueError):
         pack.page_div_word(0)
+
+
+def test_the_backward_arguments_are_the_header_with_fwdargs_inside():
+    """BwdArgs (bwd_config.cuh) begins with a FwdArgs field, read as its words named through it; the backward
+    packs the struct by those names, so a field added to the header and not filled is refused."""
+    bwd = layout.read("BwdArgs")
+    fwd = layout.read("FwdArgs")
+    assert bwd.words[:len(fwd.words)] == tuple(f"f.{w}" for w in fwd.words)
+    assert bwd.words[len(fwd.words):] == ("dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh",
+                                          "dq_ss", "dk", "dk_sb", "dk_sh", "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss",
+                                          "lse_pad", "sq_pad")
+    assert bwd.format.format == "<" + fwd.format.format[1:] + "Qqqq" + "QQ" + "Qqqq" * 3 + "Qq"
+    from torch_cubridge.ops import backward_gpu
+    words = list(range(len(bwd.words)))
+    assert backward_gpu._pack_bwd(*words[:22], 0.5, *words[23:]) == bwd.format.pack(*words[:22], 0.5, *words[23:])
+    grown = layout.parse("struct B {\n  FwdArgs f;\n  long long extra;\n};", "B", lambda n: fwd)
+    assert grown.words == tuple(f"f.{w}" for w in fwd.words) + ("extra",)
+    with pytest.raises(layout.LayoutError):
+        layout.parse("struct B {\n  Unknown u;\n};", "B", lambda n: fwd)

@@ -8,7 +8,6 @@ float32, and writes dQ, dK, dV straight into tensors in the operands' own layout
 """
 from __future__ import annotations
 
-import struct
 import torch
 
 from ..ir.bind import scalar_values, sizes_of, to_canonical
@@ -16,12 +15,17 @@ from ..ir.interval import interval
 from ..ir.program import Program
 from .backward_reference import canonical_out
 from ..lower.backward import SQ_PAD
+from . import layout
 from .block_table import prepass_kernels, run_block_prepass
+from .pack import FWD_FORMAT, FWD_WORDS
 from .tma import no_broadcast, tensor_map
 
-FWD = "<5Q12q5qd"  # FwdArgs: q k v o lse, 4 x 3 strides, B Hq Hkv Sq Skv, scale
-# BwdArgs: dout + strides, delta, dq_acc, dq / dk / dv + strides, lse_pad, sq_pad
-BWD = FWD + "Q3q" + "QQ" + "Q3q" * 3 + "Qq"
+# BwdArgs, read from bwd_config.cuh (ops/layout.py), packed by name: FwdArgs' words, then dO and its strides,
+# delta, dQ's accumulator, dQ, dK, dV and their strides, the padded LSE rows and their count
+BWD_LAYOUT = layout.read("BwdArgs")
+_pack_bwd = BWD_LAYOUT.packer(tuple(f"f.{w}" for w in FWD_WORDS) + (
+    "dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh", "dq_ss", "dk", "dk_sb", "dk_sh",
+    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad"))
 
 
 def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
@@ -96,13 +100,13 @@ class GpuBackward:
         # dim strided, they write a dense buffer copied over after
         bufs = [t if t.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
                 for t in (dqc, dkc, dvc)]
-        args = struct.pack(BWD, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
+        args = _pack_bwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
                            *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
                            doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
                            *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad)
         rt, table = {}, None
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
-            rt, table = run_block_prepass(*self.blocks, args[:struct.calcsize(FWD)], self.fmt, self.low.params,
+            rt, table = run_block_prepass(*self.blocks, args[:FWD_FORMAT.size], self.fmt, self.low.params,
                                           tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
                                           self.low.tile.block_n, p.mask, q.device, stream)
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt)

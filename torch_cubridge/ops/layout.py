@@ -1,7 +1,8 @@
 """The kernel argument structs, read from the kernel's own headers (csrc/cubridge/*.cuh).
 
-FwdArgs (variant.cuh), PagedKV (paged.cuh) and SegKV (decode_kernel.cuh) are passed to the kernels by
-value, every field 8 bytes wide, so the host packs each as a flat array of 64-bit words in declaration
+FwdArgs (variant.cuh), PagedKV (paged.cuh), SegKV (decode_kernel.cuh) and BwdArgs (bwd_config.cuh) are
+passed to the kernels by value, every field 8 bytes wide (a field of another such struct is its words,
+named through it: BwdArgs' `f.q`), so the host packs each as a flat array of 64-bit words in declaration
 order. The declaration is the one source of that layout: the Python runner packs with the `struct.Struct`
 derived here, and the C host module fills the C struct rendered here (ops/host_header.py), both by field
 name. A field added to a struct that a host does not fill is an error when its packing is made
@@ -20,7 +21,7 @@ from .. import config
 from ..lower.source import DECODE_NAME
 
 # the header each struct is declared in; another header of csrc/cubridge is searched where it moved
-HOME = {"FwdArgs": "variant.cuh", "PagedKV": "paged.cuh", "SegKV": "decode_kernel.cuh"}
+HOME = {"FwdArgs": "variant.cuh", "PagedKV": "paged.cuh", "SegKV": "decode_kernel.cuh", "BwdArgs": "bwd_config.cuh"}
 
 _TYPES = {"const void*": "ptr", "void*": "ptr", "float*": "ptr", "int*": "ptr", "long long": "i64", "double": "f64"}
 _CODE = {"ptr": "Q", "i64": "q", "f64": "d"}
@@ -84,9 +85,11 @@ class Layout:
                 f"_Static_assert(sizeof({self.name}) == {8 * len(self.words)}, \"{self.name}: 8-byte words\");\n")
 
 
-def parse(text: str, name: str) -> Layout:
+def parse(text: str, name: str, nested: Callable[[str], Layout] | None = None) -> Layout:
     """The layout of `struct name { ... };` in header text: fields `type a, b;` or `type a[N];` (N a literal
-    or a `static constexpr int` of the struct), every type 8 bytes wide; static members are not fields."""
+    or a `static constexpr int` of the struct), every type 8 bytes wide; static members are not fields. A
+    field whose type is another struct of HOME (`FwdArgs f;`) is that struct's fields named `f.<field>`, its
+    layout from `nested`."""
     m = next((m for m in _STRUCT.finditer(text) if m.group(1) == name), None)
     if m is None:
         raise LayoutError(f"no struct {name}")
@@ -101,6 +104,11 @@ def parse(text: str, name: str) -> Layout:
         ctype = next((t for t in _TYPES if decl.startswith(t) and not (decl[len(t):len(t) + 1].isalnum()
                                                                      or decl[len(t):len(t) + 1] in "_*")), None)
         if ctype is None:
+            inner = decl.split(" ", 1)
+            if nested is not None and inner[0] in HOME and len(inner) == 2 and _VAR.fullmatch(inner[1]):
+                sub = nested(inner[0])
+                fields += [Field(f"{inner[1].strip()}.{f.name}", f.kind, f.count) for f in sub.fields]
+                continue
             raise LayoutError(f"{name}: a field the host cannot pack as 8-byte words: {decl}")
         kind = _TYPES[ctype]
         for var in decl[len(ctype):].split(","):
@@ -124,7 +132,7 @@ def read(name: str, root: Path | None = None) -> Layout:
         if f.is_file():
             text = f.read_text()
             if f"struct {name}" in text and any(m.group(1) == name for m in _STRUCT.finditer(text)):
-                return parse(text, name)
+                return parse(text, name, lambda inner: read(inner, root))
     raise LayoutError(f"no header under {root} declares struct {name}")
 
 

@@ -19,8 +19,10 @@ from .rules import page_div
 
 FWD_LAYOUT = layout.read("FwdArgs")
 FWD_FORMAT = FWD_LAYOUT.format
-_pack_fwd = FWD_LAYOUT.packer(("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh",
-                         "v_ss", "o_sb", "o_sh", "o_ss", "B", "Hq", "Hkv", "Sq", "Skv", "scale"))
+# the order the runners supply FwdArgs' words in (the backward's BwdArgs begins with them)
+FWD_WORDS = ("q", "k", "v", "o", "lse", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh", "v_ss", "o_sb",
+             "o_sh", "o_ss", "B", "Hq", "Hkv", "Sq", "Skv", "scale")
+_pack_fwd = FWD_LAYOUT.packer(FWD_WORDS)
 
 # PagedKV, all zero where unpaged. Packed here for the Python runner (runner._pages) and in C by the Decoder
 # (csrc/host/decoder.h) into the struct rendered from the same header (ops/host_header.py);
