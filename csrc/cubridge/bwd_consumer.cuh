@@ -25,24 +25,20 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
 #endif
 }
 
-// One warp's 16 keys x NT * 8 queries of S^T and dP^T (the m16n8 accumulator layout: keys as rows from
-// kv_row0, queries as columns from q_lo) become P and dS, in place:
-//   P = exp(score(s) - LSE), dS = P (dP - delta) dscore/ds,
-// zero where the mask drops the pair (partial blocks only: cls), past the keys' or queries' end, and on empty
-// rows. The FA2-class warp (BwdWarp) and the Hopper warpgroup (bwd_consumer_sm90.cuh) both call it.
+// A warp's tile of NT * 8 queries by 16 keys in the m16n8 accumulator layout (keys as rows from kv_row0, queries
+// as columns from q_lo): element (nt, e) is query nt * 8 + (lane % 4) * 2 + e % 2 and key kv_row0 + (e / 2) * 8.
+//
+// The mask's verdicts on a partial block (cls), first, as bits of one register (element nt * 4 + e) that drop
+// the pair: as per-element predicates alive through the exponentials they take registers the masked variants
+// lack at 32 rows a step.
 template <class Variant, int NT>
-__device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
-                                          const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
-                                          int b, int h, int q_lo, int cls, int kv_row0, int lane) {
-  constexpr bool kRaw = score_is_default<Variant>(0);
-  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
-  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-  // The mask's verdicts, first, as bits of one register (element nt * 4 + e): as per-element predicates
-  // alive through the exponentials they take registers the masked variants lack at 32 rows a step.
+__device__ __forceinline__ unsigned mask_drops(const FwdArgs& a, const typename Variant::Params& p, int b, int h,
+                                               int q_lo, int cls, int kv_row0, int lane) {
   static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
   unsigned drop = 0;
   if constexpr (Variant::kHasMask)
     if (cls == kPartial) {
+      const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -52,6 +48,20 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
           drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
         }
     }
+  return drop;
+}
+
+// The tile's S^T and dP^T become P and dS, in place: P = exp(score(s) - LSE), dS = P (dP - delta) dscore/ds,
+// zero where the mask drops the pair, past the keys' or queries' end, and on empty rows (the FA2-class warp,
+// BwdWarp).
+template <class Variant, int NT>
+__device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
+                                          const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
+                                          int b, int h, int q_lo, int cls, int kv_row0, int lane) {
+  constexpr bool kRaw = score_is_default<Variant>(0);
+  const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+  const unsigned drop = mask_drops<Variant, NT>(a, p, b, h, q_lo, cls, kv_row0, lane);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -83,19 +93,7 @@ __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[N
   constexpr bool kRaw = score_is_default<Variant>(0);
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-  static_assert(NT * 4 <= 32, "a tile's mask bits fit one word");
-  unsigned drop = 0;
-  if constexpr (Variant::kHasMask)
-    if (cls == kPartial) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int q = imin(q_lo + nt * 8 + (lane % 4) * 2 + e % 2, sq - 1);
-          const int kv = imin(kv_row0 + (e / 2) * 8, skv - 1);
-          drop |= static_cast<unsigned>(!Hook<Variant>::mask(a, p, b, h, q, kv)) << (nt * 4 + e);
-        }
-    }
+  const unsigned drop = mask_drops<Variant, NT>(a, p, b, h, q_lo, cls, kv_row0, lane);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float pr[4];
@@ -107,7 +105,8 @@ __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[N
       const float raw = s[0][nt][e];
       const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
       const float lse = sLse[ql];
-      // as bwd_grads: an empty row has no probabilities; a hooked score is subtracted before it is scaled
+      // P as bwd_grads makes it: one helper for both element loops moved ptxas's allocation (two more spills
+      // in the Hopper kernel at 128 columns), so the loops stay apart and share the mask's bits
       pr[e] = !keep || lse == neg_inf() ? 0.f
               : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
       const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
