@@ -40,39 +40,32 @@ struct WgmmaBwdConsumer {
   }
 
   // S^T and dP^T of this warpgroup's keys against the block in shared memory at sQ, sdO (asynchronous: two
-  // groups, S^T's first).
+  // groups, S^T's first: its probabilities are made while dP^T is computed).
   __device__ __forceinline__ void products(float (&sc)[1][NT][4], float (&dp)[1][NT][4], unsigned sQ,
                                            unsigned sdO) const {
     wgmma_fence();
+    rows_by_block(sc, sK, sQ);
+    rows_by_block(dp, sV, sdO);
+  }
+
+  // acc = this warpgroup's 64 rows of the key-major `keys` tile times the block's rows of `block`, transposed
+  // (both K-major over the head dim), issued as one group (after the caller's fence).
+  __device__ __forceinline__ void rows_by_block(float (&acc)[1][NT][4], unsigned keys, unsigned block) const {
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
-      Wgmma<BM, T>::ss(&sc[0][0][0], sw128_desc(sK + off, 16, 1024), sw128_desc(sQ + qoff, 16, 1024), kc > 0);
-    }
-    wgmma_commit();  // S^T first: its probabilities are made while dP^T is computed
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
-      Wgmma<BM, T>::ss(&dp[0][0][0], sw128_desc(sV + off, 16, 1024), sw128_desc(sdO + qoff, 16, 1024), kc > 0);
+      Wgmma<BM, T>::ss(&acc[0][0][0], sw128_desc(keys + off, 16, 1024), sw128_desc(block + qoff, 16, 1024), kc > 0);
     }
     wgmma_commit();
   }
 
-  // dV += P^T dO (asynchronous).
-  __device__ __forceinline__ void accumulate_dv(float (&dv)[1][DT][4], const unsigned (&pa)[PK][4], unsigned sdO) const {
+  // acc += A^T block, A the operand a_operand packs (P or dS, keys as rows) and `block` the query block's rows
+  // in shared memory (dO for dV, Q for dK), as one group (asynchronous).
+  __device__ __forceinline__ void accumulate(float (&acc)[1][DT][4], const unsigned (&a)[PK][4], unsigned block) const {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], sw128_desc(sdO + kk * 16 * 128, BM * 128, 1024));
-    wgmma_commit();
-  }
-
-  // dK += dS^T Q (asynchronous).
-  __device__ __forceinline__ void accumulate_dk(float (&dk)[1][DT][4], const unsigned (&da)[PK][4], unsigned sQ) const {
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&dk[0][0][0], da[kk], sw128_desc(sQ + kk * 16 * 128, BM * 128, 1024));
+      Wgmma<PD, T>::rs(&acc[0][0][0], a[kk], sw128_desc(block + kk * 16 * 128, BM * 128, 1024));
     wgmma_commit();
   }
 

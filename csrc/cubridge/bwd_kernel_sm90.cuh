@@ -105,11 +105,11 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&sc[0][0][0]);
     bwd_probs<Variant, C::NT, T>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
-    c.accumulate_dv(dv, pa, sdO);
+    c.accumulate(dv, pa, sdO);  // dV += P^T dO
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&dp[0][0][0]);
     bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
-    c.accumulate_dk(dk, da, sQ);
+    c.accumulate(dk, da, sQ);  // dK += dS^T Q
     // dS for dQ, from its packed operand while the tensor cores take dV and dK: the buffers alternate, so a
     // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
     // its last dQ completed)

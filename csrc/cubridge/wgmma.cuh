@@ -64,18 +64,12 @@ __device__ __forceinline__ void wgmma_hold_a(unsigned* a) {
 #define CB_ACC96 CB_D32(0), CB_D32(32), CB_D32(64)
 #define CB_ACC128 CB_D32(0), CB_D32(32), CB_D32(64), CB_D32(96)
 
-// d (+)= A B with A [64 x 16] and B [16 x N] both K-major in shared memory.
-#define CB_WGMMA_SS(N, R, TY, I0, I1, I2)                                                 \
+// d (+)= A B with A [64 x 16] K-major and B [16 x N] in shared memory: K-major (TB 0) or MN-major (TB 1,
+// transposed).
+#define CB_WGMMA_SS(N, R, TY, TB, I0, I1, I2)                                             \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #I2 ", 0;\n"                          \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " CB_REGS##R \
-               ", %" #I0 ", %" #I1 ", p, 1, 1, 0, 0;\n}\n"                                \
-               : CB_ACC##R                                                                \
-               : "l"(da), "l"(db), "r"(acc))
-// d (+)= A B with A [64 x 16] K-major and B [16 x N] MN-major (transposed), both in shared memory.
-#define CB_WGMMA_SST(N, R, TY, I0, I1, I2)                                                \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #I2 ", 0;\n"                          \
-               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " CB_REGS##R \
-               ", %" #I0 ", %" #I1 ", p, 1, 1, 0, 1;\n}\n"                                \
+               ", %" #I0 ", %" #I1 ", p, 1, 1, 0, " #TB ";\n}\n"                          \
                : CB_ACC##R                                                                \
                : "l"(da), "l"(db), "r"(acc))
 // d += A B with A in registers and B [16 x N] MN-major (transposed) in shared memory.
@@ -91,13 +85,13 @@ template <int N, class T> struct Wgmma;
   template <class T> struct Wgmma<N, T> {                                                       \
     __device__ __forceinline__ static void ss(float* d, unsigned long long da,                  \
                                               unsigned long long db, int acc) {                 \
-      if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SS(N, R, "bf16", I0, I1, I2);     \
-      else CB_WGMMA_SS(N, R, "f16", I0, I1, I2);                                                \
+      if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SS(N, R, "bf16", 0, I0, I1, I2);  \
+      else CB_WGMMA_SS(N, R, "f16", 0, I0, I1, I2);                                             \
     }                                                                                           \
     __device__ __forceinline__ static void ss_t(float* d, unsigned long long da,                \
                                                 unsigned long long db, int acc) {               \
-      if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SST(N, R, "bf16", I0, I1, I2);    \
-      else CB_WGMMA_SST(N, R, "f16", I0, I1, I2);                                               \
+      if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_SS(N, R, "bf16", 1, I0, I1, I2);  \
+      else CB_WGMMA_SS(N, R, "f16", 1, I0, I1, I2);                                             \
     }                                                                                           \
     __device__ __forceinline__ static void rs(float* d, const unsigned* a, unsigned long long db) { \
       if constexpr (IsSame<T, __nv_bfloat16>::value) CB_WGMMA_RS(N, R, "bf16", I0, I1, I2, I3, I4); \
