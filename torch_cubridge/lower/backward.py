@@ -122,6 +122,14 @@ def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | 
     return None
 
 
+def _agrees(tile: BwdTile | BwdSm90Tile) -> list[str]:
+    """The generated source's check that this module's copy of the tile's shared memory and threads is the
+    header's."""
+    name = type(tile).__name__
+    return [f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
+            f'              "lower/backward.py\'s {name} agrees with bwd_config.cuh\'s");']
+
+
 def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
     """The Variant's score_grad: d score / d s, lowered like the score (none where the scale is folded)."""
     if default_scale(p) is not None:
@@ -165,17 +173,13 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     D = head_dim
     if kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
-        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}>;",
-               f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
-               '              "lower/backward.py\'s BwdSm90Tile agrees with bwd_config.cuh\'s");']
+        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}>;", *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv, {tma} tdo) {{",
                 f"  cubridge::attention_bwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv, &tdo);"]
         header = '#include "cubridge/bwd_kernel_sm90.cuh"'
         pre, post = f"<{D}, {D}, {t}, false>", f"<{D}, {t}, Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1>"
     else:
-        cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;",
-               f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
-               '              "lower/backward.py\'s BwdTile agrees with bwd_config.cuh\'s");']
+        cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;", *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",
                 f"  cubridge::attention_bwd<Cfg, Variant, {t}>(a, p);"]
         header = '#include "cubridge/bwd_kernel.cuh"'

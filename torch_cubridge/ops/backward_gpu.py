@@ -18,6 +18,7 @@ from ..lower.backward import SQ_PAD
 from . import layout
 from .block_table import prepass_kernels, run_block_prepass
 from .pack import FWD_FORMAT, FWD_WORDS
+from .rules import rows_aligned
 from .tma import no_broadcast, tensor_map
 
 # BwdArgs, read from bwd_config.cuh (ops/layout.py), packed by name: FwdArgs' words, then dO and its strides,
@@ -131,11 +132,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tma_rows(t: torch.Tensor) -> torch.Tensor:
-    """t as the copy engine reads it: 16-byte aligned, every stride but the last's a multiple of 16 bytes and
-    none zero (tma.no_broadcast); else a contiguous copy."""
-    el = t.element_size()
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and no_broadcast(tuple(t.shape), tuple(t.stride())) and \
-        all((st * el) % 16 == 0 or n == 1 for st, n in zip(t.stride()[:3], t.shape[:3]))
+    """t as the copy engine reads it where it lies, as the forward's runner asks (rules.rows_aligned, and
+    tma.no_broadcast); else a contiguous copy."""
+    ok = rows_aligned(t.data_ptr(), tuple(t.stride())) and no_broadcast(tuple(t.shape), tuple(t.stride()))
     return t if ok else t.contiguous()
 
 
