@@ -385,7 +385,6 @@ def _readable_copy(t: torch.Tensor, perm: tuple) -> torch.Tensor:
     return c if c.data_ptr() % 16 == 0 else c.clone()
 
 
-
 class DecodeRunner(DecodeLaunch, KernelRunner):
     """The split-KV decode kernel's runner (ops/decode_launch.py)."""
 
