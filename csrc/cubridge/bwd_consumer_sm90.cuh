@@ -43,18 +43,20 @@ struct WgmmaBwdConsumer {
   // groups, S^T's first).
   __device__ __forceinline__ void products(float (&sc)[1][NT][4], float (&dp)[1][NT][4], unsigned sQ,
                                            unsigned sdO) const {
+    // descriptors made here from opaque bases (desc_here): hoisted out of the walk, the 16 of K and V spilled
+    const unsigned long long dk = desc_here(sw128_desc(sK + cw * 64 * 128, 16, 1024));
+    const unsigned long long dv = desc_here(sw128_desc(sV + cw * 64 * 128, 16, 1024));
+    const unsigned long long dq = sw128_desc(sQ, 16, 1024), ddo = sw128_desc(sdO, 16, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
-      Wgmma<BM, T>::ss(&sc[0][0][0], sw128_desc(sK + off, 16, 1024), sw128_desc(sQ + qoff, 16, 1024), kc > 0);
-    }
+    for (int kc = 0; kc < KC; ++kc)
+      Wgmma<BM, T>::ss(&sc[0][0][0], desc_plus(dk, (kc / 4) * BN * 128 + (kc % 4) * 32),
+                       desc_plus(dq, (kc / 4) * BM * 128 + (kc % 4) * 32), kc > 0);
     wgmma_commit();  // S^T first: its probabilities are made while dP^T is computed
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
-      Wgmma<BM, T>::ss(&dp[0][0][0], sw128_desc(sV + off, 16, 1024), sw128_desc(sdO + qoff, 16, 1024), kc > 0);
-    }
+    for (int kc = 0; kc < KC; ++kc)
+      Wgmma<BM, T>::ss(&dp[0][0][0], desc_plus(dv, (kc / 4) * BN * 128 + (kc % 4) * 32),
+                       desc_plus(ddo, (kc / 4) * BM * 128 + (kc % 4) * 32), kc > 0);
     wgmma_commit();
   }
 
@@ -63,7 +65,7 @@ struct WgmmaBwdConsumer {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], sw128_desc(sdO + kk * 16 * 128, BM * 128, 1024));
+      Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], desc_plus(sw128_desc(sdO, BM * 128, 1024), kk * 16 * 128));
     wgmma_commit();
   }
 
@@ -72,22 +74,29 @@ struct WgmmaBwdConsumer {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&dk[0][0][0], da[kk], sw128_desc(sQ + kk * 16 * 128, BM * 128, 1024));
+      Wgmma<PD, T>::rs(&dk[0][0][0], da[kk], desc_plus(sw128_desc(sQ, BM * 128, 1024), kk * 16 * 128));
     wgmma_commit();
   }
 
   // This warpgroup's dS^T into the [query][key] tile at `tile` (128-byte swizzled, chunk cw: its 64 keys),
-  // from its A operand (a_operand's packing: each word two adjacent queries of one key).
+  // from its A operand (a_operand's packing: each word two adjacent queries of one key). A thread's queries
+  // are q0 + 8 m (+1) and its keys k0 (+8), and q0 and k0 fix the swizzle (q % 8 and (k % 64) / 8), so its 64
+  // addresses are four bases plus constants (computed per element, ptxas kept 32 of them live and spilled).
   __device__ __forceinline__ void stage_ds(unsigned char* tile, const unsigned (&da)[PK][4]) const {
-    const int kl = cw * 64 + warp * 16 + lane / 4;
+    const int q0 = (lane % 4) * 2, piece = warp * 2;  // (k0 % 64) / 8 for the first key, +1 for the second
+    unsigned char* base[2][2];
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh)
+#pragma unroll
+      for (int qh = 0; qh < 2; ++qh)
+        base[kh][qh] = tile + cw * BM * 128 + (q0 + qh) * 128 + (((piece + kh) ^ (q0 + qh)) * 16) + (lane / 4) * 2;
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int q = (2 * kk + r / 2) * 8 + (lane % 4) * 2, kv = kl + (r % 2) * 8;
-        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q, kv)) = static_cast<unsigned short>(da[kk][r]);
-        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q + 1, kv)) =
-            static_cast<unsigned short>(da[kk][r] >> 16);
+        const int m = 2 * kk + r / 2;  // queries q0 + 8 m and q0 + 8 m + 1: rows 8 m further
+        *reinterpret_cast<unsigned short*>(base[r % 2][0] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r]);
+        *reinterpret_cast<unsigned short*>(base[r % 2][1] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r] >> 16);
       }
   }
 
@@ -95,14 +104,15 @@ struct WgmmaBwdConsumer {
   // warpgroups split dQ's columns, else all 64 columns over its own keys.
   __device__ __forceinline__ void dq(float (&acc)[1][QT][4], unsigned sdS) const {
     constexpr int KS = Cfg::kDqSplitN ? BN / 16 : 4;
-    const unsigned b0 = sK + (Cfg::kDqSplitN ? cw * BN * 128 : 0);
     const int k0 = Cfg::kDqSplitN ? 0 : cw * 4;
+    const unsigned long long da = sw128_desc(sdS, 16, 1024);
+    const unsigned long long db = desc_here(sw128_desc(sK + (Cfg::kDqSplitN ? cw * BN * 128 : 0) + k0 * 16 * 128, BN * 128, 1024));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
       const int k = k0 + kk;
-      Wgmma<NQ, T>::ss_t(&acc[0][0][0], sw128_desc(sdS + (k / 4) * BM * 128 + (k % 4) * 32, 16, 1024),
-                         sw128_desc(b0 + k * 16 * 128, BN * 128, 1024), kk > 0);
+      Wgmma<NQ, T>::ss_t(&acc[0][0][0], desc_plus(da, (k / 4) * BM * 128 + (k % 4) * 32), desc_plus(db, kk * 16 * 128),
+                         kk > 0);
     }
     wgmma_commit();
   }

@@ -111,10 +111,10 @@ def test_other_head_dims_and_archs_build(name, arch, D, tmp_path):
     _build_case(name, arch, D, tmp_path)
 
 
-# The Hopper kernel's spills at the head dims and programs the device runs measure: none at 64 columns; at 128,
-# loop-invariant descriptors and dS addresses that ptxas hoists out of the walk (docs/performance.md), which
-# the bound below admits and no more.
-HOPPER_SPILL = {64: 0, 128: 160}
+# The Hopper kernel at the head dims and programs the device runs measure; at 128 columns softcap's two hooks
+# (tanh for the score and for its derivative) and the document mask's block-map reads spill a little, which the
+# bounds below admit and no more.
+HOPPER_SPILL = {("softcap_causal", 128): 64, ("document_causal", 128): 8}
 
 
 @needs_nvcc
@@ -134,7 +134,7 @@ def test_hopper_backward_is_wgmma_fed_by_tma(name, D, tmp_path):
     _, log = _ptxas(low.source, "sm_90a")
     main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
     spill = int(re.search(r"(\d+) bytes spill stores", main)[1])
-    assert spill <= HOPPER_SPILL[D], main
+    assert spill <= HOPPER_SPILL.get((name, D), 0), main
 
 
 def test_hopper_backward_takes_what_fits_its_registers():
