@@ -31,6 +31,7 @@ from .lower.tiles import decode_call
 from .ops import hotpath
 from .callsite import user_stacklevel
 from .ops.backward_runner import prepare as prepare_autograd
+from .ops.determinism import deterministic_calls
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer
 
@@ -57,6 +58,8 @@ class Options:
     fallback: str = "warn"        # warn: run the spec and warn once; raise: raise; silent
     backend: str = "symbolic"     # symbolic | llm | auto (symbolic, then the LLM for what it refuses)
     llm: dict = field(default_factory=dict)  # model, base_url, api_key for the LLM backend
+    # bitwise-equal gradients run to run (as torch.use_deterministic_algorithms(True) asks for every function)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.fallback not in ("warn", "raise", "silent"):
@@ -108,6 +111,15 @@ class CompiledAttention:
 
     # -- the call path -----------------------------------------------------------
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if not self.options.deterministic:
+            return self._call(*args, **kwargs)
+        token = deterministic_calls.set(True)  # read by the op's autograd when it saves the forward
+        try:
+            return self._call(*args, **kwargs)
+        finally:
+            deterministic_calls.reset(token)
+
+    def _call(self, /, *args: Any, **kwargs: Any) -> Any:
         # first the host fast path, which checks the globals watch itself (a rebinding misses, and is found below)
         if self._hot and not kwargs and not stage.depth and not torch.compiler.is_compiling():
             try:

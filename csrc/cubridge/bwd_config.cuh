@@ -28,6 +28,7 @@ struct BwdArgs {
   long long dv_sb, dv_sh, dv_ss;
   float* lse_pad;    // [B, Hq, sq_pad]: f.lse copied by the preprocess kernel, whole blocks for bulk copies
   long long sq_pad;  // Sq rounded up to a whole number of 64-row blocks (pad rows: LSE and delta zero)
+  int* dq_sem;       // the Hopper kernel's deterministic mode: one zeroed counter per block of dQ's accumulator
 };
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
@@ -68,7 +69,9 @@ struct BwdTile {
 // share staged per consumer (64 x 64 float32, added to global memory by one bulk reduction), kStages x (LSE,
 // delta) rows, the barriers (K and V full, then per stage full and empty) and two ints per stage (the item
 // and its class, which the producer hands the consumers).
-template <int D, int BN, int Stages>
+// Deterministic: dQ's shares are added in key-block order (a counter per accumulator block: bitwise-equal dQ
+// run to run), not in the order the CTAs reach them.
+template <int D, int BN, int Stages, int Deterministic = 0>
 struct BwdSm90Tile {
   static constexpr int kHeadDim = D;
   static constexpr int kPadD = (D + 63) / 64 * 64;
@@ -77,6 +80,7 @@ struct BwdSm90Tile {
   static constexpr int kConsumers = BN / 64;
   static constexpr int kStages = Stages;
   static constexpr bool kDqSplitN = kPadD > 64;
+  static constexpr bool kDeterministic = Deterministic != 0;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // the consumer warpgroups, then the producer's
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240

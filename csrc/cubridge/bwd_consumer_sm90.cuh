@@ -121,7 +121,7 @@ struct WgmmaBwdConsumer {
   // dq_tiled_at's order (a warp's float2 stores consecutive: no bank conflicts), then one bulk reduction into
   // the block's tile (rows past Sq and the padded columns land in the padding, which nothing reads).
   __device__ __forceinline__ void add_dq(const float (&acc)[1][QT][4], float* stage0, unsigned sdq0,
-                                         const BwdArgs& a, int b, int h, int q_lo) const {
+                                         const BwdArgs& a, int b, int h, int q_lo, int rank) const {
     float* st = stage0 + cw * 64 * 64;
 #pragma unroll
     for (int j = 0; j < QT; ++j)
@@ -131,19 +131,34 @@ struct WgmmaBwdConsumer {
             make_float2(acc[0][j][2 * hf], acc[0][j][2 * hf + 1]);
     fence_proxy_async();
     named_sync(3 + cw, 128);  // the warpgroup's share staged
-    if (warp == 0 && lane == 0) {
+    if (issuer()) {
       constexpr int CH = Cfg::kDqSplitN ? PD / 64 : 1;
       const long long nmb = a.sq_pad / 64, blk = ((b * a.f.Hq + h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
+      if constexpr (Cfg::kDeterministic) {
+        // rank: the live key blocks before this CTA's for this query block; where the warpgroups split the keys
+        // (one accumulator block for both), warpgroup 0's share goes first
+        const int turn = Cfg::kDqSplitN ? rank : rank * Cfg::kConsumers + cw;
+        while (ld_acquire_gpu(a.dq_sem + blk) != turn) {
+        }
+        fence_proxy_async_global();
+      }
       bulk_reduce_add_f32(a.dq_acc + blk * 64 * 64, sdq0 + cw * Cfg::kDqBytes, Cfg::kDqBytes);
+      if constexpr (Cfg::kDeterministic) {  // complete in global memory before the next share may go
+        bulk_wait();
+        fence_proxy_async_global();
+        red_release_gpu(a.dq_sem + blk, 1);
+      }
     }
   }
+  // The thread of the warpgroup that issues its bulk reductions.
+  __device__ __forceinline__ bool issuer() const { return warp == 0 && lane == 0; }
   // The issuer's last reduction has read the staging buffer (before the barrier after which it is rewritten).
   __device__ __forceinline__ void dq_stage_free() const {
-    if (warp == 0 && lane == 0) bulk_wait_read();
+    if (issuer()) bulk_wait_read();
   }
   // Every reduction complete before the thread exits.
   __device__ __forceinline__ void finish_dq() const {
-    if (warp == 0 && lane == 0) bulk_wait();
+    if (issuer()) bulk_wait();
   }
 
   __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }

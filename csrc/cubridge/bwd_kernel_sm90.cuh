@@ -131,7 +131,8 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     wgmma_hold<4 * C::QT>(&dq[0][0][0]);
     c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
     // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
-    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo);
+    const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_before<BN>(item) : 0;
+    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
   }
   c.finish_dq();
   store_dkdv<Cfg::kHeadDim, C::DT, T>(dk, dv, a, b, hk, c.kv_row0, c.lane);

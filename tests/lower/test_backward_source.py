@@ -145,3 +145,19 @@ def test_hopper_backward_takes_what_fits_its_registers():
     assert lower_backward(_prog("causal_sdpa"), "sm_90a", head_dim=64, kernel="sm80").tile.kernel == "sm80"
     with pytest.raises(UnsupportedSpec, match="Hopper backward"):
         lower_backward(_prog("causal_sdpa"), "sm_80", head_dim=64, kernel="sm90")
+
+
+@needs_nvcc
+def test_the_deterministic_mode_is_the_hopper_kernels(tmp_path):
+    """deterministic=True: the Hopper kernel adds dQ's shares in key order, waiting on a counter (an acquiring
+    load) and releasing it after its bulk reduction completes; the FA2-class kernel has no such mode."""
+    low = lower_backward(_prog("causal_sdpa", 128), "sm_90a", head_dim=128, deterministic=True)
+    assert "BwdSm90Tile<128, 128, 2, 1>" in low.source
+    cubin, _ = _ptxas(low.source, "sm_90a")
+    sass = _sass(cubin, tmp_path)
+    assert "UBLKRED" in sass and "LDG.E.STRONG.GPU" in sass
+    default = _sass(_ptxas(lower_backward(_prog("causal_sdpa", 128), "sm_90a", head_dim=128).source, "sm_90a")[0],
+                    tmp_path)
+    assert "LDG.E.STRONG.GPU" not in default
+    with pytest.raises(UnsupportedSpec, match="no deterministic mode"):
+        lower_backward(_prog("causal_sdpa"), "sm_80", head_dim=64, deterministic=True)

@@ -50,10 +50,12 @@ class BwdTile:
 
 @dataclass(frozen=True)
 class BwdSm90Tile:
-    """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's."""
+    """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's;
+    deterministic: dQ's shares added in key-block order."""
     head_dim: int
     block_n: int = 128
     stages: int = 2
+    deterministic: bool = False
     block_m = 64
     kernel = "sm90"
 
@@ -134,10 +136,13 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
                    value_dim: int | None = None, fast_tanh: bool = True,
-                   block_m: int | None = None, kernel: str | None = None) -> LoweredBackward:
+                   block_m: int | None = None, kernel: str | None = None,
+                   deterministic: bool = False) -> LoweredBackward:
     """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
     (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
-    query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare."""
+    query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare.
+    deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in key order; the FA2-class
+    kernel's dQ atomics have no such mode, and it is refused)."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim)
@@ -155,7 +160,11 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     if kernel == "sm90" and not hopper_backward(arch, head_dim):
         raise UnsupportedSpec(f"the Hopper backward kernel takes sm_90a and head dims up to 128, not {arch} "
                               f"and {head_dim}", op="lower")
-    tile = BwdSm90Tile(head_dim) if kernel == "sm90" else BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
+    if deterministic and kernel != "sm90":
+        raise UnsupportedSpec("the FA2-class backward kernel adds dQ by atomics: no deterministic mode (the Hopper "
+                              "kernel, sm_90a and head dims up to 128, has one)", op="lower")
+    tile = BwdSm90Tile(head_dim, deterministic=deterministic) if kernel == "sm90" else \
+        BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")
     grad = score_grad_hook(p, CExpr(p, head_dim, fast))
@@ -165,7 +174,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     D = head_dim
     if kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
-        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}>;",
+        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}, {int(tile.deterministic)}>;",
                f"static_assert(Cfg::kSmemBytes == {tile.smem_bytes} && Cfg::kThreads == {tile.threads},",
                '              "lower/backward.py\'s BwdSm90Tile agrees with bwd_config.cuh\'s");']
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv, {tma} tdo) {{",
