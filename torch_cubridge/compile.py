@@ -31,7 +31,6 @@ from .lower.tiles import decode_call
 from .ops import hotpath
 from .callsite import user_stacklevel
 from .ops.backward_runner import prepare as prepare_autograd
-from .ops.determinism import deterministic_calls
 from .ops.errors import NeedsAutograd, SpecServes
 from .pipeline import Transferred, kernel_stage, on_cuda, stage, transfer_stage, warm_key, warm_transfer
 
@@ -111,15 +110,6 @@ class CompiledAttention:
 
     # -- the call path -----------------------------------------------------------
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if not self.options.deterministic:
-            return self._call(*args, **kwargs)
-        token = deterministic_calls.set(True)  # read by the op's autograd when it saves the forward
-        try:
-            return self._call(*args, **kwargs)
-        finally:
-            deterministic_calls.reset(token)
-
-    def _call(self, /, *args: Any, **kwargs: Any) -> Any:
         # first the host fast path, which checks the globals watch itself (a rebinding misses, and is found below)
         if self._hot and not kwargs and not stage.depth and not torch.compiler.is_compiling():
             try:
@@ -157,7 +147,7 @@ class CompiledAttention:
                 # through the custom op, whose autograd runs the backward (ops/backward_runner.py); where the
                 # op has no backward for this program, the spec: a silent missing gradient would be a wrong answer
                 try:
-                    out = runner.op_call(args, kwargs)
+                    out = runner.op_call(args, kwargs, self._deterministic())
                     why = getattr(runner, "autograd_refusal", None)
                 except _STOP_RECOMPUTE:  # activation checkpointing ends its recompute so; never ours to catch
                     raise
@@ -322,8 +312,13 @@ class CompiledAttention:
             # No warning here: warnings.warn cannot be traced under fullgraph=True. explain() says which
             # calls a kernel serves.
             return self.fn(*args, **kwargs)
-        out = runner.op_call(args, kwargs)
+        out = runner.op_call(args, kwargs, self._deterministic())
         return self.fn(*args, **kwargs) if out is None else out  # None: gradients the op has no backward for
+
+    def _deterministic(self) -> bool:
+        """Whether this call's gradients must be bitwise-equal run to run: this function's option, or torch's for
+        every op (both constant under a trace: dynamo guards torch's flag)."""
+        return self.options.deterministic or torch.are_deterministic_algorithms_enabled()
 
     def _warn(self, reason: str) -> None:
         if self.options.fallback != "silent" and reason not in self._warned:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from .determinism import deterministic_calls
+from .determinism import split
 from .fastpath import canon
 from .registry import runner_for as _runner
 
@@ -60,18 +60,19 @@ def _(q, k, v, extras, scalars, kernel_id):
 @torch.library.custom_op("cubridge::attention_backward", mutates_args=())
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                        scalars: list[float], out: torch.Tensor, lse: Optional[torch.Tensor], dout: torch.Tensor,
-                       dlse: Optional[torch.Tensor], learn: list[int], kernel_id: str, deterministic: bool
+                       dlse: Optional[torch.Tensor], learn: list[int], kernel_id: str
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dQ, dK, dV (in q's, k's and v's layouts) and the gradients of extras[i] for i in `learn`, by the
     program's backward runner (ops/backward_runner.py: the GPU kernel where verified, else the reference);
-    deterministic: bitwise-equal run to run."""
+    bitwise-equal run to run where the forward's call asked (ops/determinism.py: the kernel id says)."""
     from .backward_runner import backward_for
-    dq, dk, dv, dx = backward_for(kernel_id)(q, k, v, extras, scalars, out, lse, dout, dlse, learn, deterministic)
+    base, deterministic = split(kernel_id)
+    dq, dk, dv, dx = backward_for(base)(q, k, v, extras, scalars, out, lse, dout, dlse, learn, deterministic)
     return dq, dk, dv, list(dx)
 
 
 @attention_backward.register_fake
-def _(q, k, v, extras, scalars, out, lse, dout, dlse, learn, kernel_id, deterministic):
+def _(q, k, v, extras, scalars, out, lse, dout, dlse, learn, kernel_id):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), [torch.empty_like(extras[i]) for i in learn]
 
 
@@ -85,8 +86,6 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     # scale after the op); else the LSE is the backward's own input
     r = _runner(kernel_id)
     ctx.lse_grad = bool(getattr(r, "_lse_out", False)) or r.p.row_scale is not None
-    # asked for when the forward ran: by the compiled function's option, or by torch for every op
-    ctx.deterministic = deterministic_calls.get() or torch.are_deterministic_algorithms_enabled()
 
 
 def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None = None) -> tuple:
@@ -95,7 +94,7 @@ def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None = None) ->
                            "(double backward, create_graph=True); call the spec function for that")
     q, k, v, out, lse, *extras = ctx.saved_tensors
     dq, dk, dv, dx = attention_backward(q, k, v, extras, ctx.scalars, out, lse, dout,
-                                        dlse if ctx.lse_grad else None, ctx.learn, ctx.kernel_id, ctx.deterministic)
+                                        dlse if ctx.lse_grad else None, ctx.learn, ctx.kernel_id)
     grads: list[torch.Tensor | None] = [None] * len(extras)
     for i, g in zip(ctx.learn, dx):
         grads[i] = g

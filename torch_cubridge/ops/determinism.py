@@ -1,8 +1,14 @@
-"""Whether a call's gradients must be bitwise-equal run to run: set by a function compiled with
-`deterministic=True` while it runs (torch_cubridge/compile.py), read by the op's autograd when it saves the forward
-(ops/custom_op.py) beside torch.are_deterministic_algorithms_enabled()."""
+"""How the op carries a call's wish for bitwise-equal gradients run to run (compile(deterministic=True), or
+torch.use_deterministic_algorithms(True) as the forward runs: torch_cubridge/compile.py decides).
+
+The op call that needs gradients names its kernel with SUFFIX (ops/op_calls.py): the op's schema is
+unchanged, a traced graph differs between the two modes (so torch.compile's caches never hand one mode's
+backward to the other), and the backward reads the mode back from the name it saved (ops/custom_op.py)."""
 from __future__ import annotations
 
-import contextvars
+SUFFIX = "#deterministic"
 
-deterministic_calls: contextvars.ContextVar[bool] = contextvars.ContextVar("cubridge_deterministic", default=False)
+
+def split(kernel_id: str) -> tuple[str, bool]:
+    """The registered kernel id, and whether the op call asked for bitwise-equal gradients."""
+    return (kernel_id[:-len(SUFFIX)], True) if kernel_id.endswith(SUFFIX) else (kernel_id, False)
