@@ -48,18 +48,19 @@ def case(name):
 _BUILT: dict = {}
 
 
-def kernels(p, D, arch, kernel=None, deterministic=False):
+def kernels(p, D, arch, kernel=None, deterministic=False, stages=None):
     """The backward kernels as the library builds them (ops/backward_gpu.py); kernel: "sm90" or "sm80" (None:
     the lowering's choice for the arch)."""
-    key = (p.structure().to_json(), D, arch, kernel, deterministic)
+    key = (p.structure().to_json(), D, arch, kernel, deterministic, stages)
     if key not in _BUILT:
-        _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel, deterministic=deterministic)
+        _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel, deterministic=deterministic,
+                                  stages=stages)
     return _BUILT[key]
 
 
-def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None, deterministic=False):
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None, deterministic=False, stages=None):
     """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
-    kern = kernels(p, D, arch, kernel, deterministic)
+    kern = kernels(p, D, arch, kernel, deterministic, stages)
     tensors = extra_tensors(p, bound, q.device, {})
     extras = [tensors[x.name] for x in p.extras]
     scalars = [bound[s.arg] for s in p.scalars if s.arg is not None]
@@ -143,6 +144,8 @@ def bench(arch):
             row.append(f"sm80: {flops / timed(go80) / 1e12:6.1f}")
             _, godet, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, None, True)
             row.append(f"deterministic: {flops / timed(godet) / 1e12:6.1f}")
+            _, go3, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, None, False, 3)
+            row.append(f"3 stages: {flops / timed(go3) / 1e12:6.1f}")
         row[-1] += ")"
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:

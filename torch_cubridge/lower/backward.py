@@ -137,12 +137,13 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
                    value_dim: int | None = None, fast_tanh: bool = True,
                    block_m: int | None = None, kernel: str | None = None,
-                   deterministic: bool = False) -> LoweredBackward:
+                   deterministic: bool = False, stages: int | None = None) -> LoweredBackward:
     """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
     (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
     query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare.
     deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in key order; the FA2-class
-    kernel's dQ atomics have no such mode, and it is refused)."""
+    kernel's dQ atomics have no such mode, and it is refused). stages: the Hopper kernel's ring of query blocks
+    (2 or 3; None: 2), for benchmarks to compare."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim)
@@ -163,7 +164,9 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     if deterministic and kernel != "sm90":
         raise UnsupportedSpec("the FA2-class backward kernel adds dQ by atomics: no deterministic mode (the Hopper "
                               "kernel, sm_90a and head dims up to 128, has one)", op="lower")
-    tile = BwdSm90Tile(head_dim, deterministic=deterministic) if kernel == "sm90" else \
+    if stages is not None and (kernel != "sm90" or stages not in (2, 3)):
+        raise UnsupportedSpec(f"the Hopper backward kernel rings 2 or 3 stages, not {stages}", op="lower")
+    tile = BwdSm90Tile(head_dim, stages=stages or 2, deterministic=deterministic) if kernel == "sm90" else \
         BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")

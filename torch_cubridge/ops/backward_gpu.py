@@ -47,7 +47,7 @@ class GpuBackward:
     """The three kernels of one program's backward, at one head dim, dtype and arch."""
 
     def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int, kernel: str | None = None,
-                 value_dim: int | None = None, deterministic: bool = False) -> None:
+                 value_dim: int | None = None, deterministic: bool = False, stages: int | None = None) -> None:
         from ..lower.backward import ROWS_PER_CTA, lower_backward
         from ..ops.kernel import cached_cubin, source_key
         from ..ops.launch import CubinKernel
@@ -55,7 +55,7 @@ class GpuBackward:
         self.p = p
         # value_dim: V's head dim, refused by lower_backward where the kernels take none but Q's
         self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim, value_dim,
-                                        kernel=kernel, deterministic=deterministic)
+                                        kernel=kernel, deterministic=deterministic, stages=stages)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
