@@ -71,10 +71,13 @@ struct BwdTile {
 // and its class, which the producer hands the consumers).
 // Deterministic: dQ's shares are added in key-block order (a counter per accumulator block: bitwise-equal dQ
 // run to run), not in the order the CTAs reach them.
-template <int D, int BN, int Stages, int Deterministic = 0>
+// DV: V's head dim (dO's and dV's columns), in steps of 8 up to 128 as Q's.
+template <int D, int DV, int BN, int Stages, int Deterministic = 0>
 struct BwdSm90Tile {
   static constexpr int kHeadDim = D;
+  static constexpr int kValueDim = DV;
   static constexpr int kPadD = (D + 63) / 64 * 64;
+  static constexpr int kPadDv = (DV + 63) / 64 * 64;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = BN;
   static constexpr int kConsumers = BN / 64;
@@ -86,14 +89,16 @@ struct BwdSm90Tile {
   static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
       ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
   static constexpr unsigned kQBytes = kBlockM * kPadD * 2, kKBytes = BN * kPadD * 2, kSBytes = kBlockM * BN * 2;
+  static constexpr unsigned kOBytes = kBlockM * kPadDv * 2, kVBytes = BN * kPadDv * 2;  // a dO stage, V
   static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows
   static constexpr unsigned kDqBytes = 64 * 64 * 4;    // a warpgroup's staged dQ share
   static constexpr int kBarriers = 1 + 2 * Stages;
   static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + Stages * 2 * kQBytes + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
+      1024 + kKBytes + kVBytes + Stages * (kQBytes + kOBytes) + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
       8 * kBarriers + 8 * Stages;
 
-  static_assert(D % 8 == 0 && D >= 8 && D <= 128, "head dim in steps of 8, at most 128");
+  static_assert(D % 8 == 0 && D >= 8 && D <= 128 && DV % 8 == 0 && DV >= 8 && DV <= 128,
+                "head dims in steps of 8, at most 128");
   static_assert(BN == 128, "two consumer warpgroups of 64 keys");
   static_assert(Stages >= 2 && Stages <= 4, "two to four stages of Q and dO");
   static_assert(kSmemBytes <= 232448, "at most 227 KB of shared memory per CTA");

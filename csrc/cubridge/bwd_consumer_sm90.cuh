@@ -18,9 +18,11 @@ namespace cubridge {
 
 template <class Cfg, class Variant, class T>
 struct WgmmaBwdConsumer {
-  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD;
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD, PDV = Cfg::kPadDv;
   static constexpr int NT = BM / 8;                    // n8 query tiles of S^T
-  static constexpr int DT = PD / 8;                    // n8 tiles of a dK / dV row
+  static constexpr int DT = PD / 8;                    // n8 tiles of a dK row
+  static constexpr int DTV = PDV / 8;                  // ... of a dV row
+  static constexpr int KCV = (Cfg::kValueDim + 15) / 16;  // k16 steps over V's head dim holding data
   static constexpr int KC = (Cfg::kHeadDim + 15) / 16; // k16 steps over the head dim holding data
   static constexpr int PK = BM / 16;                   // k16 steps over the queries (dV, dK)
   static constexpr int NQ = 64;                        // dQ columns a warpgroup computes
@@ -54,18 +56,18 @@ struct WgmmaBwdConsumer {
                        desc_plus(dq, (kc / 4) * BM * 128 + (kc % 4) * 32), kc > 0);
     wgmma_commit();  // S^T first: its probabilities are made while dP^T is computed
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
+    for (int kc = 0; kc < KCV; ++kc)
       Wgmma<BM, T>::ss(&dp[0][0][0], desc_plus(dv, (kc / 4) * BN * 128 + (kc % 4) * 32),
                        desc_plus(ddo, (kc / 4) * BM * 128 + (kc % 4) * 32), kc > 0);
     wgmma_commit();
   }
 
   // dV += P^T dO (asynchronous).
-  __device__ __forceinline__ void accumulate_dv(float (&dv)[1][DT][4], const unsigned (&pa)[PK][4], unsigned sdO) const {
+  __device__ __forceinline__ void accumulate_dv(float (&dv)[1][DTV][4], const unsigned (&pa)[PK][4], unsigned sdO) const {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&dv[0][0][0], pa[kk], desc_plus(sw128_desc(sdO, BM * 128, 1024), kk * 16 * 128));
+      Wgmma<PDV, T>::rs(&dv[0][0][0], pa[kk], desc_plus(sw128_desc(sdO, BM * 128, 1024), kk * 16 * 128));
     wgmma_commit();
   }
 

@@ -152,7 +152,7 @@ def test_the_deterministic_mode_is_the_hopper_kernels(tmp_path):
     """deterministic=True: the Hopper kernel adds dQ's shares in key order, waiting on a counter (an acquiring
     load) and releasing it after its bulk reduction completes; the FA2-class kernel has no such mode."""
     low = lower_backward(_prog("causal_sdpa", 128), "sm_90a", head_dim=128, deterministic=True)
-    assert "BwdSm90Tile<128, 128, 2, 1>" in low.source
+    assert "BwdSm90Tile<128, 128, 128, 2, 1>" in low.source
     cubin, _ = _ptxas(low.source, "sm_90a")
     sass = _sass(cubin, tmp_path)
     assert "UBLKRED" in sass and "LDG.E.STRONG.GPU" in sass
@@ -161,3 +161,18 @@ def test_the_deterministic_mode_is_the_hopper_kernels(tmp_path):
     assert "LDG.E.STRONG.GPU" not in default
     with pytest.raises(UnsupportedSpec, match="no deterministic mode"):
         lower_backward(_prog("causal_sdpa"), "sm_80", head_dim=64, deterministic=True)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D, DV", [(64, 128), (128, 64), (96, 32)])
+def test_the_hopper_backward_takes_a_value_head_dim_of_its_own(D, DV, tmp_path):
+    """V's head dim apart from Q's (both in steps of 8 up to 128): dP^T over V's columns, dV over its padded
+    width, dO's boxes of its own; no spills. The FA2-class kernel still refuses it."""
+    low = lower_backward(_prog("causal_sdpa", D), "sm_90a", head_dim=D, value_dim=DV)
+    assert low.tile.kernel == "sm90" and f"BwdSm90Tile<{D}, {DV}," in low.source
+    cubin, log = _ptxas(low.source, "sm_90a")
+    main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
+    assert " 0 bytes spill stores" in main, main
+    assert "HGMMA" in _sass(cubin, tmp_path)
+    with pytest.raises(UnsupportedSpec, match="V's head dim"):
+        lower_backward(_prog("causal_sdpa", D), "sm_80", head_dim=D, value_dim=DV)
