@@ -57,6 +57,8 @@ class Options:
     fallback: str = "warn"        # warn: run the spec and warn once; raise: raise; silent
     backend: str = "symbolic"     # symbolic | llm | auto (symbolic, then the LLM for what it refuses)
     llm: dict = field(default_factory=dict)  # model, base_url, api_key for the LLM backend
+    # bitwise-equal gradients run to run (as torch.use_deterministic_algorithms(True) asks for every function)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.fallback not in ("warn", "raise", "silent"):
@@ -145,7 +147,7 @@ class CompiledAttention:
                 # through the custom op, whose autograd runs the backward (ops/backward_runner.py); where the
                 # op has no backward for this program, the spec: a silent missing gradient would be a wrong answer
                 try:
-                    out = runner.op_call(args, kwargs)
+                    out = runner.op_call(args, kwargs, self._deterministic())
                     why = getattr(runner, "autograd_refusal", None)
                 except _STOP_RECOMPUTE:  # activation checkpointing ends its recompute so; never ours to catch
                     raise
@@ -310,8 +312,13 @@ class CompiledAttention:
             # No warning here: warnings.warn cannot be traced under fullgraph=True. explain() says which
             # calls a kernel serves.
             return self.fn(*args, **kwargs)
-        out = runner.op_call(args, kwargs)
+        out = runner.op_call(args, kwargs, self._deterministic())
         return self.fn(*args, **kwargs) if out is None else out  # None: gradients the op has no backward for
+
+    def _deterministic(self) -> bool:
+        """Whether this call's gradients must be bitwise-equal run to run: this function's option, or torch's for
+        every op (both constant under a trace: dynamo guards torch's flag)."""
+        return self.options.deterministic or torch.are_deterministic_algorithms_enabled()
 
     def _warn(self, reason: str) -> None:
         if self.options.fallback != "silent" and reason not in self._warned:

@@ -48,18 +48,19 @@ def case(name):
 _BUILT: dict = {}
 
 
-def kernels(p, D, arch, kernel=None):
+def kernels(p, D, arch, kernel=None, deterministic=False, stages=None):
     """The backward kernels as the library builds them (ops/backward_gpu.py); kernel: "sm90" or "sm80" (None:
     the lowering's choice for the arch)."""
-    key = (p.structure().to_json(), D, arch, kernel)
+    key = (p.structure().to_json(), D, arch, kernel, deterministic, stages)
     if key not in _BUILT:
-        _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel)
+        _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel, deterministic=deterministic,
+                                  stages=stages)
     return _BUILT[key]
 
 
-def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None):
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None, deterministic=False, stages=None):
     """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
-    kern = kernels(p, D, arch, kernel)
+    kern = kernels(p, D, arch, kernel, deterministic, stages)
     tensors = extra_tensors(p, bound, q.device, {})
     extras = [tensors[x.name] for x in p.extras]
     scalars = [bound[s.arg] for s in p.scalars if s.arg is not None]
@@ -138,9 +139,13 @@ def bench(arch):
         bound = bind_args(p.signature, (q, k, v), {})
         _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
         row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch).low.tile.kernel}"]
-        if arch == "sm_90a":  # the FA2-class kernel the Hopper one replaces, on the same inputs
+        if arch == "sm_90a":  # the FA2-class kernel the Hopper one replaces, and the deterministic mode
             _, go80, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, "sm80")
             row.append(f"sm80: {flops / timed(go80) / 1e12:6.1f}")
+            _, godet, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, None, True)
+            row.append(f"deterministic: {flops / timed(godet) / 1e12:6.1f}")
+            _, go3, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, None, False, 3)
+            row.append(f"3 stages: {flops / timed(go3) / 1e12:6.1f}")
         row[-1] += ")"
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:

@@ -28,6 +28,7 @@ struct BwdArgs {
   long long dv_sb, dv_sh, dv_ss;
   float* lse_pad;    // [B, Hq, sq_pad]: f.lse copied by the preprocess kernel, whole blocks for bulk copies
   long long sq_pad;  // Sq rounded up to a whole number of 64-row blocks (pad rows: LSE and delta zero)
+  int* dq_sem;       // the Hopper kernel's deterministic mode: one zeroed counter per block of dQ's accumulator
 };
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
@@ -68,28 +69,36 @@ struct BwdTile {
 // share staged per consumer (64 x 64 float32, added to global memory by one bulk reduction), kStages x (LSE,
 // delta) rows, the barriers (K and V full, then per stage full and empty) and two ints per stage (the item
 // and its class, which the producer hands the consumers).
-template <int D, int BN, int Stages>
+// Deterministic: dQ's shares are added in key-block order (a counter per accumulator block: bitwise-equal dQ
+// run to run), not in the order the CTAs reach them.
+// DV: V's head dim (dO's and dV's columns), in steps of 8 up to 128 as Q's.
+template <int D, int DV, int BN, int Stages, int Deterministic = 0>
 struct BwdSm90Tile {
   static constexpr int kHeadDim = D;
+  static constexpr int kValueDim = DV;
   static constexpr int kPadD = (D + 63) / 64 * 64;
+  static constexpr int kPadDv = (DV + 63) / 64 * 64;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = BN;
   static constexpr int kConsumers = BN / 64;
   static constexpr int kStages = Stages;
   static constexpr bool kDqSplitN = kPadD > 64;
+  static constexpr bool kDeterministic = Deterministic != 0;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // the consumer warpgroups, then the producer's
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
       ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
   static constexpr unsigned kQBytes = kBlockM * kPadD * 2, kKBytes = BN * kPadD * 2, kSBytes = kBlockM * BN * 2;
+  static constexpr unsigned kOBytes = kBlockM * kPadDv * 2, kVBytes = BN * kPadDv * 2;  // a dO stage, V
   static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows
   static constexpr unsigned kDqBytes = 64 * 64 * 4;    // a warpgroup's staged dQ share
   static constexpr int kBarriers = 1 + 2 * Stages;
   static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + Stages * 2 * kQBytes + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
+      1024 + kKBytes + kVBytes + Stages * (kQBytes + kOBytes) + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
       8 * kBarriers + 8 * Stages;
 
-  static_assert(D % 8 == 0 && D >= 8 && D <= 128, "head dim in steps of 8, at most 128");
+  static_assert(D % 8 == 0 && D >= 8 && D <= 128 && DV % 8 == 0 && DV >= 8 && DV <= 128,
+                "head dims in steps of 8, at most 128");
   static_assert(BN == 128, "two consumer warpgroups of 64 keys");
   static_assert(Stages >= 2 && Stages <= 4, "two to four stages of Q and dO");
   static_assert(kSmemBytes <= 232448, "at most 227 KB of shared memory per CTA");

@@ -133,14 +133,13 @@ __device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const f
   }
 }
 
-// Rows kv_row0 and kv_row0 + 8 of dK and dV (the m16n8 accumulator layout, DT n8 tiles; D columns of data)
-// to global memory in the input dtype, rows past the keys' end skipped.
+// Rows kv_row0 and kv_row0 + 8 of a key-major gradient (dK or dV; the m16n8 accumulator layout, DT n8 tiles,
+// D columns of data) to global memory in the input dtype at g + b sb + hk sh + kv ss, rows past the keys' end
+// skipped.
 template <int D, int DT, class T>
-__device__ __forceinline__ void store_dkdv(const float (&dk)[1][DT][4], const float (&dv)[1][DT][4],
-                                           const BwdArgs& a, int b, int hk, int kv_row0, int lane) {
-  const int skv = static_cast<int>(a.f.Skv);
-  T* gK = static_cast<T*>(a.dk) + b * a.dk_sb + hk * a.dk_sh;
-  T* gV = static_cast<T*>(a.dv) + b * a.dv_sb + hk * a.dv_sh;
+__device__ __forceinline__ void store_rows(const float (&x)[1][DT][4], void* g, long long sb, long long sh,
+                                           long long ss, long long skv, int b, int hk, int kv_row0, int lane) {
+  T* rows = static_cast<T*>(g) + b * sb + hk * sh;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int kv = kv_row0 + hf * 8;
@@ -149,10 +148,17 @@ __device__ __forceinline__ void store_dkdv(const float (&dk)[1][DT][4], const fl
     for (int t = 0; t < DT; ++t) {
       const int c = t * 8 + (lane % 4) * 2;
       if (D % 64 != 0 && c >= D) continue;  // the padded columns
-      *reinterpret_cast<unsigned*>(gK + kv * a.dk_ss + c) = pack2<T>(dk[0][t][2 * hf], dk[0][t][2 * hf + 1]);
-      *reinterpret_cast<unsigned*>(gV + kv * a.dv_ss + c) = pack2<T>(dv[0][t][2 * hf], dv[0][t][2 * hf + 1]);
+      *reinterpret_cast<unsigned*>(rows + kv * ss + c) = pack2<T>(x[0][t][2 * hf], x[0][t][2 * hf + 1]);
     }
   }
+}
+
+// dK's and dV's rows of one warp (head dims alike).
+template <int D, int DT, class T>
+__device__ __forceinline__ void store_dkdv(const float (&dk)[1][DT][4], const float (&dv)[1][DT][4],
+                                           const BwdArgs& a, int b, int hk, int kv_row0, int lane) {
+  store_rows<D, DT, T>(dk, a.dk, a.dk_sb, a.dk_sh, a.dk_ss, a.f.Skv, b, hk, kv_row0, lane);
+  store_rows<D, DT, T>(dv, a.dv, a.dv_sb, a.dv_sh, a.dv_ss, a.f.Skv, b, hk, kv_row0, lane);
 }
 
 template <class Cfg, class Variant, class T>

@@ -18,9 +18,11 @@ namespace cubridge {
 
 template <class Cfg, class Variant, class T>
 struct WgmmaBwdConsumer {
-  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD;
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD, PDV = Cfg::kPadDv;
   static constexpr int NT = BM / 8;                    // n8 query tiles of S^T
-  static constexpr int DT = PD / 8;                    // n8 tiles of a dK / dV row
+  static constexpr int DT = PD / 8;                    // n8 tiles of a dK row
+  static constexpr int DTV = PDV / 8;                  // ... of a dV row
+  static constexpr int KCV = (Cfg::kValueDim + 15) / 16;  // k16 steps over V's head dim holding data
   static constexpr int KC = (Cfg::kHeadDim + 15) / 16; // k16 steps over the head dim holding data
   static constexpr int PK = BM / 16;                   // k16 steps over the queries (dV, dK)
   static constexpr int NQ = 64;                        // dQ columns a warpgroup computes
@@ -43,44 +45,58 @@ struct WgmmaBwdConsumer {
   // groups, S^T's first: its probabilities are made while dP^T is computed).
   __device__ __forceinline__ void products(float (&sc)[1][NT][4], float (&dp)[1][NT][4], unsigned sQ,
                                            unsigned sdO) const {
+    // descriptors made here from opaque bases (desc_here): hoisted out of the walk, the 16 of K and V spilled
+    const unsigned long long dk = desc_here(sw128_desc(sK + cw * 64 * 128, 16, 1024));
+    const unsigned long long dv = desc_here(sw128_desc(sV + cw * 64 * 128, 16, 1024));
     wgmma_fence();
-    rows_by_block(sc, sK, sQ);
-    rows_by_block(dp, sV, sdO);
+    rows_by_block<KC>(sc, dk, sw128_desc(sQ, 16, 1024));
+    rows_by_block<KCV>(dp, dv, sw128_desc(sdO, 16, 1024));
   }
 
-  // acc = this warpgroup's 64 rows of the key-major `keys` tile times the block's rows of `block`, transposed
-  // (both K-major over the head dim), issued as one group (after the caller's fence).
-  __device__ __forceinline__ void rows_by_block(float (&acc)[1][NT][4], unsigned keys, unsigned block) const {
+  // acc = this warpgroup's 64 rows of the key-major tile described by `keys` times the block's rows described
+  // by `block`, transposed (both K-major over the first Steps k16 columns), issued as one group (after the
+  // caller's fence).
+  template <int Steps>
+  __device__ __forceinline__ void rows_by_block(float (&acc)[1][NT][4], unsigned long long keys,
+                                                unsigned long long block) const {
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      const unsigned off = (kc / 4) * BN * 128 + cw * 64 * 128 + (kc % 4) * 32, qoff = (kc / 4) * BM * 128 + (kc % 4) * 32;
-      Wgmma<BM, T>::ss(&acc[0][0][0], sw128_desc(keys + off, 16, 1024), sw128_desc(block + qoff, 16, 1024), kc > 0);
-    }
+    for (int kc = 0; kc < Steps; ++kc)
+      Wgmma<BM, T>::ss(&acc[0][0][0], desc_plus(keys, (kc / 4) * BN * 128 + (kc % 4) * 32),
+                       desc_plus(block, (kc / 4) * BM * 128 + (kc % 4) * 32), kc > 0);
     wgmma_commit();
   }
 
   // acc += A^T block, A the operand a_operand packs (P or dS, keys as rows) and `block` the query block's rows
-  // in shared memory (dO for dV, Q for dK), as one group (asynchronous).
-  __device__ __forceinline__ void accumulate(float (&acc)[1][DT][4], const unsigned (&a)[PK][4], unsigned block) const {
+  // in shared memory (dO for dV, Q for dK), 8 N8 columns wide (V's or K's padded head dim), as one group
+  // (asynchronous).
+  template <int N8>
+  __device__ __forceinline__ void accumulate(float (&acc)[1][N8][4], const unsigned (&a)[PK][4], unsigned block) const {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
-      Wgmma<PD, T>::rs(&acc[0][0][0], a[kk], sw128_desc(block + kk * 16 * 128, BM * 128, 1024));
+      Wgmma<8 * N8, T>::rs(&acc[0][0][0], a[kk], desc_plus(sw128_desc(block, BM * 128, 1024), kk * 16 * 128));
     wgmma_commit();
   }
 
   // This warpgroup's dS^T into the [query][key] tile at `tile` (128-byte swizzled, chunk cw: its 64 keys),
-  // from its A operand (a_operand's packing: each word two adjacent queries of one key).
+  // from its A operand (a_operand's packing: each word two adjacent queries of one key). A thread's queries
+  // are q0 + 8 m (+1) and its keys k0 (+8), and q0 and k0 fix the swizzle (q % 8 and (k % 64) / 8), so its 64
+  // addresses are four bases plus constants (computed per element, ptxas kept 32 of them live and spilled).
   __device__ __forceinline__ void stage_ds(unsigned char* tile, const unsigned (&da)[PK][4]) const {
-    const int kl = cw * 64 + warp * 16 + lane / 4;
+    const int q0 = (lane % 4) * 2, piece = warp * 2;  // (k0 % 64) / 8 for the first key, +1 for the second
+    unsigned char* base[2][2];
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh)
+#pragma unroll
+      for (int qh = 0; qh < 2; ++qh)
+        base[kh][qh] = tile + cw * BM * 128 + (q0 + qh) * 128 + (((piece + kh) ^ (q0 + qh)) * 16) + (lane / 4) * 2;
 #pragma unroll
     for (int kk = 0; kk < PK; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int q = (2 * kk + r / 2) * 8 + (lane % 4) * 2, kv = kl + (r % 2) * 8;
-        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q, kv)) = static_cast<unsigned short>(da[kk][r]);
-        *reinterpret_cast<unsigned short*>(tile + sw128_offset<BM>(q + 1, kv)) =
-            static_cast<unsigned short>(da[kk][r] >> 16);
+        const int m = 2 * kk + r / 2;  // queries q0 + 8 m and q0 + 8 m + 1: rows 8 m further
+        *reinterpret_cast<unsigned short*>(base[r % 2][0] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r]);
+        *reinterpret_cast<unsigned short*>(base[r % 2][1] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r] >> 16);
       }
   }
 
@@ -88,14 +104,15 @@ struct WgmmaBwdConsumer {
   // warpgroups split dQ's columns, else all 64 columns over its own keys.
   __device__ __forceinline__ void dq(float (&acc)[1][QT][4], unsigned sdS) const {
     constexpr int KS = Cfg::kDqSplitN ? BN / 16 : 4;
-    const unsigned b0 = sK + (Cfg::kDqSplitN ? cw * BN * 128 : 0);
     const int k0 = Cfg::kDqSplitN ? 0 : cw * 4;
+    const unsigned long long da = sw128_desc(sdS, 16, 1024);
+    const unsigned long long db = desc_here(sw128_desc(sK + (Cfg::kDqSplitN ? cw * BN * 128 : 0) + k0 * 16 * 128, BN * 128, 1024));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
       const int k = k0 + kk;
-      Wgmma<NQ, T>::ss_t(&acc[0][0][0], sw128_desc(sdS + (k / 4) * BM * 128 + (k % 4) * 32, 16, 1024),
-                         sw128_desc(b0 + k * 16 * 128, BN * 128, 1024), kk > 0);
+      Wgmma<NQ, T>::ss_t(&acc[0][0][0], desc_plus(da, (k / 4) * BM * 128 + (k % 4) * 32), desc_plus(db, kk * 16 * 128),
+                         kk > 0);
     }
     wgmma_commit();
   }
@@ -104,7 +121,7 @@ struct WgmmaBwdConsumer {
   // dq_tiled_at's order (a warp's float2 stores consecutive: no bank conflicts), then one bulk reduction into
   // the block's tile (rows past Sq and the padded columns land in the padding, which nothing reads).
   __device__ __forceinline__ void add_dq(const float (&acc)[1][QT][4], float* stage0, unsigned sdq0,
-                                         const BwdArgs& a, int b, int h, int q_lo) const {
+                                         const BwdArgs& a, int b, int h, int q_lo, int rank) const {
     float* st = stage0 + cw * 64 * 64;
 #pragma unroll
     for (int j = 0; j < QT; ++j)
@@ -114,19 +131,34 @@ struct WgmmaBwdConsumer {
             make_float2(acc[0][j][2 * hf], acc[0][j][2 * hf + 1]);
     fence_proxy_async();
     named_sync(3 + cw, 128);  // the warpgroup's share staged
-    if (warp == 0 && lane == 0) {
+    if (issuer()) {
       constexpr int CH = Cfg::kDqSplitN ? PD / 64 : 1;
       const long long nmb = a.sq_pad / 64, blk = ((b * a.f.Hq + h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
+      if constexpr (Cfg::kDeterministic) {
+        // rank: the live key blocks before this CTA's for this query block; where the warpgroups split the keys
+        // (one accumulator block for both), warpgroup 0's share goes first
+        const int turn = Cfg::kDqSplitN ? rank : rank * Cfg::kConsumers + cw;
+        while (ld_acquire_gpu(a.dq_sem + blk) != turn) {
+        }
+        fence_proxy_async_global();
+      }
       bulk_reduce_add_f32(a.dq_acc + blk * 64 * 64, sdq0 + cw * Cfg::kDqBytes, Cfg::kDqBytes);
+      if constexpr (Cfg::kDeterministic) {  // complete in global memory before the next share may go
+        bulk_wait();
+        fence_proxy_async_global();
+        red_release_gpu(a.dq_sem + blk, 1);
+      }
     }
   }
+  // The thread of the warpgroup that issues its bulk reductions.
+  __device__ __forceinline__ bool issuer() const { return warp == 0 && lane == 0; }
   // The issuer's last reduction has read the staging buffer (before the barrier after which it is rewritten).
   __device__ __forceinline__ void dq_stage_free() const {
-    if (warp == 0 && lane == 0) bulk_wait_read();
+    if (issuer()) bulk_wait_read();
   }
   // Every reduction complete before the thread exits.
   __device__ __forceinline__ void finish_dq() const {
-    if (warp == 0 && lane == 0) bulk_wait();
+    if (issuer()) bulk_wait();
   }
 
   __device__ __forceinline__ void release(unsigned bar) const { release_warp(bar, lane); }

@@ -41,9 +41,9 @@ struct BwdSm90Smem {
     unsigned char* base = smem_raw + pad;
     sK = raw + pad;
     sV = sK + Cfg::kKBytes;
-    sQ = sV + Cfg::kKBytes;
+    sQ = sV + Cfg::kVBytes;
     sdO = sQ + ST * Cfg::kQBytes;
-    sdS = sdO + ST * Cfg::kQBytes;
+    sdS = sdO + ST * Cfg::kOBytes;
     sDq = sdS + 2 * Cfg::kSBytes;
     sLse = sDq + Cfg::kConsumers * Cfg::kDqBytes;
     sDelta = sLse + ST * Cfg::kRowBytes;
@@ -82,11 +82,15 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
   }
   regs_alloc<Cfg::kConsumerRegs>();
   const C c(wg, tid, kv_lo, sm.sK, sm.sV);
-  float dk[1][C::DT][4], dv[1][C::DT][4];
+  float dk[1][C::DT][4], dv[1][C::DTV][4];
 #pragma unroll
   for (int t = 0; t < C::DT; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[0][t][e] = dv[0][t][e] = 0.f;
+    for (int e = 0; e < 4; ++e) dk[0][t][e] = 0.f;
+#pragma unroll
+  for (int t = 0; t < C::DTV; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[0][t][e] = 0.f;
 
   bool more = walk.next(0) < walk.n_items;  // the producer's walk, computed alike
   mbar_wait(sm.ring.kv_full(), 0);  // always: no copy may still fly into a CTA that has left
@@ -96,7 +100,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     const int item = sm.info[2 * s], cls = sm.info[2 * s + 1] & 3;
     more = !(sm.info[2 * s + 1] >> 2);
     const int h = walk.head(item), q_lo = walk.q_lo(item);
-    const unsigned sQ = sm.sQ + s * Cfg::kQBytes, sdO = sm.sdO + s * Cfg::kQBytes;
+    const unsigned sQ = sm.sQ + s * Cfg::kQBytes, sdO = sm.sdO + s * Cfg::kOBytes;
 
     // the tensor cores take S^T, dP^T, then dV while dS is made, then dK while dS is staged, then dQ
     float sc[1][C::NT][4], dp[1][C::NT][4];
@@ -124,17 +128,19 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     float dq[1][C::QT][4];
     c.dq(dq, sm.sdS + buf * Cfg::kSBytes);
     wgmma_wait<0>();
-    wgmma_hold<4 * C::DT>(&dv[0][0][0]);
+    wgmma_hold<4 * C::DTV>(&dv[0][0][0]);
     wgmma_hold<4 * C::DT>(&dk[0][0][0]);
     wgmma_hold_a<4 * C::PK>(&pa[0][0]);
     wgmma_hold_a<4 * C::PK>(&da[0][0]);
     wgmma_hold<4 * C::QT>(&dq[0][0][0]);
     c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
     // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
-    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo);
+    const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_before<BN>(item) : 0;
+    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
   }
   c.finish_dq();
-  store_dkdv<Cfg::kHeadDim, C::DT, T>(dk, dv, a, b, hk, c.kv_row0, c.lane);
+  store_rows<Cfg::kHeadDim, C::DT, T>(dk, a.dk, a.dk_sb, a.dk_sh, a.dk_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
+  store_rows<Cfg::kValueDim, C::DTV, T>(dv, a.dv, a.dv_sb, a.dv_sh, a.dv_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
 }
 
 }  // namespace cubridge

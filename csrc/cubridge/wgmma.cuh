@@ -22,6 +22,15 @@ __device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned
          ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the same tile `bytes` further on (bytes a multiple of 16, inside shared memory).
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long d, unsigned bytes) { return d + (bytes >> 4); }
+// d, opaque to the compiler: descriptors derived from it by desc_plus with constant offsets are made where they
+// are used, not hoisted out of a loop as loop-invariant values that then take registers (or spill) across it.
+__device__ __forceinline__ unsigned long long desc_here(unsigned long long d) {
+  asm volatile("" : "+l"(d));
+  return d;
+}
+
 // Byte offset of element (r, c) of a 128B-swizzled [ROWS][D] 2-byte tile in this layout.
 template <int ROWS>
 __device__ __forceinline__ unsigned sw128_offset(int r, int c) {

@@ -139,7 +139,7 @@ def test_double_backward_raises_clearly(monkeypatch):
 
 def _stand_in(scale_row: float | None):
     """A stand-in 'GPU kernel': the float32 reference's dQ, dK, dV, one row of dQ scaled where asked."""
-    def build(p, arch, dtype, head_dim, value_dim=None):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
         def kern(q, k, v, extras, scalars, out, lse, dout):
             dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
             if scale_row is not None:
@@ -188,7 +188,7 @@ def finfo_padded(q, k, v, mask):
     return torch.softmax(s, dim=-1) @ v
 
 
-def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None):
+def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
     """A stand-in for the backward kernel of finfo_padded that computes as the kernel does, in float32: P
     recomputed as exp(X - LSE) from the forward's LSE, delta = rowsum(dO O) from the forward's O."""
     def kern(q, k, v, extras, scalars, out, lse, dout):
@@ -281,7 +281,7 @@ def _sink_kernel_stand_in(scores_alone: bool):
     """A stand-in for the backward kernel of sinks_column computing as the kernel does: P = exp(X - LSE) from
     the forward's LSE, which has the sink joined. scores_alone: P from the LSE of the scores without the sink
     (a kernel that drops the sink's share of each row), which the first backward's check must catch."""
-    def build(p, arch, dtype, head_dim, value_dim=None):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
         def kern(q, k, v, extras, scalars, out, lse, dout):
             x = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
             row = torch.logsumexp(x, -1, keepdim=True) if scores_alone else lse.reshape(x.shape[:-1]).unsqueeze(-1)
@@ -401,13 +401,40 @@ def test_a_row_sink_program_trains_under_torch_compile_fullgraph(monkeypatch):
     _check(got, want)
 
 
+@pytest.mark.parametrize("how", ["default", "option", "torch"])
+def test_determinism_reaches_the_backward_kernel(monkeypatch, how):
+    """compile(deterministic=True), or torch.use_deterministic_algorithms(True) when the forward runs, builds the
+    backward kernel in its deterministic mode (a kernel of its own, beside the default one); else the default."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    asked: list[bool] = []
+
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+        asked.append(deterministic)
+        return _stand_in(None)(p, arch, dtype, head_dim)
+    monkeypatch.setattr(backward_runner, "build_kernel", build)
+    serve_by_op(monkeypatch)
+    fn, make, _ = _case("softcap_causal")
+    f = tc.compile(fn, fallback="silent", deterministic=how == "option")
+    args = make()
+    with torch.no_grad():
+        f(*args)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(how == "torch")
+    try:
+        out, _ = _grads(f, args, torch.randn_like(args[0]))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert asked == [how != "default"]
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}
+
+
 def test_a_value_head_dim_of_its_own_gets_a_backward_kernel_of_its_own(monkeypatch):
     """The backward kernel is built per (head dim, value head dim): a call whose V is wider than the calls
     before it is not handed their kernel (built for their V's width, and checked only on their first call)."""
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
     asked: list[tuple] = []
 
-    def build(p, arch, dtype, head_dim, value_dim=None):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
         asked.append((head_dim, value_dim))
         return _stand_in(None)(p, arch, dtype, head_dim)
     monkeypatch.setattr(backward_runner, "build_kernel", build)

@@ -252,3 +252,50 @@ def test_a_row_scaled_program_trains_on_the_forward_kernel(fn):
     assert f.served["kernel"] == 2 and f.served["spec"] == 0, f.served
     assert f.kernels()[-1].p.row_scale is not None
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
+
+
+@pytest.mark.parametrize("name, D", [("causal_sdpa", 128), ("gqa_expand", 64), ("document_causal", 96)])
+def test_a_deterministic_backward_is_bitwise_equal_run_to_run(name, D):
+    """compile(deterministic=True): on the Hopper kernel dQ's shares are added in key order (the warpgroups split
+    dQ's columns at 96 and 128, its keys at 64), so three backwards give the same bits, and each holds to
+    float64; the default mode may differ in dQ's last bits, never in dK and dV (summed in registers)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the deterministic mode is the Hopper kernel's")
+    fn, make, ref_fn = _case(name, D)
+    args = _leaves(make(), torch.bfloat16)
+    f = tc.compile(fn, deterministic=True)
+    with torch.no_grad():
+        out = f(*args)
+    dout = torch.randn_like(args[0])
+    runs = [_run(f, args, dout) for _ in range(3)]
+    for other in runs[1:]:
+        for g, h in zip(runs[0], other):
+            assert torch.equal(g, h)
+    want = _run(ref_fn, [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                         for a in _leaves(args, torch.float64)], dout.double())
+    _assert_grads(runs[0], want, args, out, dout)
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 3}
+
+
+@pytest.mark.parametrize("D, DV", [(64, 128), (128, 64), (96, 40)])
+def test_a_value_head_dim_of_its_own_trains_on_the_hopper_kernel(D, DV):
+    """V wider or narrower than Q (multi-head latent attention one way, a wide V the other): every gradient
+    float64's, the backward on the Hopper kernel (the FA2-class kernel refuses it)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("V's own head dim is the Hopper kernel's")
+
+    def spec(q, k, v):
+        return torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1) @ v
+    g = torch.Generator().manual_seed(D + DV)
+    args = _leaves((torch.randn(2, 4, 257, D, generator=g), torch.randn(2, 4, 257, D, generator=g),
+                    torch.randn(2, 4, 257, DV, generator=g)), torch.bfloat16)
+    f = tc.compile(spec)
+    with torch.no_grad():
+        out = f(*args)
+    dout = torch.randn_like(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _run(f, args, dout)
+    want = _run(spec, [a.double() for a in _leaves(args, torch.float64)], dout.double())
+    _assert_grads(got, want, args, out, dout)
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}

@@ -50,10 +50,13 @@ class BwdTile:
 
 @dataclass(frozen=True)
 class BwdSm90Tile:
-    """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's."""
+    """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's;
+    deterministic: dQ's shares added in key-block order; value_dim: V's head dim (0: Q's)."""
     head_dim: int
     block_n: int = 128
     stages: int = 2
+    deterministic: bool = False
+    value_dim: int = 0
     block_m = 64
     kernel = "sm90"
 
@@ -63,17 +66,17 @@ class BwdSm90Tile:
 
     @property
     def smem_bytes(self) -> int:
-        pd = -(-self.head_dim // 64) * 64
-        q, kv, ds, rows = self.block_m * pd * 2, self.block_n * pd * 2, self.block_m * self.block_n * 2, self.block_m * 4
+        pd, pdv = (-(-d // 64) * 64 for d in (self.head_dim, self.value_dim or self.head_dim))
+        q, o, ds, rows = self.block_m * pd * 2, self.block_m * pdv * 2, self.block_m * self.block_n * 2, self.block_m * 4
         dq = (self.block_n // 64) * 64 * 64 * 4  # each consumer's staged dQ share
-        return 1024 + 2 * kv + self.stages * 2 * q + 2 * ds + dq + self.stages * 2 * rows \
+        return 1024 + self.block_n * (pd + pdv) * 2 + self.stages * (q + o) + 2 * ds + dq + self.stages * 2 * rows \
             + 8 * (1 + 2 * self.stages) + 8 * self.stages
 
 
-def hopper_backward(arch: str, head_dim: int) -> bool:
-    """Whether the Hopper backward kernel serves this head dim on `arch`: sm_90a (its wgmma), and dK and dV
-    rows of at most 128 padded columns (a consumer thread holds half of each for the whole walk)."""
-    return arch == "sm_90a" and head_dim <= 128
+def hopper_backward(arch: str, head_dim: int, value_dim: int | None = None) -> bool:
+    """Whether the Hopper backward kernel serves these head dims on `arch`: sm_90a (its wgmma), and dK and dV
+    rows of at most 128 padded columns each (a consumer thread holds half of each for the whole walk)."""
+    return arch == "sm_90a" and head_dim <= 128 and (value_dim or head_dim) <= 128
 
 
 # The most dynamic shared memory one CTA may take (bytes) by compute capability; others take the least
@@ -109,10 +112,12 @@ class LoweredBackward:
     prepass: bool = False  # the mask reads data: the block-class pre-pass and scan (source.py) at this tile
 
 
-def backward_refusal(p: Program, head_dim: int, value_dim: int | None) -> str | None:
-    """Why the backward kernel cannot serve this program at these head dims; None where it can."""
-    if value_dim is not None and value_dim != head_dim:
-        return "the backward kernel takes V's head dim equal to Q's"
+def backward_refusal(p: Program, head_dim: int, value_dim: int | None, arch: str = "sm_80") -> str | None:
+    """Why the backward kernel cannot serve this program at these head dims on `arch`; None where it can."""
+    if value_dim is not None and value_dim != head_dim and not hopper_backward(arch, head_dim, value_dim):
+        return "the backward kernel takes V's head dim equal to Q's (the Hopper kernel: both up to 128)"
+    if value_dim is not None and not (value_dim % 8 == 0 and 8 <= value_dim <= 128):
+        return f"the backward kernel takes V's head dims in steps of 8 up to 128, not {value_dim}"
     # a warp keeps its 16 keys' dK and dV rows in registers for the whole walk: pad16(D) floats a thread each,
     # so past 128 columns the tile no longer fits in 255 registers
     if not (head_dim % 8 == 0 and 8 <= head_dim <= 128):
@@ -142,13 +147,18 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
                    value_dim: int | None = None, fast_tanh: bool = True,
-                   block_m: int | None = None, kernel: str | None = None) -> LoweredBackward:
+                   block_m: int | None = None, kernel: str | None = None,
+                   deterministic: bool = False, stages: int | None = None) -> LoweredBackward:
     """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
     (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
-    query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare."""
+    query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare.
+    deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in key order; the FA2-class
+    kernel's dQ atomics have no such mode, and it is refused). stages: the Hopper kernel's ring of query blocks
+    (2 or 3; None: 2), for benchmarks to compare."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
-    why = backward_refusal(p, head_dim, value_dim)
+    why = backward_refusal(p, head_dim, value_dim, arch)
+    dv = value_dim if value_dim is not None and value_dim != head_dim else None  # None: V's head dim is Q's
     if why:
         raise UnsupportedSpec(why, op="lower")
     if p.empty_rows == "mean_v":
@@ -159,11 +169,20 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     if block_m not in (None, 16, 32, 64):
         raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
     if kernel is None:
-        kernel = "sm90" if hopper_backward(arch, head_dim) and block_m is None else "sm80"
-    if kernel == "sm90" and not hopper_backward(arch, head_dim):
+        kernel = "sm90" if hopper_backward(arch, head_dim, dv) and block_m is None else "sm80"
+    if kernel == "sm80" and dv is not None:
+        raise UnsupportedSpec("the FA2-class backward kernel takes V's head dim equal to Q's", op="lower")
+    if kernel == "sm90" and not hopper_backward(arch, head_dim, dv):
         raise UnsupportedSpec(f"the Hopper backward kernel takes sm_90a and head dims up to 128, not {arch} "
                               f"and {head_dim}", op="lower")
-    tile = BwdSm90Tile(head_dim) if kernel == "sm90" else BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
+    if deterministic and kernel != "sm90":
+        raise UnsupportedSpec("the FA2-class backward kernel adds dQ by atomics: no deterministic mode (the Hopper "
+                              "kernel, sm_90a and head dims up to 128, has one)", op="lower")
+    if stages is not None and (kernel != "sm90" or stages not in (2, 3)):
+        raise UnsupportedSpec(f"the Hopper backward kernel rings 2 or 3 stages, not {stages}", op="lower")
+    tile = BwdSm90Tile(head_dim, stages=stages or 2, deterministic=deterministic, value_dim=dv or 0) \
+        if kernel == "sm90" else \
+        BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
     fast = fast_tanh and "tanh" in str(p.score)
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")
     grad = score_grad_hook(p, CExpr(p, head_dim, fast))
@@ -173,11 +192,13 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     D = head_dim
     if kernel == "sm90":
         tma = "const __grid_constant__ cubridge::TmaDesc"
-        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {tile.block_n}, {tile.stages}>;", *_agrees(tile)]
+        DV = dv or D
+        cfg = [f"using Cfg = cubridge::BwdSm90Tile<{D}, {DV}, {tile.block_n}, {tile.stages}, {int(tile.deterministic)}>;",
+               *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv, {tma} tdo) {{",
                 f"  cubridge::attention_bwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv, &tdo);"]
         header = '#include "cubridge/bwd_kernel_sm90.cuh"'
-        pre, post = f"<{D}, {D}, {t}, false>", f"<{D}, {t}, Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1>"
+        pre, post = f"<{D}, {DV}, {t}, false>", f"<{D}, {t}, Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1>"
     else:
         cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;", *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",

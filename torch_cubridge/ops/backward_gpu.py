@@ -22,11 +22,12 @@ from .rules import rows_aligned
 from .tma import no_broadcast, tensor_map
 
 # BwdArgs, read from bwd_config.cuh (ops/layout.py), packed by name: FwdArgs' words, then dO and its strides,
-# delta, dQ's accumulator, dQ, dK, dV and their strides, the padded LSE rows and their count
+# delta, dQ's accumulator, dQ, dK, dV and their strides, the padded LSE rows and their count, the deterministic
+# mode's counters
 BWD_LAYOUT = layout.read("BwdArgs")
 _pack_bwd = BWD_LAYOUT.packer(tuple(f"f.{w}" for w in FWD_WORDS) + (
     "dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh", "dq_ss", "dk", "dk_sb", "dk_sh",
-    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad"))
+    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad", "dq_sem"))
 
 
 def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
@@ -47,7 +48,7 @@ class GpuBackward:
     """The three kernels of one program's backward, at one head dim, dtype and arch."""
 
     def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int, kernel: str | None = None,
-                 value_dim: int | None = None) -> None:
+                 value_dim: int | None = None, deterministic: bool = False, stages: int | None = None) -> None:
         from ..lower.backward import ROWS_PER_CTA, lower_backward
         from ..ops.kernel import cached_cubin, source_key
         from ..ops.launch import CubinKernel
@@ -55,7 +56,7 @@ class GpuBackward:
         self.p = p
         # value_dim: V's head dim, refused by lower_backward where the kernels take none but Q's
         self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim, value_dim,
-                                        kernel=kernel)
+                                        kernel=kernel, deterministic=deterministic, stages=stages)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
@@ -95,8 +96,12 @@ class GpuBackward:
         lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
         if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at), zeroed here
             dq_acc = torch.zeros(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
+            # the deterministic mode's counters, one per 64 x 64 block of the accumulator
+            sem = torch.zeros(dq_acc.numel() // 4096 if self.low.tile.deterministic else 0, device=q.device,
+                              dtype=torch.int32)
         else:  # zeroed by the preprocess
             dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
+            sem = None
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
         # dim strided, they write a dense buffer copied over after
         bufs = [t if t.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -104,7 +109,8 @@ class GpuBackward:
         args = _pack_bwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
                            *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
                            doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
-                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad)
+                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad,
+                           sem.data_ptr() if sem is not None and sem.numel() else 0)
         rt, table = {}, None
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
             rt, table = run_block_prepass(*self.blocks, args[:FWD_FORMAT.size], self.fmt, self.low.params,

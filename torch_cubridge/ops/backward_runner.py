@@ -88,11 +88,13 @@ class BackwardRunner:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                  scalars: list[float], out: torch.Tensor, lse: torch.Tensor | None, dout: torch.Tensor,
-                 dlse: torch.Tensor | None, learn: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                   list[torch.Tensor]]:
+                 dlse: torch.Tensor | None, learn: list[int], deterministic: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """deterministic: bitwise-equal gradients run to run (compile(deterministic=True) or
+        torch.use_deterministic_algorithms): the kernel's mode that adds dQ in a fixed order, else the reference."""
         why = self._refusal(q, k, v, lse, dlse, learn)
         if why is None:
-            key = self._key(q, v)
+            key = self._key(q, v, deterministic)
             if self._kernels.get(key, True) is None:  # refused or failed before: no row check owed
                 why = self._why[key]
             else:
@@ -127,18 +129,18 @@ class BackwardRunner:
         from ..ir.backward import derive
         return not derive(self.p, {self.p.extras[i].name for i in learn}).score_sites
 
-    def _key(self, q: torch.Tensor, v: torch.Tensor) -> tuple:
-        """(arch, dtype, head dim, device model, value head dim): one kernel and one verdict each (a program's
-        calls may differ in V's width alone)."""
+    def _key(self, q: torch.Tensor, v: torch.Tensor, deterministic: bool = False) -> tuple:
+        """(arch, dtype, head dim, device model, value head dim, deterministic): one kernel and one verdict
+        each (a program's calls may differ in V's width alone)."""
         d, dv = to_canonical(q, self.p.q).shape[-1], to_canonical(v, self.p.v).shape[-1]
         if not q.is_cuda:
-            return q.device.type, q.dtype, d, q.device.type, dv
+            return q.device.type, q.dtype, d, q.device.type, dv, deterministic
         major, minor = torch.cuda.get_device_capability(q.device)
         # Hopper: the forward's own target (sm_90a, its wgmma backward kernel, unless the Hopper kernels are
         # switched off)
         from ..build.arch import arch_for
         arch = arch_for(q.device) if major == 9 else f"sm_{major}{minor}"
-        return arch, q.dtype, d, torch.cuda.get_device_name(q.device), dv
+        return arch, q.dtype, d, torch.cuda.get_device_name(q.device), dv, deterministic
 
     def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
               scalars: list[float], lse: torch.Tensor, dout: torch.Tensor) -> tuple[str | None, torch.Tensor]:
@@ -163,7 +165,7 @@ class BackwardRunner:
         if key not in self._kernels:
             self._kernels[key] = None
             try:
-                self._kernels[key] = build_kernel(self.p, key[0], key[1], key[2], key[4])
+                self._kernels[key] = build_kernel(self.p, key[0], key[1], key[2], key[4], key[5])
             except Exception as err:  # UnsupportedSpec from lower_backward, or a build error
                 self._why[key] = f"no backward kernel ({type(err).__name__}: {err})"
         kern = self._kernels[key]
@@ -212,9 +214,10 @@ class BackwardRunner:
                       RuntimeWarning, stacklevel=user_stacklevel())
 
 
-def build_kernel(p: Any, arch: str, dtype: torch.dtype, head_dim: int, value_dim: int) -> Any:
+def build_kernel(p: Any, arch: str, dtype: torch.dtype, head_dim: int, value_dim: int,
+                 deterministic: bool = False) -> Any:
     """The GPU backward of p (ops/backward_gpu.py); tests replace it to stand in for the kernel."""
-    return backward_gpu.GpuBackward(p, arch, dtype, head_dim, value_dim=value_dim)
+    return backward_gpu.GpuBackward(p, arch, dtype, head_dim, value_dim=value_dim, deterministic=deterministic)
 
 
 _RUNNERS: dict[str, BackwardRunner] = {}

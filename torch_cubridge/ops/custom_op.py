@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from .determinism import split
 from .fastpath import canon
 from .registry import runner_for as _runner
 
@@ -62,9 +63,11 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras
                        dlse: Optional[torch.Tensor], learn: list[int], kernel_id: str
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dQ, dK, dV (in q's, k's and v's layouts) and the gradients of extras[i] for i in `learn`, by the
-    program's backward runner (ops/backward_runner.py: the GPU kernel where verified, else the reference)."""
+    program's backward runner (ops/backward_runner.py: the GPU kernel where verified, else the reference);
+    bitwise-equal run to run where the forward's call asked (ops/determinism.py: the kernel id says)."""
     from .backward_runner import backward_for
-    dq, dk, dv, dx = backward_for(kernel_id)(q, k, v, extras, scalars, out, lse, dout, dlse, learn)
+    base, deterministic = split(kernel_id)
+    dq, dk, dv, dx = backward_for(base)(q, k, v, extras, scalars, out, lse, dout, dlse, learn, deterministic)
     return dq, dk, dv, list(dx)
 
 

@@ -14,6 +14,7 @@ from ..ir.bind import as_result, bind_args, call_device, lookup, operand_value, 
 from ..ir.expr import ROW_LSE
 from ..ir.interpreter import index_env, row_factor
 from ..ir.prologue import run_epilogue, run_prologue
+from .determinism import SUFFIX
 from .fastpath import canon
 
 
@@ -24,9 +25,10 @@ class CustomOpCalls:
     def kernel_id(self) -> str:
         return self.info["key"] + "/" + self.info.get("program", "")
 
-    def op_call(self, args: tuple, kwargs: dict) -> Any:
+    def op_call(self, args: tuple, kwargs: dict, deterministic: bool = False) -> Any:
         """Route a call through torch.ops.cubridge.attention (traceable by torch.compile). None where the
-        call needs gradients and the op has no backward for this program: the spec serves it."""
+        call needs gradients and the op has no backward for this program: the spec serves it. deterministic:
+        its gradients bitwise-equal run to run."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
         in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
@@ -46,7 +48,9 @@ class CustomOpCalls:
         lse = None
         if self._lse_out or grad:  # the op that gives the kernel's LSE too: the spec returns it, or the
             # backward reads it (the op's autograd, ops/custom_op.py)
-            out, lse = custom_op.attention_lse(q, k, v, extras, scal, self.kernel_id)
+            # a backward asked to be bitwise-equal run to run: the op's kernel named so (ops/determinism.py)
+            kid = self.kernel_id + SUFFIX if grad and deterministic else self.kernel_id
+            out, lse = custom_op.attention_lse(q, k, v, extras, scal, kid)
             if self.p.row_scale is not None:
                 out = self._scale_rows_outside(out, lse, q, k, v, extras, bound)
         else:

@@ -3,6 +3,8 @@ that serving a kernel eagerly never pays for the op's registration with torch.li
 new process on the H100, most of it torch finding the registering function's source)."""
 from __future__ import annotations
 
+from .determinism import split
+
 _REGISTRY: dict[str, object] = {}
 
 
@@ -12,8 +14,9 @@ def register(kernel_id: str, runner: object) -> str:
 
 
 def runner_for(kernel_id: str) -> object:
+    """The runner registered as `kernel_id` (an op call's name may carry ops/determinism.py's suffix)."""
     try:
-        return _REGISTRY[kernel_id]
+        return _REGISTRY[split(kernel_id)[0]]
     except KeyError:
         raise RuntimeError(f"cubridge kernel {kernel_id} is not loaded in this process; call the compiled "
                            "function once eagerly (it builds and verifies the kernel) before tracing") from None
