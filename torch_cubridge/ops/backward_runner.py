@@ -38,6 +38,15 @@ ROW_TOL = 0.05
 FILL_ROW_LSE = -16384.0
 
 
+def lse_has_gradient(runner: Any) -> bool:
+    """Whether a gradient can reach the op's LSE output: the spec returns the LSE, or the row scale PyTorch
+    applies after the op reads it (a sink per row). A row scale that does not (a gate, a temperature) leaves
+    the LSE without one, and the backward is the attention's alone, which the kernel computes."""
+    from ..ir.expr import ROW_LSE, free_vars
+    p = runner.p
+    return bool(getattr(runner, "_lse_out", False)) or (p.row_scale is not None and ROW_LSE in free_vars(p.row_scale))
+
+
 def autograd_refusal(runner: Any) -> str | None:
     """Why a call of `runner`'s program that needs gradients cannot go through the op; None where it can.
     The op's output is the kernel's, before anything PyTorch applies after it but the layout."""
@@ -73,7 +82,7 @@ class BackwardRunner:
         self.p = runner.p
         self.name = getattr(runner, "kernel_id", "attention")
         # the LSE's gradient is real where the spec returns the LSE or a row scale, applied after the op, reads it
-        self.lse_grad = bool(getattr(runner, "_lse_out", False)) or self.p.row_scale is not None
+        self.lse_grad = lse_has_gradient(runner)
         self.served: collections.Counter = collections.Counter()
         self._kernels: dict[tuple, Any] = {}     # (arch, dtype, head dim) -> GpuBackward, or None
         self._verified: dict[tuple, bool] = {}   # its verdict on its first call

@@ -79,10 +79,10 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.save_for_backward(q, k, v, out, lse, *extras)
     ctx.scalars, ctx.kernel_id = scalars, kernel_id
     ctx.learn = [i for i, t in enumerate(extras) if t.is_floating_point() and t.requires_grad]
-    # a gradient reaching the LSE counts where the spec returns it or a row scale read it (op_calls applies the
+    # a gradient reaching the LSE counts where the spec returns it or a row scale reads it (op_calls applies the
     # scale after the op); else the LSE is the backward's own input
-    r = _runner(kernel_id)
-    ctx.lse_grad = bool(getattr(r, "_lse_out", False)) or r.p.row_scale is not None
+    from .backward_runner import lse_has_gradient
+    ctx.lse_grad = lse_has_gradient(_runner(kernel_id))
 
 
 def _backward(ctx: Any, dout: torch.Tensor, dlse: torch.Tensor | None = None) -> tuple:
