@@ -176,3 +176,17 @@ def test_the_hopper_backward_takes_a_value_head_dim_of_its_own(D, DV, tmp_path):
     assert "HGMMA" in _sass(cubin, tmp_path)
     with pytest.raises(UnsupportedSpec, match="V's head dim"):
         lower_backward(_prog("causal_sdpa", D), "sm_80", head_dim=D, value_dim=DV)
+
+
+def test_a_row_scaled_program_lowers_the_attention_before_its_scale():
+    """PyTorch applies a row scale after the op, so the op's backward is the attention's alone: the kernel of
+    a gated program is the ungated program's."""
+    def gated(q, k, v, gate):
+        return (torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1) * gate[..., None]) @ v
+
+    def plain(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1) @ v
+    q, k, v = (torch.randn(2, 4, 70, 64) for _ in range(3))
+    p = tc.transfer(gated, q, k, v, torch.rand(2, 4, 70) + 0.5)
+    assert p.row_scale is not None
+    assert lower_backward(p, head_dim=64).source == lower_backward(tc.transfer(plain, q, k, v), head_dim=64).source

@@ -453,3 +453,27 @@ def test_a_value_head_dim_of_its_own_gets_a_backward_kernel_of_its_own(monkeypat
         _, want = _reference(spec, (q, k, v), dout)
         _check(got, want)
     assert sorted(asked) == [(16, 16), (16, 32)]
+
+
+@pytest.mark.parametrize("fn,extra", [(_gated_rows, lambda: torch.rand(2, 4, 37) + 0.5),
+                                      (_divided_rows, lambda: torch.rand(4) + 0.5),
+                                      (_row_sinks, lambda: torch.randn(2, 4, 37))],
+                         ids=["gate", "temperature", "row_sink"])
+def test_a_row_scale_that_reads_no_lse_leaves_the_backward_to_the_kernel(monkeypatch, fn, extra):
+    """The op's backward of a row-scaled program is the attention's alone (PyTorch scales after the op): the
+    kernel takes it where the scale reads no LSE (a gate, a temperature); a sink per row gives the LSE a
+    gradient, and the reference takes it. Every gradient is float64's either way."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
+    serve_by_op(monkeypatch)
+    f = tc.compile(fn, fallback="silent")
+    g = torch.Generator().manual_seed(5)
+    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (extra(),)
+    dout = torch.randn(2, 4, 37, 16, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, got = _grads(f, args, dout)
+    _, want = _reference(fn, args, dout)
+    _check(got, want)
+    who = "reference" if fn is _row_sinks else "kernel"
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {who: 1}

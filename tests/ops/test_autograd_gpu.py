@@ -235,7 +235,8 @@ def _row_sinks(q, k, v, c):
 def test_a_row_scaled_program_trains_on_the_forward_kernel(fn):
     """A factor per query row after the softmax (a learnable gate; a sink per row, read through the LSE): the
     op's forward on the kernel gives O unscaled and PyTorch scales it, so every gradient, the factor's too,
-    is float64's; the backward is the reference's (no backward kernel takes a row scale)."""
+    is float64's. The op's backward is the attention's alone: the kernel's for the gate; the reference's for the
+    sink, whose scale gives the LSE a gradient."""
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(2, 4, 257, 64, generator=g) for _ in range(3))
     extra = torch.rand(2, 4, 257, generator=g) + 0.5 if fn is _gated_rows else torch.randn(2, 4, 257, generator=g)
@@ -251,7 +252,8 @@ def test_a_row_scaled_program_trains_on_the_forward_kernel(fn):
     _assert_grads(got, want, args, out, dout)
     assert f.served["kernel"] == 2 and f.served["spec"] == 0, f.served
     assert f.kernels()[-1].p.row_scale is not None
-    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
+    who = "kernel" if fn is _gated_rows else "reference"
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {who: 1}
 
 
 @pytest.mark.parametrize("name, D", [("causal_sdpa", 128), ("gqa_expand", 64), ("document_causal", 96)])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UnsupportedSpec
 from ..ir.derivative import derivative
-from ..ir.expr import var
+from ..ir.expr import loads, var
 from ..ir.program import Program
 from .cexpr import CExpr
 from .choice import C_TYPES
@@ -122,8 +122,6 @@ def backward_refusal(p: Program, head_dim: int, value_dim: int | None, arch: str
     # so past 128 columns the tile no longer fits in 255 registers
     if not (head_dim % 8 == 0 and 8 <= head_dim <= 128):
         return f"the backward kernel takes head dims in steps of 8 up to 128, not {head_dim}"
-    if p.row_scale is not None:
-        return "a row scale after the softmax has no backward kernel"
     return None
 
 
@@ -161,6 +159,13 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     dv = value_dim if value_dim is not None and value_dim != head_dim else None  # None: V's head dim is Q's
     if why:
         raise UnsupportedSpec(why, op="lower")
+    if p.row_scale is not None:
+        # the op gives O before the row scale and PyTorch scales it (ops/op_calls.py): the op's backward is the
+        # attention's alone, and autograd carries the scale into dO (a scale that reads the LSE gives the LSE a
+        # gradient, which the backward runner keeps from this kernel); the tensors only the scale reads go too,
+        # so a gated program's kernel is the ungated one's (one build in the cache)
+        read = set().union(*(loads(e) for e in (p.score, p.mask, p.sink) if e is not None))
+        p = replace(p, row_scale=None, extras=tuple(x for x in p.extras if x.name in read))
     if p.empty_rows == "mean_v":
         # rows with every key masked take the mean of V, whose gradient this kernel does not give: the
         # backward runner sends calls that have such a row (an LSE of -inf) to the reference, so the kernel

@@ -118,8 +118,11 @@ def dout_for_lse_rounding(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch
 def kernel_sink_gradients(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                           scalars: list[float], out: torch.Tensor, dout: torch.Tensor, lse_joined: torch.Tensor,
                           learn: list[int]) -> list[torch.Tensor]:
-    """The gradients of extras[i] for i in `learn`, all read by the sink alone, beside a backward kernel's
-    dQ, dK, dV: from the forward kernel's O and LSE (the sink joined), in float32 (ir/backward.sink_gradients)."""
+    """The gradients of extras[i] for i in `learn`, none read by the score, beside a backward kernel's dQ, dK,
+    dV: from the forward kernel's O and LSE (the sink joined), in float32 (ir/backward.sink_gradients). A
+    tensor only the row scale reads (scaled by PyTorch after the op) has none through the op: zero."""
+    if p.sink is None:
+        return [torch.zeros_like(extras[i]) for i in learn]
     qc, kc = to_canonical(q, p.q), to_canonical(k, p.k)
     B, H, Sq, _ = qc.shape
     o, do = (canonical_out(p, t, B, H, Sq, to_canonical(v, p.v).shape[-1]) for t in (out, dout))

@@ -39,9 +39,12 @@ FILL_ROW_LSE = -16384.0
 
 
 def lse_has_gradient(runner: Any) -> bool:
-    """Whether a gradient can reach the op's LSE output: the spec returns the LSE, or a row scale, which
-    PyTorch applies after the op (ops/op_calls.py), may read it. Else the LSE is the backward's own input."""
-    return bool(getattr(runner, "_lse_out", False)) or runner.p.row_scale is not None
+    """Whether a gradient can reach the op's LSE output: the spec returns the LSE, or the row scale PyTorch
+    applies after the op reads it (a sink per row). A row scale that does not (a gate, a temperature) leaves
+    the LSE without one, and the backward is the attention's alone, which the kernel computes."""
+    from ..ir.expr import ROW_LSE, free_vars
+    p = runner.p
+    return bool(getattr(runner, "_lse_out", False)) or (p.row_scale is not None and ROW_LSE in free_vars(p.row_scale))
 
 
 def autograd_refusal(runner: Any) -> str | None:
