@@ -135,7 +135,7 @@ struct WgmmaBwdConsumer {
       constexpr int CH = Cfg::kDqSplitN ? PD / 64 : 1;
       const long long nmb = a.sq_pad / 64, blk = ((b * a.f.Hq + h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
       if constexpr (Cfg::kDeterministic) {
-        // rank: the live key blocks before this CTA's for this query block; where the warpgroups split the keys
+        // rank: the live key blocks after this CTA's for this query block; where the warpgroups split the keys
         // (one accumulator block for both), warpgroup 0's share goes first
         const int turn = Cfg::kDqSplitN ? rank : rank * Cfg::kConsumers + cw;
         while (ld_acquire_gpu(a.dq_sem + blk) != turn) {

@@ -66,7 +66,12 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const BwdSm90Smem<Cfg> sm(smem_raw);
   const int tid = threadIdx.x, wg = tid / 128;
-  const int b = blockIdx.z, hk = blockIdx.y, kv_lo = blockIdx.x * BN;
+  // The deterministic mode adds dQ's shares of a query block in descending key order and dispatches a head's
+  // key blocks in that order too, so a CTA waits only on CTAs launched before it. Where the walk starts at the
+  // diagonal (causal, windows, documents) the CTA one key block further has then reached each query block a
+  // step earlier, and nothing waits; in ascending order the CTA of key block j waited for j CTAs' walks.
+  const int kv_block = Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int b = blockIdx.z, hk = blockIdx.y, kv_lo = kv_block * BN;
   const int kv_hi = imin(kv_lo + BN, static_cast<int>(a.f.Skv));
   const QueryWalk<Variant, BM> walk(a.f, p, b, hk, kv_lo, kv_hi);
   if (tid == 0) sm.ring.init(4 * NC);  // one arrival per consumer warp empties a stage
@@ -135,7 +140,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     wgmma_hold<4 * C::QT>(&dq[0][0][0]);
     c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
     // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
-    const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_before<BN>(item) : 0;
+    const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_after<BN>(item) : 0;
     c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
   }
   c.finish_dq();

@@ -35,13 +35,13 @@ struct QueryWalk {
     const int lo = q_lo(w);
     return Hook<Variant>::block_class(a, p, b, head(w), lo, imin(lo + BM, sq), kv_lo, kv_hi);
   }
-  // How many key blocks of BN before this CTA's are live for item w's query block: its turn, in key order,
-  // to add its share of dQ (the deterministic mode).
+  // How many key blocks of BN after this CTA's are live for item w's query block: its turn, in descending key
+  // order, to add its share of dQ (the deterministic mode).
   template <int BN>
-  __device__ __forceinline__ int live_before(int w) const {
+  __device__ __forceinline__ int live_after(int w) const {
     const int lo = q_lo(w), hi = imin(lo + BM, sq), h = head(w), skv = static_cast<int>(a.Skv);
     int n = 0;
-    for (int j0 = 0; j0 < kv_lo; j0 += BN)
+    for (int j0 = kv_lo + BN; j0 < skv; j0 += BN)
       n += Hook<Variant>::block_class(a, p, b, h, lo, hi, j0, imin(j0 + BN, skv)) != kEmpty;
     return n;
   }
