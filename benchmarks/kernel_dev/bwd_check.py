@@ -10,7 +10,7 @@ error in delta there, in any FlashAttention-style backward; bwd_rows.py says why
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
-[--d D] (or `ncu --profile-from-start off ... bwd_check.py --ncu`: one backward each of ours and cuDNN's)
+[--d D] | --sweep (the rate over S) (or `ncu --profile-from-start off ... bwd_check.py --ncu`: one backward each of ours and cuDNN's)
 """
 from __future__ import annotations
 
@@ -167,6 +167,32 @@ def bench(arch):
         print("  ".join(row))
 
 
+def sweep(arch):
+    """The backward's rate over S at B*S = 32k (D 128), ours and cuDNN's: with a CTA per key block, the items
+    per CTA grow with S, so a fixed cost per CTA shows as a rate that climbs with S."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    H, D = 16, 128
+    print("\nbackward over S, B*S = 32k, H 16, D 128 (TFLOP/s at 2.5x forward FLOPs): ours / cudnn")
+    for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
+        fn, make, _ = case(name)
+        p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
+        row = [f"{name:12s}"]
+        for S in (1024, 2048, 4096, 8192, 16384):
+            B = 32768 // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            do = torch.randn_like(q)
+            res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
+            o, lse = res[0].contiguous(), res[1].float().contiguous()
+            flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+            _, go, _ = run_backward(p, bind_args(p.signature, (q, k, v), {}), q, k, v, o, lse, do, D, arch)
+            qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            t = timed(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+            row.append(f"S {S}: {flops / timed(go) / 1e12:5.1f} / {flops / t / 1e12:5.1f}")
+        print("  ".join(row), flush=True)
+
+
 def profiled():
     """One backward each of ours and cuDNN's (causal and full, the bench's shapes) inside the profiler's range:
     run under `ncu --profile-from-start off` to read where the gap to cuDNN goes."""
@@ -209,6 +235,9 @@ def main() -> int:
         return 2
     major, minor = torch.cuda.get_device_capability()
     arch = "sm_90a" if major == 9 else f"sm_{major}{minor}"  # the library's Hopper target
+    if "--sweep" in sys.argv:
+        sweep("sm_90a")
+        return 0
     if "--ncu" in sys.argv:
         profiled()
         return 0
