@@ -86,9 +86,8 @@ struct BwdSm90Tile {
   static constexpr bool kDqSplitN = kPadD > 64;
   static constexpr bool kDeterministic = Deterministic != 0;
   static constexpr int kThreads = 128 * (kConsumers + 1);  // the consumer warpgroups, then the producer's
-  static constexpr int kProducerRegs = 32;
-  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
-      ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = consumer_regs(kThreads, kConsumers, kProducerRegs);
   static constexpr unsigned kQBytes = kBlockM * kPadD * 2, kKBytes = BN * kPadD * 2, kSBytes = kBlockM * BN * 2;
   static constexpr unsigned kOBytes = kBlockM * kPadDv * 2, kVBytes = BN * kPadDv * 2;  // a dO stage, V
   static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows

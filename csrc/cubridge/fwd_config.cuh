@@ -10,6 +10,15 @@ namespace cubridge {
 // past D held at zero in shared memory (the kernels zero them once; the copies never write them).
 __host__ __device__ constexpr int pad16(int d) { return (d + 15) / 16 * 16; }
 __host__ __device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
+// setmaxnreg budgets of a warp-specialised CTA of `threads` threads (whole warpgroups, one CTA an SM): a
+// thread starts with the launch's share of the 64K register file (in steps of 8); the producer warpgroup gives
+// its share down to `producer`, and the `consumers` warpgroups take what it gave, in steps of 8, at most 240.
+// setmaxnreg.inc waits until the registers are free, so asking more than the producer gave hangs the CTA.
+__host__ __device__ constexpr int consumer_regs(int threads, int consumers, int producer) {
+  return (65536 / threads / 8 * 8 * (consumers + 1) - producer) / consumers / 8 * 8 > 240
+             ? 240
+             : (65536 / threads / 8 * 8 * (consumers + 1) - producer) / consumers / 8 * 8;
+}
 
 template <int D, int BM, int BN, int Warps, int Stages, bool QInRegs = true,
           bool LazyRescale = true>
@@ -104,11 +113,9 @@ struct Sm90Tile {
   static constexpr bool kPersistent = Persistent != 0;
   static constexpr bool kLazyRescale = LazyRescale;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // setmaxnreg budgets: the producer keeps 24 registers a thread, the consumers share the rest of
-  // the 64K register file (in steps of 8, at most 240).
+  // setmaxnreg budgets: the producer keeps 24 registers a thread, the consumers share the rest
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8 > 240
-      ? 240 : (65536 / 128 - kProducerRegs) / kConsumers / 8 * 8;
+  static constexpr int kConsumerRegs = consumer_regs(kThreads, kConsumers, kProducerRegs);
   static constexpr int kSmemBytes = 1024 + (BM * kPadD + Stages * BN * (kPadD + kPadDv) + OwnO * BM * kPadDv) * 2 + 8 * (2 + 4 * Stages) + 4 * BM + 64;
 
   static_assert(D % 8 == 0 && D <= 256 && DV % 8 == 0 && DV <= 256, "head dims in steps of 8, at most 256");

@@ -135,6 +135,14 @@ def test_hopper_backward_is_wgmma_fed_by_tma(name, D, tmp_path):
     main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
     spill = int(re.search(r"(\d+) bytes spill stores", main)[1])
     assert spill <= HOPPER_SPILL.get((name, D), 0), main
+    # setmaxnreg.inc waits until the registers are free: the consumers may take no more than the producer
+    # gave back from the launch's share, or the CTA hangs
+    launch = int(re.search(r"Used (\d+) registers", main)[1])
+    alloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.TRY_ALLOC\S* \w+, (0x[0-9a-f]+)", sass)}
+    dealloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.DEALLOC\S* (0x[0-9a-f]+)", sass)}
+    consumers = low.tile.threads // 128 - 1
+    assert len(alloc) == len(dealloc) == 1, (alloc, dealloc)
+    assert consumers * (alloc.pop() - launch) <= launch - dealloc.pop()
 
 
 def test_hopper_backward_takes_what_fits_its_registers():
