@@ -29,7 +29,6 @@ struct BwdArgs {
   float* lse_pad;    // [B, Hq, sq_pad]: f.lse copied by the preprocess kernel, whole blocks for bulk copies
   long long sq_pad;  // Sq rounded up to a whole number of 64-row blocks (pad rows: LSE and delta zero)
   int* dq_sem;       // the Hopper kernel's deterministic mode: one zeroed counter per block of dQ's accumulator
-  int* tile_next;    // the Hopper kernel's persistent CTAs: a zeroed counter of the tiles drawn past the grid's
 };
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
@@ -92,12 +91,10 @@ struct BwdSm90Tile {
   static constexpr unsigned kOBytes = kBlockM * kPadDv * 2, kVBytes = BN * kPadDv * 2;  // a dO stage, V
   static constexpr unsigned kRowBytes = kBlockM * 4;  // one stage's LSE (or delta) rows
   static constexpr unsigned kDqBytes = 64 * 64 * 4;    // a warpgroup's staged dQ share
-  static constexpr int kBarriers = 2 + 2 * Stages;
-  // ... the barriers, two ints per stage (the item, its class) and two tile slots (the producer's tile for the
-  // consumers, alternating)
+  static constexpr int kBarriers = 1 + 2 * Stages;
   static constexpr int kSmemBytes =
       1024 + kKBytes + kVBytes + Stages * (kQBytes + kOBytes) + 2 * kSBytes + kConsumers * kDqBytes + Stages * 2 * kRowBytes +
-      8 * kBarriers + 8 * Stages + 8;
+      8 * kBarriers + 8 * Stages;
 
   static_assert(D % 8 == 0 && D >= 8 && D <= 128 && DV % 8 == 0 && DV >= 8 && DV <= 128,
                 "head dims in steps of 8, at most 128");

@@ -3,16 +3,13 @@
 //   P = exp(score(Q K^T) - LSE),  dV = P^T dO,  dS = P (dO V^T - delta) dscore/ds,  dK = dS^T Q,  dQ = dS K.
 //
 // Three launches (lower/backward.py names them): the preprocess and postprocess of bwd_prepost.cuh around
-//   main  grid (min(tiles, SMs), 1, 1), or (tiles, 1, 1) in the deterministic mode, tiles = ceil(Skv /
-//         Cfg::kBlockN) Hkv B (tile_scheduler.cuh, KeyTiles); block Cfg::kThreads, Cfg::kSmemBytes of dynamic
-//         shared memory; parameters (BwdArgs, Params, tensor maps of Q, K, V, dO, boxes of 64 columns by 64
-//         rows for Q and dO and by kBlockN rows for K and V).
+//   main  grid (ceil(Skv / Cfg::kBlockN), Hkv, B), block Cfg::kThreads, Cfg::kSmemBytes of dynamic shared
+//         memory; parameters (BwdArgs, Params, tensor maps of Q, K, V, dO, boxes of 64 columns by 64 rows for
+//         Q and dO and by kBlockN rows for K and V).
 //
 // The roles, each in its own file:
-// - the scheduler (tile_scheduler.cuh, KeyTiles): which key tiles a CTA takes, and in which order;
-// - the producer warp (bwd_producer_sm90.cuh): per tile, K and V of its keys (once the consumers are done with
-//   the last tile's), then each live query block's Q, dO, LSE and delta into a kStages-deep ring
-//   (pipeline.cuh, QueryRing), which runs on across tiles; it gives its registers away;
+// - the producer warp (bwd_producer_sm90.cuh): K and V of the CTA's keys once, then each live query block's
+//   Q, dO, LSE and delta into a kStages-deep ring (pipeline.cuh, QueryRing); it gives its registers away;
 // - the consumer warpgroups (bwd_consumer_sm90.cuh), 64 keys each: the five products on the tensor cores,
 //   dK and dV in registers for the whole walk, dQ's share staged in shared memory and added to its float32
 //   accumulator by one bulk reduction per warpgroup and block;
@@ -25,7 +22,6 @@
 #include "bwd_consumer_sm90.cuh"
 #include "bwd_prepost.cuh"
 #include "bwd_producer_sm90.cuh"
-#include "tile_scheduler.cuh"
 
 namespace cubridge {
 
@@ -38,7 +34,6 @@ struct BwdSm90Smem {
   const float *lse, *delta;                      // stage 0's rows, generic
   QueryRing<ST> ring;
   int* info;  // per stage: the item, and its class | 4 where it is the walk's last
-  int* tile;  // per tile count & 1: the tile the producer posts (-1: none left)
 
   __device__ __forceinline__ explicit BwdSm90Smem(unsigned char* smem_raw) {
     const unsigned raw = smem_u32(smem_raw);
@@ -58,7 +53,6 @@ struct BwdSm90Smem {
     delta = reinterpret_cast<const float*>(base + (sDelta - sK));
     ring.bars = sDelta + ST * Cfg::kRowBytes;
     info = reinterpret_cast<int*>(base + (ring.bars - sK) + 8 * QueryRing<ST>::kBarriers);
-    tile = info + 2 * ST;
   }
 };
 
@@ -72,8 +66,15 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const BwdSm90Smem<Cfg> sm(smem_raw);
   const int tid = threadIdx.x, wg = tid / 128;
-  const KeyTiles<BN, Cfg::kHeadDim, Cfg::kValueDim> tiles(a.f);
-  if (tid == 0) sm.ring.init(4 * NC);  // one arrival per consumer warp empties a stage, or K and V
+  // The deterministic mode adds dQ's shares of a query block in descending key order and dispatches a head's
+  // key blocks in that order too, so a CTA waits only on CTAs launched before it. Where the walk starts at the
+  // diagonal (causal, windows, documents) the CTA one key block further has then reached each query block a
+  // step earlier, and nothing waits; in ascending order the CTA of key block j waited for j CTAs' walks.
+  const int kv_block = Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int b = blockIdx.z, hk = blockIdx.y, kv_lo = kv_block * BN;
+  const int kv_hi = imin(kv_lo + BN, static_cast<int>(a.f.Skv));
+  const QueryWalk<Variant, BM> walk(a.f, p, b, hk, kv_lo, kv_hi);
+  if (tid == 0) sm.ring.init(4 * NC);  // one arrival per consumer warp empties a stage
   __syncthreads();
 
   // The producer warpgroup comes last (wgmma's warpgroups start at a multiple of 4 warps). Its registers go
@@ -81,79 +82,70 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
   // registers, below a consumer's dK and dV rows plus its products.
   if (wg == NC) {
     regs_dealloc<Cfg::kProducerRegs>();
-    if (tid == 128 * NC) BwdTmaProducer<Cfg>{tq, tk, tv, tdo}.template run<Variant>(sm, tiles, a, p);
+    if (tid == 128 * NC) BwdTmaProducer<Cfg>{tq, tk, tv, tdo}.run(sm, walk, a, b, hk, kv_lo);
     return;
   }
   regs_alloc<Cfg::kConsumerRegs>();
-  int i = 0;  // ring position, run on across tiles (the dS buffers alternate on it)
-  for (int t = 0;; ++t) {
-    mbar_wait(sm.ring.kv_full(), t & 1);  // always: no copy may still fly into a CTA that has left
-    const int tile = sm.tile[t & 1];
-    if (tile < 0) break;
-    const KeyTile kt = tiles.template tile<Cfg::kDeterministic>(a.f, tile);
-    const int b = kt.b;
-    const QueryWalk<Variant, BM> walk(a.f, p, b, kt.hk, kt.kv_lo, kt.kv_hi);
-    const C c(wg, tid, kt.kv_lo, sm.sK, sm.sV);
-    float dk[1][C::DT][4], dv[1][C::DTV][4];
+  const C c(wg, tid, kv_lo, sm.sK, sm.sV);
+  float dk[1][C::DT][4], dv[1][C::DTV][4];
 #pragma unroll
-    for (int u = 0; u < C::DT; ++u)
+  for (int t = 0; t < C::DT; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dk[0][u][e] = 0.f;
+    for (int e = 0; e < 4; ++e) dk[0][t][e] = 0.f;
 #pragma unroll
-    for (int u = 0; u < C::DTV; ++u)
+  for (int t = 0; t < C::DTV; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dv[0][u][e] = 0.f;
+    for (int e = 0; e < 4; ++e) dv[0][t][e] = 0.f;
 
-    bool more = walk.next(0) < walk.n_items;  // the producer's walk, computed alike
-    for (; more; ++i) {
-      const int s = R::stage(i);
-      mbar_wait(sm.ring.full(s), R::full_phase(i));
-      const int item = sm.info[2 * s], cls = sm.info[2 * s + 1] & 3;
-      more = !(sm.info[2 * s + 1] >> 2);
-      const int h = walk.head(item), q_lo = walk.q_lo(item);
-      const unsigned sQ = sm.sQ + s * Cfg::kQBytes, sdO = sm.sdO + s * Cfg::kOBytes;
+  bool more = walk.next(0) < walk.n_items;  // the producer's walk, computed alike
+  mbar_wait(sm.ring.kv_full(), 0);  // always: no copy may still fly into a CTA that has left
+  for (int i = 0; more; ++i) {
+    const int s = R::stage(i);
+    mbar_wait(sm.ring.full(s), R::full_phase(i));
+    const int item = sm.info[2 * s], cls = sm.info[2 * s + 1] & 3;
+    more = !(sm.info[2 * s + 1] >> 2);
+    const int h = walk.head(item), q_lo = walk.q_lo(item);
+    const unsigned sQ = sm.sQ + s * Cfg::kQBytes, sdO = sm.sdO + s * Cfg::kOBytes;
 
-      // the tensor cores take S^T, dP^T, then dV while dS is made, then dK while dS is staged, then dQ
-      float sc[1][C::NT][4], dp[1][C::NT][4];
-      unsigned pa[C::PK][4], da[C::PK][4];
-      c.products(sc, dp, sQ, sdO);
-      wgmma_wait<1>();
-      wgmma_hold<4 * C::NT>(&sc[0][0][0]);
-      bwd_probs<Variant, C::NT, T>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
-      c.accumulate(dv, pa, sdO);  // dV += P^T dO
-      wgmma_wait<1>();
-      wgmma_hold<4 * C::NT>(&dp[0][0][0]);
-      bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
-      c.accumulate(dk, da, sQ);  // dK += dS^T Q
-      // dS for dQ, from its packed operand while the tensor cores take dV and dK: the buffers alternate, so a
-      // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
-      // its last dQ completed)
-      const int buf = i & 1;
-      c.stage_ds(sm.ds_tile + buf * Cfg::kSBytes, da);
-      fence_proxy_async();  // the generic writes, before the tensor cores read them
-      c.dq_stage_free();    // the issuer's last reduction has read the staging buffer, before the barrier below
-      if constexpr (Cfg::kDqSplitN)
-        named_sync(1, 128 * NC);  // every warpgroup's keys of dS staged
-      else
-        named_sync(1 + c.cw, 128);  // this warpgroup's
-      float dq[1][C::QT][4];
-      c.dq(dq, sm.sdS + buf * Cfg::kSBytes);
-      wgmma_wait<0>();
-      wgmma_hold<4 * C::DTV>(&dv[0][0][0]);
-      wgmma_hold<4 * C::DT>(&dk[0][0][0]);
-      wgmma_hold_a<4 * C::PK>(&pa[0][0]);
-      wgmma_hold_a<4 * C::PK>(&da[0][0]);
-      wgmma_hold<4 * C::QT>(&dq[0][0][0]);
-      c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
-      // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
-      const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_after<BN>(item) : 0;
-      c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
-    }
-    c.release(sm.ring.kv_empty());  // K and V read (the tile's last dQ product has completed)
-    store_rows<Cfg::kHeadDim, C::DT, T>(dk, a.dk, a.dk_sb, a.dk_sh, a.dk_ss, a.f.Skv, b, kt.hk, c.kv_row0, c.lane);
-    store_rows<Cfg::kValueDim, C::DTV, T>(dv, a.dv, a.dv_sb, a.dv_sh, a.dv_ss, a.f.Skv, b, kt.hk, c.kv_row0, c.lane);
+    // the tensor cores take S^T, dP^T, then dV while dS is made, then dK while dS is staged, then dQ
+    float sc[1][C::NT][4], dp[1][C::NT][4];
+    unsigned pa[C::PK][4], da[C::PK][4];
+    c.products(sc, dp, sQ, sdO);
+    wgmma_wait<1>();
+    wgmma_hold<4 * C::NT>(&sc[0][0][0]);
+    bwd_probs<Variant, C::NT, T>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
+    c.accumulate(dv, pa, sdO);  // dV += P^T dO
+    wgmma_wait<1>();
+    wgmma_hold<4 * C::NT>(&dp[0][0][0]);
+    bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
+    c.accumulate(dk, da, sQ);  // dK += dS^T Q
+    // dS for dQ, from its packed operand while the tensor cores take dV and dK: the buffers alternate, so a
+    // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
+    // its last dQ completed)
+    const int buf = i & 1;
+    c.stage_ds(sm.ds_tile + buf * Cfg::kSBytes, da);
+    fence_proxy_async();  // the generic writes, before the tensor cores read them
+    c.dq_stage_free();    // the issuer's last reduction has read the staging buffer, before the barrier below
+    if constexpr (Cfg::kDqSplitN)
+      named_sync(1, 128 * NC);  // every warpgroup's keys of dS staged
+    else
+      named_sync(1 + c.cw, 128);  // this warpgroup's
+    float dq[1][C::QT][4];
+    c.dq(dq, sm.sdS + buf * Cfg::kSBytes);
+    wgmma_wait<0>();
+    wgmma_hold<4 * C::DTV>(&dv[0][0][0]);
+    wgmma_hold<4 * C::DT>(&dk[0][0][0]);
+    wgmma_hold_a<4 * C::PK>(&pa[0][0]);
+    wgmma_hold_a<4 * C::PK>(&da[0][0]);
+    wgmma_hold<4 * C::QT>(&dq[0][0][0]);
+    c.release(sm.ring.empty(s));  // Q, dO, LSE and delta of this stage read
+    // the last block's reduction has read the staging buffer: its issuer waited before this item's dS barrier
+    const int rank = Cfg::kDeterministic && c.issuer() ? walk.template live_after<BN>(item) : 0;
+    c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
   }
-  C(wg, tid, 0, sm.sK, sm.sV).finish_dq();  // the warpgroup's reductions complete before its issuer exits
+  c.finish_dq();
+  store_rows<Cfg::kHeadDim, C::DT, T>(dk, a.dk, a.dk_sb, a.dk_sh, a.dk_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
+  store_rows<Cfg::kValueDim, C::DTV, T>(dv, a.dv, a.dv_sb, a.dv_sh, a.dv_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
 }
 
 }  // namespace cubridge

@@ -45,23 +45,19 @@ struct KVRing {
 };
 
 // The backward's barriers (bwd_kernel_sm90.cuh), 8 bytes each from shared address `bars`: K and V full (the
-// tile's resident keys, once a tile, phase = the tile's count & 1), then per stage a full one (the copy engine
-// wrote a query block's Q, dO, LSE and delta) and an empty one (every consumer warp is done with them), then K
-// and V empty. Positions and phases as KVRing's.
+// CTA's resident keys, loaded once), then per stage a full one (the copy engine wrote a query block's Q, dO,
+// LSE and delta) and an empty one (every consumer warp is done with them). Positions and phases as KVRing's.
 template <int ST>
 struct QueryRing {
-  static constexpr int kBarriers = 2 + 2 * ST;
+  static constexpr int kBarriers = 1 + 2 * ST;
   unsigned bars;
 
   __device__ __forceinline__ unsigned kv_full() const { return bars; }
   __device__ __forceinline__ unsigned full(int s) const { return bars + 8u * (1 + s); }
   __device__ __forceinline__ unsigned empty(int s) const { return bars + 8u * (1 + ST + s); }
-  // the consumers are done with the tile's K and V (a persistent CTA's next tile may load them)
-  __device__ __forceinline__ unsigned kv_empty() const { return bars + 8u * (1 + 2 * ST); }
 
   __device__ __forceinline__ void init(int consumer_warps) const {
     mbar_init(kv_full(), 1);
-    mbar_init(kv_empty(), consumer_warps);
     for (int s = 0; s < ST; ++s) {
       mbar_init(full(s), 1);
       mbar_init(empty(s), consumer_warps);

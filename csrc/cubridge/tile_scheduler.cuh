@@ -63,44 +63,6 @@ struct GroupedTiles {
   }
 };
 
-// Hopper backward: a key tile is BN keys [kv_lo, kv_hi) of K/V head hk of sequence b. Tiles are numbered in
-// groups of (batch, KV head) pairs whose Q, dO and dQ accumulator fit in L2 together (the CTAs running at one
-// time read them), key blocks in order within a group: ascending, so that under a causal mask the heaviest
-// (the first, which every later query reads) start first; descending in the deterministic mode, whose CTAs
-// add dQ's shares in descending key order and so wait only on tiles numbered before their own. The kernel is
-// persistent outside the deterministic mode (grid min(tiles, SMs), each CTA's next tile from a counter, so a
-// CTA that drew short tiles draws more), else a CTA per tile.
-struct KeyTile {
-  int b, hk, kv_lo, kv_hi;
-};
-
-template <int BN, int D, int DV>
-struct KeyTiles {
-  int n_kv, n_hb, n_tiles, group;
-
-  __device__ __forceinline__ explicit KeyTiles(const FwdArgs& a) {
-    const long long sq = a.Sq > 0 ? a.Sq : 1, skv = a.Skv;
-    n_kv = static_cast<int>((skv + BN - 1) / BN);
-    n_hb = static_cast<int>(a.Hkv * a.B);
-    n_tiles = n_kv * n_hb;
-    constexpr long long kL2Budget = 24ll << 20;  // bytes of Q, dO and dQ's float32 rows one group may keep in L2
-    const long long fit = kL2Budget / ((a.Hq / a.Hkv) * sq * (2ll * (D + DV) + 4ll * D));
-    group = fit < 1 ? 1 : fit > n_hb ? n_hb : static_cast<int>(fit);
-  }
-
-  template <bool kDescending>
-  __device__ __forceinline__ KeyTile tile(const FwdArgs& a, int tile) const {
-    KeyTile t;
-    const int first = tile / (group * n_kv) * group, size = imin(group, n_hb - first);
-    const int in = tile - first * n_kv, j = kDescending ? n_kv - 1 - in / size : in / size, hb = first + in % size;
-    t.hk = hb % static_cast<int>(a.Hkv);
-    t.b = hb / static_cast<int>(a.Hkv);
-    t.kv_lo = j * BN;
-    t.kv_hi = imin(t.kv_lo + BN, static_cast<int>(a.Skv));
-    return t;
-  }
-};
-
 // The class of key blocks [j0, j1) (BN keys each, the last cut at the keys' end) against one query tile's
 // rows: the variant's block_class hook. block_span.cuh's searches and LiveBlocks walk over it.
 template <class Variant, int BN>

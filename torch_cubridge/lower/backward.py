@@ -70,7 +70,7 @@ class BwdSm90Tile:
         q, o, ds, rows = self.block_m * pd * 2, self.block_m * pdv * 2, self.block_m * self.block_n * 2, self.block_m * 4
         dq = (self.block_n // 64) * 64 * 64 * 4  # each consumer's staged dQ share
         return 1024 + self.block_n * (pd + pdv) * 2 + self.stages * (q + o) + 2 * ds + dq + self.stages * 2 * rows \
-            + 8 * (2 + 2 * self.stages) + 8 * self.stages + 8
+            + 8 * (1 + 2 * self.stages) + 8 * self.stages
 
 
 def hopper_backward(arch: str, head_dim: int, value_dim: int | None = None) -> bool:

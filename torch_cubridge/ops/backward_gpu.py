@@ -1,7 +1,7 @@
 """The backward kernel (lower/backward.py, csrc/cubridge/bwd_*.cuh) for one program at one head dim, dtype and
 arch: built once, then launched per backward as three kernels (the preprocess: delta, the LSE in padded rows
-and dQ's float32 accumulator; the main kernel: a CTA per key tile, or on sm_90a the Hopper one, persistent,
-which reads Q, K, V and dO through tensor maps; the postprocess: dQ in the input dtype).
+and dQ's float32 accumulator; the main kernel: a CTA per key tile, on sm_90a the Hopper one, which reads Q,
+K, V and dO through tensor maps; the postprocess: dQ in the input dtype).
 
 It reads q, k, v, O, dO as [B, H, S, D] with the last dim contiguous, the forward's LSE [B, H, Sq] in
 float32, and writes dQ, dK, dV straight into tensors in the operands' own layouts.
@@ -23,11 +23,11 @@ from .tma import no_broadcast, tensor_map
 
 # BwdArgs, read from bwd_config.cuh (ops/layout.py), packed by name: FwdArgs' words, then dO and its strides,
 # delta, dQ's accumulator, dQ, dK, dV and their strides, the padded LSE rows and their count, the deterministic
-# mode's counters, the persistent CTAs' tile counter
+# mode's counters
 BWD_LAYOUT = layout.read("BwdArgs")
 _pack_bwd = BWD_LAYOUT.packer(tuple(f"f.{w}" for w in FWD_WORDS) + (
     "dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh", "dq_ss", "dk", "dk_sb", "dk_sh",
-    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad", "dq_sem", "tile_next"))
+    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad", "dq_sem"))
 
 
 def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
@@ -94,15 +94,11 @@ class GpuBackward:
         sq_pad = -(-Sq // SQ_PAD) * SQ_PAD
         delta = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
         lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
-        tile_next = 0
-        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at), zeroed here, and
-            # past them (in the same zeroing) the persistent CTAs' tile counter
-            shape = (B, H, sq_pad, -(-D // 64) * 64)
-            n = shape[0] * shape[1] * shape[2] * shape[3]
-            zeroed = torch.zeros(n + 64, device=q.device, dtype=torch.float32)
-            dq_acc, tile_next = zeroed[:n].view(shape), zeroed.data_ptr() + 4 * n
+        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at), zeroed here
+            dq_acc = torch.zeros(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
             # the deterministic mode's counters, one per 64 x 64 block of the accumulator
-            sem = torch.zeros(n // 4096 if self.low.tile.deterministic else 0, device=q.device, dtype=torch.int32)
+            sem = torch.zeros(dq_acc.numel() // 4096 if self.low.tile.deterministic else 0, device=q.device,
+                              dtype=torch.int32)
         else:  # zeroed by the preprocess
             dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
             sem = None
@@ -114,7 +110,7 @@ class GpuBackward:
                            *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
                            doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
                            *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad,
-                           sem.data_ptr() if sem is not None and sem.numel() else 0, tile_next)
+                           sem.data_ptr() if sem is not None and sem.numel() else 0)
         rt, table = {}, None
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
             rt, table = run_block_prepass(*self.blocks, args[:FWD_FORMAT.size], self.fmt, self.low.params,
@@ -127,13 +123,7 @@ class GpuBackward:
             blocks += tuple(tensor_map(t.data_ptr(), tuple(t.shape), (*t.stride()[:3], 1), dt, r)
                             for t, r in ((qc, m), (kc, n), (vc, n), (doc, m)))
         self.pre.launch((-(-sq_pad // self.rows_per_cta), H, B), (args,), stream)
-        n_kv = -(-Skv // self.low.tile.block_n)
-        if self.low.tile.kernel == "sm90":  # persistent outside the deterministic mode (tile_scheduler.cuh)
-            tiles = n_kv * Hkv * B
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            self.main.launch((tiles if self.low.tile.deterministic else min(tiles, sms), 1, 1), blocks, stream)
-        else:
-            self.main.launch((n_kv, Hkv, B), blocks, stream)
+        self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), blocks, stream)
         self.post.launch((-(-Sq // self.rows_per_cta), H, B), (args,), stream)
         del table  # enqueued: the caching allocator reuses it only for later work on this stream
         for t, b in zip((dqc, dkc, dvc), bufs):
