@@ -18,8 +18,8 @@ struct BwdArgs {
   const void* dout;  // dO [B, Hq, Sq, Dv] through the strides below
   long long do_sb, do_sh, do_ss;
   float* delta;      // [B, Hq, sq_pad] contiguous: rowsum(dO * O), written by the preprocess kernel
-  float* dq_acc;     // float32, zeroed before the main kernel adds into it: [B, Hq, Sq, D] (FA2-class kernel),
-                     // or 64 x 64 blocks (the Hopper kernel's; bwd_prepost.cuh dq_tiled_at)
+  float* dq_acc;     // float32, zeroed by the preprocess before the main kernel adds into it: [B, Hq, Sq, D]
+                     // (FA2-class kernel), or 64 x 64 blocks (the Hopper kernel's; bwd_prepost.cuh dq_tiled_at)
   void* dq;          // [B, Hq, Sq, D] in the input dtype, written by the postprocess kernel
   long long dq_sb, dq_sh, dq_ss;
   void* dk;          // [B, Hkv, Skv, D]

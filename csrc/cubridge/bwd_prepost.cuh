@@ -1,7 +1,7 @@
 // The backward's two small kernels around the main one (bwd_kernel.cuh):
 //   preprocess:  delta[b, h, q] = sum_d dO[b, h, q, d] * O[b, h, q, d] (float32), the LSE copied into the
 //                same padded rows (the Hopper kernel bulk-copies whole blocks of both), and dQ's float32
-//                accumulator zeroed (the main kernel adds every key block's share into it by atomics);
+//                accumulator zeroed where it is read (the main kernel adds every key block's share into it);
 //   postprocess: dQ = the accumulator, converted to the input dtype.
 // Launch the preprocess with grid (ceil(sq_pad / kBwdRowsPerCta), Hq, B), the postprocess with
 // (ceil(Sq / kBwdRowsPerCta), Hq, B); block 32 * kBwdRowsPerCta: a warp per query row.
@@ -24,10 +24,19 @@ __device__ __forceinline__ long long dq_tiled_at(const BwdArgs& a, int b, int h,
   return blk * 4096 + ((warp * 8 + j) * 2 + hf) * 64 + lane * 2 + cc % 2;
 }
 
-// D: Q's head dim (dQ's columns); DV: V's (dO's and O's columns). ZeroDq: zero dQ's row-major accumulator
-// (the Hopper kernel's tiled one is zeroed by the host).
-template <int D, int DV, class T, bool ZeroDq = true>
+// Each 8 consecutive columns of a row of the tiled accumulator lie together (dq_tiled_at: (q % 8) * 8 + c % 8
+// within a 64-float run), 32-byte aligned: a lane takes such a piece with two 16-byte accesses.
+template <int CH>
+__device__ __forceinline__ float4* dq_piece(const BwdArgs& a, int b, int h, int q, int c8) {
+  return reinterpret_cast<float4*>(a.dq_acc + dq_tiled_at<CH>(a, b, h, q, 8 * c8));
+}
+
+// D: Q's head dim (dQ's columns); DV: V's (dO's and O's columns). CH: 0 where dQ's accumulator is row-major
+// [B, Hq, Sq, D], else its chunks per block (dq_tiled_at); either is zeroed here in the rows and columns the
+// postprocess reads (the Hopper kernel's reductions into the padding add to whatever it holds, never read).
+template <int D, int DV, class T, int CH = 0>
 __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
+  static_assert(CH == 0 || D % 8 == 0, "the tiled accumulator is zeroed in pieces of 8 columns");
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y, b = blockIdx.z;
   const long long prow = (b * a.f.Hq + h) * a.sq_pad + q;
@@ -46,15 +55,21 @@ __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
     a.delta[prow] = acc;
     a.lse_pad[prow] = a.f.lse[row];
   }
-  if constexpr (ZeroDq) {
+  if constexpr (CH == 0) {
     float* dq = a.dq_acc + row * D;
     for (int d = lane; d < D; d += 32) dq[d] = 0.f;
+  } else {
+    for (int c8 = lane; c8 < D / 8; c8 += 32) {
+      float4* piece = dq_piece<CH>(a, b, h, q, c8);
+      piece[0] = piece[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 }
 
 // CH: 0 where the accumulator is row-major [B, Hq, Sq, D], else its chunks per block (dq_tiled_at).
 template <int D, class T, int CH = 0>
 __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
+  static_assert(CH == 0 || D % 8 == 0, "the tiled accumulator is read in pieces of 8 columns");
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y, b = blockIdx.z;
   if (q >= a.f.Sq) return;
@@ -63,7 +78,23 @@ __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
     const float* acc = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq + q) * D;
     for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(acc[d]);
   } else {
-    for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(a.dq_acc[dq_tiled_at<CH>(a, b, h, q, d)]);
+    // a lane's 8 columns: two 16-byte loads, one 16-byte store where dQ's row allows it (else 8 stores)
+    for (int c8 = lane; c8 < D / 8; c8 += 32) {
+      const float4* piece = dq_piece<CH>(a, b, h, q, c8);
+      const float4 x = piece[0], y = piece[1];
+      const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+      T* out = dq + 8 * c8;
+      if (reinterpret_cast<unsigned long long>(out) % 16 == 0) {
+        uint4 pack;
+        T* e8 = reinterpret_cast<T*>(&pack);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) e8[e] = from_f32<T>(v[e]);
+        *reinterpret_cast<uint4*>(out) = pack;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = from_f32<T>(v[e]);
+      }
+    }
   }
 }
 

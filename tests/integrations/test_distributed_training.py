@@ -61,6 +61,11 @@ def test_ddp_and_fsdp2_steps_match_one_process_on_the_cpu(tmp_path: Path) -> Non
 def test_ddp_and_fsdp2_steps_run_on_the_kernels_and_build_each_once(tmp_path: Path) -> None:
     ranks = _run(tmp_path, "bfloat16", "cuda")
     _assert_same_step(ranks, 2e-2)
+    # two GPUs: NCCL, a rank a device; one GPU: gloo, both ranks on it (NCCL refuses two ranks on one device)
+    two = torch.cuda.device_count() >= WORLD
+    if not os.environ.get("CUBRIDGE_TEST_DIST_BACKEND"):
+        assert {r["backend"] for r in ranks} == ({"nccl"} if two else {"gloo"}), [r["backend"] for r in ranks]
+    assert len({r["device"] for r in ranks}) == (WORLD if two else 1), [r["device"] for r in ranks]
     for r in ranks:
         assert r["forward"].get("spec", 0) == 0 and r["forward"]["kernel"] > 0, r["forward"]
         assert r["backward"] == {"kernel": r["backward"].get("kernel", 0)} and r["backward"]["kernel"] > 0, \

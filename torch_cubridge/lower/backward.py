@@ -203,7 +203,8 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p, {tma} tq, {tma} tk, {tma} tv, {tma} tdo) {{",
                 f"  cubridge::attention_bwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv, &tdo);"]
         header = '#include "cubridge/bwd_kernel_sm90.cuh"'
-        pre, post = f"<{D}, {DV}, {t}, false>", f"<{D}, {t}, Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1>"
+        chunks = "Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1"  # the tiled accumulator's (bwd_prepost.cuh dq_tiled_at)
+        pre, post = f"<{D}, {DV}, {t}, {chunks}>", f"<{D}, {t}, {chunks}>"
     else:
         cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;", *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",

@@ -94,12 +94,12 @@ class GpuBackward:
         sq_pad = -(-Sq // SQ_PAD) * SQ_PAD
         delta = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
         lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
-        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at), zeroed here
-            dq_acc = torch.zeros(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
+        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at)
+            dq_acc = torch.empty(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
             # the deterministic mode's counters, one per 64 x 64 block of the accumulator
             sem = torch.zeros(dq_acc.numel() // 4096 if self.low.tile.deterministic else 0, device=q.device,
                               dtype=torch.int32)
-        else:  # zeroed by the preprocess
+        else:
             dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
             sem = None
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
