@@ -5,6 +5,8 @@ Environment variables:
   CUBRIDGE_READONLY    "1": read the cache, never write it, never compile
   CUBRIDGE_COMPILER    "auto" (default), "nvrtc" or "nvcc"
   CUBRIDGE_DEBUG       "1": the cubridge command shows a failure's Python traceback, not one line
+  CUBRIDGE_LINEINFO    "1": kernels built with source line info, for ncu's per-line stalls (the binary's code
+                       is the same; use a fresh CUBRIDGE_CACHE_DIR, or the cache hands back a build without it)
   CUDA_HOME, CUDA_PATH where to look for nvcc and CUDA headers first
   XDG_CACHE_HOME       honoured for the user cache dir
 """
@@ -39,6 +41,11 @@ def is_readonly() -> bool:
 def debug() -> bool:
     """The cubridge command lets a failure's traceback through (cli.main)."""
     return os.environ.get("CUBRIDGE_DEBUG", "").strip().lower() in _TRUE
+
+
+def line_info() -> bool:
+    """CUBRIDGE_LINEINFO=1: kernels carry their source lines (profiling)."""
+    return os.environ.get("CUBRIDGE_LINEINFO", "").strip().lower() in _TRUE
 
 
 def hopper_kernel_enabled() -> bool:

@@ -10,7 +10,8 @@ error in delta there, in any FlashAttention-style backward; bwd_rows.py says why
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
-[--d D] | --sweep (the rate over S) (or `ncu --profile-from-start off ... bwd_check.py --ncu`: one backward each of ours and cuDNN's)
+[--d D] | --sweep (the rate over S). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
+ours and cuDNN's; with CUBRIDGE_LINEINFO=1 and a fresh CUBRIDGE_CACHE_DIR, ncu's SourceCounters name our lines.
 """
 from __future__ import annotations
 

@@ -44,6 +44,15 @@ def test_nvrtc_builds_cubin(arch: str) -> None:
 
 
 @needs_nvcc
+def test_line_info_is_built_in_under_its_variable_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUBRIDGE_LINEINFO=1 (profiling with ncu): the binary carries its source lines; without it, not."""
+    plain = nvcc.compile_cubin(TINY, "sm_90", [], {"TINY_BIAS": 1})
+    monkeypatch.setenv("CUBRIDGE_LINEINFO", "1")
+    lined = nvcc.compile_cubin(TINY, "sm_90", [], {"TINY_BIAS": 1})
+    assert b".nv_debug_line_sass" in lined and b".nv_debug_line_sass" not in plain
+
+
+@needs_nvcc
 def test_compile_cubin_includes_csrc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUBRIDGE_COMPILER", "nvcc")
     src = '#include "cubridge/variant.cuh"\n' + TINY

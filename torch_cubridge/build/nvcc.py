@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import config
 from .arch import parse_arch
 from .errors import BuildError, CompilerUnavailable
-from .flags import define_flag
+from .flags import define_flag, line_info_flags
 
 _TIMEOUT_S = 600
 
@@ -60,7 +60,7 @@ def compile_cubin(
         src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
         src.write_text(source)
         # No --use_fast_math: kernels opt into fast intrinsics explicitly.
-        cmd = [str(nvcc), "-cubin", *arch_flags(arch), "-O3", "-std=c++17"]
+        cmd = [str(nvcc), "-cubin", *arch_flags(arch), "-O3", "-std=c++17", *line_info_flags()]
         cmd += [f"-I{d}" for d in include_dirs]
         cmd += [define_flag(k, v) for k, v in (defines or {}).items()]
         cmd += ["-o", str(out), str(src)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .arch import parse_arch
 from .errors import BuildError, CompilerUnavailable
-from .flags import define_flag
+from .flags import define_flag, line_info_flags
 from .toolkit import cuda_include_dirs, nvrtc_library_candidates
 
 _NVRTC_SUCCESS = 0
@@ -169,7 +169,7 @@ def compile_cubin(
     if not sys_inc:
         raise CompilerUnavailable("no CUDA include dir with cuda_bf16.h found", compiler="nvrtc")
     a = parse_arch(arch)
-    opts = [f"--gpu-architecture={a.sm}", "-std=c++17"]
+    opts = [f"--gpu-architecture={a.sm}", "-std=c++17", *line_info_flags()]
     opts += [f"-I{d}" for d in [*include_dirs, *sys_inc]]
     opts += [define_flag(k, v) for k, v in (defines or {}).items()]
     ok, cubin, log = api.compile(source.encode(), [o.encode() for o in opts])
