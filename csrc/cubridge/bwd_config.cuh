@@ -69,8 +69,8 @@ struct BwdTile {
 // share staged per consumer (64 x 64 float32, added to global memory by one bulk reduction), kStages x (LSE,
 // delta) rows, the barriers (K and V full, then per stage full and empty) and two ints per stage (the item
 // and its class, which the producer hands the consumers).
-// Deterministic: dQ's shares are added in key-block order (a counter per accumulator block: bitwise-equal dQ
-// run to run), not in the order the CTAs reach them.
+// Deterministic: dQ's shares are added in a fixed (descending) key-block order (a counter per accumulator
+// block: bitwise-equal dQ run to run), not in the order the CTAs reach them.
 // DV: V's head dim (dO's and dV's columns), in steps of 8 up to 128 as Q's.
 template <int D, int DV, int BN, int Stages, int Deterministic = 0>
 struct BwdSm90Tile {

@@ -157,7 +157,7 @@ def test_hopper_backward_takes_what_fits_its_registers():
 
 @needs_nvcc
 def test_the_deterministic_mode_is_the_hopper_kernels(tmp_path):
-    """deterministic=True: the Hopper kernel adds dQ's shares in key order, waiting on a counter (an acquiring
+    """deterministic=True: the Hopper kernel adds dQ's shares in a fixed key order, waiting on a counter (an acquiring
     load) and releasing it after its bulk reduction completes; the FA2-class kernel has no such mode."""
     low = lower_backward(_prog("causal_sdpa", 128), "sm_90a", head_dim=128, deterministic=True)
     assert "BwdSm90Tile<128, 128, 128, 2, 1>" in low.source

@@ -258,9 +258,10 @@ def test_a_row_scaled_program_trains_on_the_forward_kernel(fn):
 
 @pytest.mark.parametrize("name, D", [("causal_sdpa", 128), ("gqa_expand", 64), ("document_causal", 96)])
 def test_a_deterministic_backward_is_bitwise_equal_run_to_run(name, D):
-    """compile(deterministic=True): on the Hopper kernel dQ's shares are added in key order (the warpgroups split
-    dQ's columns at 96 and 128, its keys at 64), so three backwards give the same bits, and each holds to
-    float64; the default mode may differ in dQ's last bits, never in dK and dV (summed in registers)."""
+    """compile(deterministic=True): on the Hopper kernel dQ's shares are added in a fixed key order (the
+    warpgroups split dQ's columns at 96 and 128, its keys at 64), so three backwards give the same bits, and
+    each holds to float64; the default mode may differ in dQ's last bits, never in dK and dV (summed in
+    registers)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the deterministic mode is the Hopper kernel's")
     fn, make, ref_fn = _case(name, D)

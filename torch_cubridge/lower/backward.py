@@ -51,7 +51,7 @@ class BwdTile:
 @dataclass(frozen=True)
 class BwdSm90Tile:
     """bwd_config.cuh's BwdSm90Tile: 64 query rows a step; a consumer warpgroup per 64 keys, a producer's;
-    deterministic: dQ's shares added in key-block order; value_dim: V's head dim (0: Q's)."""
+    deterministic: dQ's shares added in a fixed (descending) key-block order; value_dim: V's head dim (0: Q's)."""
     head_dim: int
     block_n: int = 128
     stages: int = 2
@@ -150,7 +150,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
     (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
     query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare.
-    deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in key order; the FA2-class
+    deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in a fixed key order; the FA2-class
     kernel's dQ atomics have no such mode, and it is refused). stages: the Hopper kernel's ring of query blocks
     (2 or 3; None: 2), for benchmarks to compare."""
     if dtype not in C_TYPES:
