@@ -4,7 +4,7 @@ forward's 4*D FLOPs a pair and the backward's 10*D (the forward's 3.5x in all) o
 
 Each row also records: the peak memory of one step above its inputs, who computed our backward (the fused
 kernel or the reference), and our dQ, dK, dV on the benchmark's own inputs (first batch entry) against float64
-autograd of the spec, judged row by row as the backward's own first-call check judges them (verify/judge.py:
+autograd of the spec (past 8k keys, the program's own float64 backward: SPEC_AUTOGRAD_MAX_S), judged row by row as the backward's own first-call check judges them (verify/judge.py:
 a row may be off by ROW_TOL of its own largest element, floored at 1/32 of the median row's), dQ's rows also
 by the rounding of delta from our bf16 O (judge.delta_rounding_allowance), as in every flash-style backward.
 
@@ -58,14 +58,29 @@ def step_of(attn, q, k, v, do, learn=()):
     return step
 
 
-def grads_vs_fp64(spec, grads, q, k, v, do, extra, o) -> dict:
-    """Our dQ, dK, dV of the first batch entry against float64 autograd of the spec on the same inputs; dQ
-    with the rounding of delta = rowsum(dO * O) from our bf16 O allowed per row (every variant here has
-    dscore/ds at most D^-0.5: a softcap's derivative is at most the scale)."""
+# Past this many keys the spec's float64 autograd of one batch entry holds [H, S, S] float64 matrices several
+# times over (32 GB each at 16k): the reference is then the program's own backward in float64 (ir/backward.py,
+# query tile by tile), which the CPU tests hold to the spec's autograd
+SPEC_AUTOGRAD_MAX_S = 8192
+
+
+def grads_vs_fp64(spec, grads, q, k, v, do, extra, o, program=None) -> dict:
+    """Our dQ, dK, dV of the first batch entry against float64 autograd of the spec on the same inputs (the
+    program's float64 backward past SPEC_AUTOGRAD_MAX_S); dQ with the rounding of delta = rowsum(dO * O) from
+    our bf16 O allowed per row (every variant here has dscore/ds at most D^-0.5: a softcap's derivative is at
+    most the scale)."""
     one = [t[:1].detach().double().requires_grad_() for t in (q, k, v)]
     ex = tuple(t.detach().double().requires_grad_() if t.is_floating_point() else t[:1] for t in extra)
     learn = [t for t in ex if t.requires_grad]
-    ref = torch.autograd.grad(spec(*one, *ex), one + learn, do[:1].double())
+    if program is not None and q.shape[2] > SPEC_AUTOGRAD_MAX_S:
+        from torch_cubridge.ops.backward_reference import reference_backward
+        with torch.no_grad():
+            dq, dk, dv, tables = reference_backward(program, *one, list(ex), [], do[:1].double(), None,
+                                                    [i for i, t in enumerate(ex) if t.requires_grad],
+                                                    fdt=torch.float64)
+        ref = (dq, dk, dv, *tables)
+    else:
+        ref = torch.autograd.grad(spec(*one, *ex), one + learn, do[:1].double())
     dq_extra = delta_rounding_allowance(o[:1], do[:1], k[:1], q.shape[-1] ** -0.5)
     out = {}
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
@@ -118,7 +133,7 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     row["backward_served"] = dict(backward_for(f.kernels()[-1].kernel_id).served)
     with torch.no_grad():
         o = f(q, k, v, *extra)
-    row.update(grads_vs_fp64(spec, grads, q, k, v, do, extra, o))
+    row.update(grads_vs_fp64(spec, grads, q, k, v, do, extra, o, f.kernels()[-1].p))
     del o
     del grads
     row["ours_ms"] = bench(ours)
