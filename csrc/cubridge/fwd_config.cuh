@@ -15,9 +15,8 @@ __host__ __device__ constexpr int imax_c(int a, int b) { return a > b ? a : b; }
 // its share down to `producer`, and the `consumers` warpgroups take what it gave, in steps of 8, at most 240.
 // setmaxnreg.inc waits until the registers are free, so asking more than the producer gave hangs the CTA.
 __host__ __device__ constexpr int consumer_regs(int threads, int consumers, int producer) {
-  return (65536 / threads / 8 * 8 * (consumers + 1) - producer) / consumers / 8 * 8 > 240
-             ? 240
-             : (65536 / threads / 8 * 8 * (consumers + 1) - producer) / consumers / 8 * 8;
+  const int given = (65536 / threads / 8 * 8 * (consumers + 1) - producer) / consumers / 8 * 8;
+  return given > 240 ? 240 : given;
 }
 
 template <int D, int BM, int BN, int Warps, int Stages, bool QInRegs = true,
