@@ -125,20 +125,37 @@ def flash_dq_error(q, k, v, do, ref) -> float:
         return float("nan")
 
 
+def timing_inputs(name, causal, B, H, S, D, arch):
+    """One zoo program's backward at [B, H, S, D] in bf16, O and the LSE from SDPA's flash forward: the program,
+    the spec, its bound call, q, k, v, O, the LSE and dO, our backward (run_backward's), and the backward's
+    FLOPs (2.5x the forward's, over live pairs)."""
+    fn, make, _ = case(name)
+    p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
+    o, lse = res[0].contiguous(), res[1].float().contiguous()
+    bound = bind_args(p.signature, (q, k, v), {})
+    _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
+    flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+    return p, fn, bound, (q, k, v, o, lse, do), go, flops
+
+
+def sdpa_backward(q, k, v, do, causal, backend):
+    """SDPA's backward on `backend` (its forward run once), as a function to time."""
+    from torch.nn.attention import sdpa_kernel
+    qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel([backend]):
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+    return lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+
+
 def bench(arch):
     print("\nbackward timing, bf16, B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x forward FLOPs)")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     B, H, S, D = 8, 16, 4096, 128
     for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
-        fn, make, _ = case(name)
-        p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        do = torch.randn_like(q)
-        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
-        o, lse = res[0].contiguous(), res[1].float().contiguous()
-        flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-        bound = bind_args(p.signature, (q, k, v), {})
-        _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
+        p, fn, bound, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch)
         row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch).low.tile.kernel}"]
         if arch == "sm_90a":  # the FA2-class kernel the Hopper one replaces, and the deterministic mode
             _, go80, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, "sm80")
@@ -150,11 +167,7 @@ def bench(arch):
         row[-1] += ")"
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-                with sdpa_kernel([be]):
-                    out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                t = timed(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
-                row.append(f"{label} {flops / t / 1e12:6.1f}")
+                row.append(f"{label} {flops / timed(sdpa_backward(q, k, v, do, causal, be)) / 1e12:6.1f}")
             except Exception as e:  # a backend this torch build lacks
                 row.append(f"{label} n/a ({type(e).__name__})")
         try:
@@ -171,25 +184,14 @@ def bench(arch):
 def sweep(arch):
     """The backward's rate over S at B*S = 32k (D 128), ours and cuDNN's: with a CTA per key block, the items
     per CTA grow with S, so a fixed cost per CTA shows as a rate that climbs with S."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     H, D = 16, 128
     print("\nbackward over S, B*S = 32k, H 16, D 128 (TFLOP/s at 2.5x forward FLOPs): ours / cudnn")
     for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
-        fn, make, _ = case(name)
-        p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
         row = [f"{name:12s}"]
         for S in (1024, 2048, 4096, 8192, 16384):
-            B = 32768 // S
-            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            do = torch.randn_like(q)
-            res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
-            o, lse = res[0].contiguous(), res[1].float().contiguous()
-            flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-            _, go, _ = run_backward(p, bind_args(p.signature, (q, k, v), {}), q, k, v, o, lse, do, D, arch)
-            qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-            t = timed(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+            _, _, _, (q, k, v, _, _, do), go, flops = timing_inputs(name, causal, 32768 // S, H, S, D, arch)
+            t = timed(sdpa_backward(q, k, v, do, causal, SDPBackend.CUDNN_ATTENTION))
             row.append(f"S {S}: {flops / timed(go) / 1e12:5.1f} / {flops / t / 1e12:5.1f}")
         print("  ".join(row), flush=True)
 
@@ -197,20 +199,11 @@ def sweep(arch):
 def profiled():
     """One backward each of ours and cuDNN's (causal and full, the bench's shapes) inside the profiler's range:
     run under `ncu --profile-from-start off` to read where the gap to cuDNN goes."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     B, H, S, D = 8, 16, 4096, 128
     for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
-        fn, make, _ = case(name)
-        p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        do = torch.randn_like(q)
-        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
-        o, lse = res[0].contiguous(), res[1].float().contiguous()
-        _, go, _ = run_backward(p, bind_args(p.signature, (q, k, v), {}), q, k, v, o, lse, do, D, "sm_90a")
-        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-        cudnn = lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)  # noqa: E731
+        _, _, _, (q, k, v, _, _, do), go, _ = timing_inputs(name, causal, B, H, S, D, "sm_90a")
+        cudnn = sdpa_backward(q, k, v, do, causal, SDPBackend.CUDNN_ATTENTION)
         go(), cudnn()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
