@@ -362,22 +362,32 @@ def _row_sinks(q, k, v, c):
     return s.softmax(-1)[..., :-1] @ v
 
 
-@pytest.mark.parametrize("fn,extra", [(_gated_rows, lambda: torch.rand(2, 4, 37) + 0.5),
-                                      (_divided_rows, lambda: torch.rand(4) + 0.5),
-                                      (_row_sinks, lambda: torch.randn(2, 4, 37))],
-                         ids=["gate", "temperature", "row_sink"])
+# the row-scaled programs: a gate, a temperature, a sink per row (which reads the LSE), with their factors
+ROW_SCALED = pytest.mark.parametrize("fn,extra", [(_gated_rows, lambda: torch.rand(2, 4, 37) + 0.5),
+                                                 (_divided_rows, lambda: torch.rand(4) + 0.5),
+                                                 (_row_sinks, lambda: torch.randn(2, 4, 37))],
+                                     ids=["gate", "temperature", "row_sink"])
+
+
+def _row_scaled_grads(f, extra, seed):
+    """The gradients of a row-scaled call [2, 4, 37, 16] of f (warnings ignored), its arguments and dO."""
+    g = torch.Generator().manual_seed(seed)
+    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (extra(),)
+    dout = torch.randn(2, 4, 37, 16, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, got = _grads(f, args, dout)
+    return got, args, dout
+
+
+@ROW_SCALED
 def test_a_row_scaled_program_trains_through_the_op(monkeypatch, fn, extra):
     """The probabilities scaled per query row after the softmax (a gate, a temperature, a sink per row read
     through the LSE): the op gives O unscaled and PyTorch applies the scale after it, so dO, the LSE's gradient
     and the learnable factor's gradient reach the backward; every gradient, the factor's too, is float64's."""
     made = serve_by_op(monkeypatch)
     f = tc.compile(fn)
-    g = torch.Generator().manual_seed(7)
-    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (extra(),)
-    dout = torch.randn(2, 4, 37, 16, generator=g)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out, got = _grads(f, args, dout)
+    got, args, dout = _row_scaled_grads(f, extra, 7)
     assert made and made[-1].p.row_scale is not None
     assert f.served["kernel"] == 1 and f.served["spec"] == 0, f.served
     assert made[-1].forward_calls == 1
@@ -455,10 +465,7 @@ def test_a_value_head_dim_of_its_own_gets_a_backward_kernel_of_its_own(monkeypat
     assert sorted(asked) == [(16, 16), (16, 32)]
 
 
-@pytest.mark.parametrize("fn,extra", [(_gated_rows, lambda: torch.rand(2, 4, 37) + 0.5),
-                                      (_divided_rows, lambda: torch.rand(4) + 0.5),
-                                      (_row_sinks, lambda: torch.randn(2, 4, 37))],
-                         ids=["gate", "temperature", "row_sink"])
+@ROW_SCALED
 def test_a_row_scale_that_reads_no_lse_leaves_the_backward_to_the_kernel(monkeypatch, fn, extra):
     """The op's backward of a row-scaled program is the attention's alone (PyTorch scales after the op): the
     kernel takes it where the scale reads no LSE (a gate, a temperature); a sink per row gives the LSE a
@@ -467,12 +474,7 @@ def test_a_row_scale_that_reads_no_lse_leaves_the_backward_to_the_kernel(monkeyp
     monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
     serve_by_op(monkeypatch)
     f = tc.compile(fn, fallback="silent")
-    g = torch.Generator().manual_seed(5)
-    args = tuple(torch.randn(2, 4, 37, 16, generator=g) for _ in range(3)) + (extra(),)
-    dout = torch.randn(2, 4, 37, 16, generator=g)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, got = _grads(f, args, dout)
+    got, args, dout = _row_scaled_grads(f, extra, 5)
     _, want = _reference(fn, args, dout)
     _check(got, want)
     who = "reference" if fn is _row_sinks else "kernel"
