@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -30,16 +30,20 @@ def transfer(fn: Callable, *example_args: Any, **example_kwargs: Any) -> Program
 
 
 def cuda_source(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-                value_dim: int | None = None, backward: bool = False) -> str:
+                value_dim: int | None = None, backward: bool = False, learnable: Sequence[str] = ()) -> str:
     """The expert kernel's source with the program's hooks filled in (`value_dim`: V's head dim where it
-    differs from Q's; sm_90a). `backward`: the backward kernels' (dQ, dK, dV; lower/backward.py)."""
-    return _cuda_source(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim, backward=backward)
+    differs from Q's; sm_90a). `backward`: the backward kernels' (dQ, dK, dV; lower/backward.py), with the
+    gradients of the extra tensors named in `learnable` that the score reads (lower/sites.py)."""
+    return _cuda_source(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim, backward=backward,
+                        learnable=tuple(learnable))
 
 
 def cubin(program: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-          value_dim: int | None = None, backward: bool = False) -> bytes:
-    """The kernel compiled for `arch` (needs NVRTC or nvcc, not a GPU); `backward` as cuda_source's."""
-    return _cubin(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim, backward=backward)
+          value_dim: int | None = None, backward: bool = False, learnable: Sequence[str] = ()) -> bytes:
+    """The kernel compiled for `arch` (needs NVRTC or nvcc, not a GPU); `backward`, `learnable` as
+    cuda_source's."""
+    return _cubin(program, arch=arch, dtype=dtype, head_dim=head_dim, value_dim=value_dim, backward=backward,
+                  learnable=tuple(learnable))
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:

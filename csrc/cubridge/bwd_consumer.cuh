@@ -10,6 +10,7 @@
 #include "gemm.cuh"
 #include "hooks.cuh"
 #include "score_tile.cuh"
+#include "sites.cuh"
 #include "softmax.cuh"
 
 namespace cubridge {
@@ -53,11 +54,13 @@ __device__ __forceinline__ unsigned mask_drops(const FwdArgs& a, const typename 
 
 // The tile's S^T and dP^T become P and dS, in place: P = exp(score(s) - LSE), dS = P (dP - delta) dscore/ds,
 // zero where the mask drops the pair, past the keys' or queries' end, and on empty rows (the FA2-class warp,
-// BwdWarp).
+// BwdWarp). A variant whose score reads learnable tensors (kSites) is handed each live pair's dX = P (dP - delta)
+// (d loss / d score) with the raw s, for site_add to scatter into those tensors' gradients (win: its windows).
 template <class Variant, int NT>
 __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
                                           const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
-                                          int b, int h, int q_lo, int cls, int kv_row0, int lane) {
+                                          int b, int h, int q_lo, int cls, int kv_row0, int lane,
+                                          typename Variant::Sites& sites, float* win) {
   constexpr bool kRaw = score_is_default<Variant>(0);
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -79,7 +82,10 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
                        : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
       const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
       s[0][nt][e] = pr;
-      dp[0][nt][e] = pr != 0.f ? pr * (dp[0][nt][e] - sDelta[ql]) * g : 0.f;
+      const float dx = pr * (dp[0][nt][e] - sDelta[ql]);
+      if constexpr (Variant::kSites > 0)  // by every lane (site_window_add sums a warp's shares of one element)
+        Variant::site_add(sites, win, a, p, raw, pr != 0.f, dx, b, h, qc, kc);
+      dp[0][nt][e] = pr != 0.f ? dx * g : 0.f;
     }
 }
 
@@ -190,8 +196,9 @@ struct BwdWarp {
   // s becomes P and dp becomes dS, in place (bwd_grads). cls: the block's class.
   __device__ __forceinline__ void grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
                                         const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
-                                        int b, int h, int q_lo, int cls) const {
-    bwd_grads<Variant, NT>(s, dp, sLse, sDelta, a, p, b, h, q_lo, cls, kv_row0, lane);
+                                        int b, int h, int q_lo, int cls, typename Variant::Sites& sites,
+                                        float* win) const {
+    bwd_grads<Variant, NT>(s, dp, sLse, sDelta, a, p, b, h, q_lo, cls, kv_row0, lane, sites, win);
   }
 
   // dV += P^T dO and dK += dS^T Q (P and dS rounded to T, as the tensor cores take them).

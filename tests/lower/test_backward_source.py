@@ -13,14 +13,14 @@ import torch_cubridge as tc
 from torch_cubridge.config import csrc_dir
 from torch_cubridge.errors import UnsupportedSpec
 from torch_cubridge.lower.backward import BwdTile, bwd_block_m, lower_backward
-from zoo import CASES
+from zoo import CASES, PROLOGUE
 from test_lower import _sass, needs_nvcc
 
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal"]
 
 
 def _prog(name, D=64):
-    c = next(c for c in CASES if c.name == name)
+    c = next(c for c in CASES + PROLOGUE if c.name == name)
     return tc.transfer(c.fn, *c.make(2, 4, 2, 70, D, torch.float32))
 
 
@@ -198,3 +198,43 @@ def test_a_row_scaled_program_lowers_the_attention_before_its_scale():
     p = tc.transfer(gated, q, k, v, torch.rand(2, 4, 70) + 0.5)
     assert p.row_scale is not None
     assert lower_backward(p, head_dim=64).source == lower_backward(tc.transfer(plain, q, k, v), head_dim=64).source
+
+
+# learnable tensors the score reads: a slope per head (a point site: summed in registers), a relative table and a
+# prologue's bucket table (T5: the table gathered per distance; windows of shared memory over the tile's span)
+SITES = {"alibi_tensor": ("slopes", 0), "rel_bias_table": ("table", 4096), "t5_relative_bias": ("pro_index_dist", 4096)}
+
+
+def _learnable(p):
+    return tuple(x.name for x in p.extras if x.dtype.startswith(("float", "bfloat")))
+
+
+def test_learnable_sites_are_the_fa2_class_kernels_and_refused_by_the_hopper_one():
+    for name, (tensor, smem) in SITES.items():
+        p = _prog(name)
+        low = lower_backward(p, "sm_90a", head_dim=64, learnable=_learnable(p))
+        assert low.tile.kernel == "sm80" and low.sites == (tensor,) and low.site_smem == smem, name
+        assert f"float* {tensor}_g;" in low.source and "site_add" in low.source
+        assert low.smem_bytes == low.tile.smem_bytes + smem
+        # no learnable tensor asked for: the Hopper kernel, no sites
+        plain = lower_backward(p, "sm_90a", head_dim=64)
+        assert plain.tile.kernel == "sm90" and not plain.sites and "site_add" not in plain.source
+        with pytest.raises(UnsupportedSpec, match="FA2-class"):
+            lower_backward(p, "sm_90a", head_dim=64, kernel="sm90", learnable=_learnable(p))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("name", sorted(SITES))
+def test_learnable_sites_build_without_spills(name, arch, D, tmp_path):
+    """A window's additions are shared atomics (compare-and-swap loops on these archs), its flush and the point
+    sites' warp sums global reductions."""
+    p = _prog(name, D)
+    cubin, log = _ptxas(tc.cuda_source(p, arch=arch, head_dim=D, backward=True, learnable=_learnable(p)), arch)
+    main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
+    main = main[:main.index("Compile time")]
+    assert " 0 bytes spill stores, 0 bytes spill loads" in main, main
+    sass = _sass(cubin, tmp_path)
+    assert "HMMA" in sass and re.search(r"REDG?\.E\.ADD\.F32", sass)
+    assert ("ATOMS.CAS" in sass) == (SITES[name][1] > 0)

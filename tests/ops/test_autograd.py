@@ -139,12 +139,12 @@ def test_double_backward_raises_clearly(monkeypatch):
 
 def _stand_in(scale_row: float | None):
     """A stand-in 'GPU kernel': the float32 reference's dQ, dK, dV, one row of dQ scaled where asked."""
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
         def kern(q, k, v, extras, scalars, out, lse, dout):
             dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
             if scale_row is not None:
                 dq[0, 0, 5] *= scale_row
-            return dq, dk, dv
+            return dq, dk, dv, {}
         return kern
     return build
 
@@ -171,14 +171,34 @@ def test_kernel_gate_serves_a_verified_kernel_and_refuses_a_wrong_one(monkeypatc
         assert bw.served == {"kernel": 2}
 
 
-def test_kernel_gate_passes_learnable_extras_to_the_reference(monkeypatch):
+def _site_stand_in(forget: bool):
+    """A stand-in kernel that also gives the gradients of the learnable tensors the score reads (the real
+    kernel's learnable sites), as float32 by name; or forgets them (an empty dict: zero gradients)."""
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            learn = [i for i, x in enumerate(p.extras) if x.name in learnable]
+            dq, dk, dv, g = reference_backward(p, q, k, v, extras, scalars, dout, None, learn)
+            return dq, dk, dv, {} if forget else {p.extras[i].name: t.float() for i, t in zip(learn, g)}
+        return kern
+    return build
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["right", "forgets"])
+def test_learnable_score_tensors_get_their_gradients_from_the_kernel_checked(monkeypatch, forget):
+    """ALiBi slopes held as a parameter: the kernel's gradient of them serves once checked against float64; a
+    kernel that leaves them out (zero) fails its check on the slopes, and the reference serves."""
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
-    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(None))
+    monkeypatch.setattr(backward_runner, "build_kernel", _site_stand_in(forget))
     f, fn, args = _compiled_pair(monkeypatch, "alibi_tensor")
     dout = torch.randn_like(args[0])
-    _, got = _grads(f, args, dout)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _, got = _grads(f, args, dout)
     assert got[3] is not None  # the slopes' gradient
-    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
+    served = backward_runner.backward_for(f.kernels()[-1].kernel_id).served
+    assert served == ({"reference": 1} if forget else {"kernel": 1}), served
+    if forget:
+        assert any("gradient of" in str(w.message) and "failed its check" in str(w.message) for w in seen)
     _, want = _reference(fn, args, dout)
     _check(got, want)
 
@@ -188,7 +208,7 @@ def finfo_padded(q, k, v, mask):
     return torch.softmax(s, dim=-1) @ v
 
 
-def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
     """A stand-in for the backward kernel of finfo_padded that computes as the kernel does, in float32: P
     recomputed as exp(X - LSE) from the forward's LSE, delta = rowsum(dO O) from the forward's O."""
     def kern(q, k, v, extras, scalars, out, lse, dout):
@@ -196,7 +216,7 @@ def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None, deterministi
         pr = torch.exp(x - lse.reshape(x.shape[:-1]).unsqueeze(-1))
         dp = dout @ v.transpose(-1, -2)
         ds = pr * (dp - (dout * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
-        return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout
+        return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout, {}
     return kern
 
 
@@ -281,13 +301,13 @@ def _sink_kernel_stand_in(scores_alone: bool):
     """A stand-in for the backward kernel of sinks_column computing as the kernel does: P = exp(X - LSE) from
     the forward's LSE, which has the sink joined. scores_alone: P from the LSE of the scores without the sink
     (a kernel that drops the sink's share of each row), which the first backward's check must catch."""
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
         def kern(q, k, v, extras, scalars, out, lse, dout):
             x = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
             row = torch.logsumexp(x, -1, keepdim=True) if scores_alone else lse.reshape(x.shape[:-1]).unsqueeze(-1)
             pr = torch.exp(x - row)
             ds = pr * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
-            return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout
+            return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout, {}
         return kern
     return build
 
@@ -418,7 +438,7 @@ def test_determinism_reaches_the_backward_kernel(monkeypatch, how):
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
     asked: list[bool] = []
 
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
         asked.append(deterministic)
         return _stand_in(None)(p, arch, dtype, head_dim)
     monkeypatch.setattr(backward_runner, "build_kernel", build)
@@ -444,7 +464,7 @@ def test_a_value_head_dim_of_its_own_gets_a_backward_kernel_of_its_own(monkeypat
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
     asked: list[tuple] = []
 
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False):
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
         asked.append((head_dim, value_dim))
         return _stand_in(None)(p, arch, dtype, head_dim)
     monkeypatch.setattr(backward_runner, "build_kernel", build)

@@ -18,7 +18,10 @@ from zoo import CASES
 pytestmark = pytest.mark.gpu
 ROW_TOL = 0.05  # a row's error over its own scale: bf16 inputs and outputs, float32 inside
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal",
-         "alibi_tensor", "sinks_column", "empty_rows"]
+         "alibi_tensor", "sinks_column", "empty_rows", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias"]
+# learnable tensors the score reads: the kernel's learnable sites give their gradients (lower/sites.py): a slope
+# per head (a point site), a relative table over the tile's diagonals and a bucket table (windows)
+LEARNABLE_SCORE = {"alibi_tensor", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias"}
 
 
 def _case(name, D=64):
@@ -92,9 +95,7 @@ def _check_against_float64(name, D=64):
 def test_backward_matches_float64(name):
     bw = _check_against_float64(name)
     assert sum(bw.served.values()) == 1 and set(bw.served) <= {"kernel", "reference"}, bw.served
-    if name == "alibi_tensor":  # learnable slopes: the reference serves them
-        assert bw.served == {"reference": 1}
-    if name == "sinks_column":  # learnable sinks: the kernel, their gradient beside it
+    if name in LEARNABLE_SCORE or name == "sinks_column":  # learnable sinks: the kernel, their gradient beside it
         assert bw.served == {"kernel": 1}
 
 
@@ -105,19 +106,25 @@ def test_the_backward_kernel_serves_head_dims_in_steps_of_8(name, D):
     assert _check_against_float64(name, D).served == {"kernel": 1}
 
 
-def test_wrong_backward_kernel_falls_back_with_a_warning(monkeypatch):
+@pytest.mark.parametrize("name", ["full_matmul", "rel_bias_table"])
+def test_wrong_backward_kernel_falls_back_with_a_warning(monkeypatch, name):
+    """A row of dQ off, or one element of a learnable table's gradient (the kernel's learnable sites)."""
     real = backward_runner.build_kernel
 
     def wrong(*a):
         kern = real(*a)
 
         def run(*b):
-            dq, dk, dv = kern(*b)
-            dq[0, 0, 7] += 1.0
-            return dq, dk, dv
+            dq, dk, dv, sites = kern(*b)
+            if sites:
+                for g in sites.values():
+                    g.view(-1)[g.numel() // 2] += 1.0 + 4 * float(g.abs().max())
+            else:
+                dq[0, 0, 7] += 1.0
+            return dq, dk, dv, sites
         return run
     monkeypatch.setattr(backward_runner, "build_kernel", wrong)
-    fn, make, ref_fn = _case("full_matmul")
+    fn, make, ref_fn = _case(name)
     f = tc.compile(fn)
     args = _leaves(make(), torch.bfloat16)
     with torch.no_grad():

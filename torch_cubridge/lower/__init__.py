@@ -7,18 +7,18 @@ from .source import Lowered, lower
 
 
 def cuda_source(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-                value_dim: int | None = None, backward: bool = False) -> str:
+                value_dim: int | None = None, backward: bool = False, learnable: tuple[str, ...] = ()) -> str:
     if backward:
-        return lower_backward(p, arch, dtype, head_dim, value_dim).source
+        return lower_backward(p, arch, dtype, head_dim, value_dim, learnable=tuple(learnable)).source
     return lower(p, arch, dtype, head_dim, value_dim=value_dim).source
 
 
 def cubin(p: Program, arch: str = "sm_90", dtype: str = "bfloat16", head_dim: int = 128,
-          value_dim: int | None = None, backward: bool = False) -> bytes:
+          value_dim: int | None = None, backward: bool = False, learnable: tuple[str, ...] = ()) -> bytes:
     """Compile without a GPU (NVRTC where available, else nvcc)."""
     from ..build import compile_cubin
     from ..config import csrc_dir
-    return compile_cubin(cuda_source(p, arch, dtype, head_dim, value_dim, backward), arch,
+    return compile_cubin(cuda_source(p, arch, dtype, head_dim, value_dim, backward, learnable), arch,
                          include_dirs=[csrc_dir()])
 
 

@@ -13,6 +13,7 @@ from ..ir.expr import loads, var
 from ..ir.program import Program
 from .cexpr import CExpr
 from .choice import C_TYPES
+from .sites import WINDOW, score_sites, site_hooks, window_count
 from .source import prepass_entries
 from .tiles import pad16
 from .variant import ParamField, default_scale, variant_source
@@ -91,12 +92,13 @@ def smem_max(arch: str) -> int:
     return _SMEM_MAX.get(int(digits), _SMEM_LEAST) if digits else _SMEM_LEAST
 
 
-def bwd_block_m(head_dim: int, arch: str = "sm_80") -> int:
+def bwd_block_m(head_dim: int, arch: str = "sm_80", extra_smem: int = 0) -> int:
     """Query rows a step. A warp's dK and dV rows take pad16(D) registers a thread and S^T and dP^T BM / 2
     each: 64 rows up to 64 columns; past them 64 spills at 255 registers where a mask or score hook is called
-    (sm_80 and sm_90), so 32. Halved while the tile's shared memory passes the arch's."""
+    (sm_80 and sm_90), so 32. Halved while the tile's shared memory (and extra_smem past it: the learnable
+    sites' windows) passes the arch's."""
     bm = 64 if pad16(head_dim) <= 64 else 32
-    while bm > 16 and BwdTile(head_dim, bm).smem_bytes > smem_max(arch):
+    while bm > 16 and BwdTile(head_dim, bm).smem_bytes + extra_smem > smem_max(arch):
         bm //= 2
     return bm
 
@@ -110,6 +112,13 @@ class LoweredBackward:
     dtype: str
     kernels: tuple[str, str, str] = (PRE_NAME, BWD_NAME, POST_NAME)
     prepass: bool = False  # the mask reads data: the block-class pre-pass and scan (source.py) at this tile
+    sites: tuple[str, ...] = ()  # the learnable extras the kernel gives gradients of (lower/sites.py)
+    site_smem: int = 0           # their windows' shared memory, past the tile's
+
+    @property
+    def smem_bytes(self) -> int:
+        """The main kernel's dynamic shared memory."""
+        return self.tile.smem_bytes + self.site_smem
 
 
 def backward_refusal(p: Program, head_dim: int, value_dim: int | None, arch: str = "sm_80") -> str | None:
@@ -146,13 +155,15 @@ def score_grad_hook(p: Program, cg: CExpr) -> list[str]:
 def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", head_dim: int = 128,
                    value_dim: int | None = None, fast_tanh: bool = True,
                    block_m: int | None = None, kernel: str | None = None,
-                   deterministic: bool = False, stages: int | None = None) -> LoweredBackward:
+                   deterministic: bool = False, stages: int | None = None,
+                   learnable: tuple[str, ...] = ()) -> LoweredBackward:
     """The backward kernels' translation unit for `p`. kernel: "sm90" (wgmma, sm_90a only) or "sm80"
     (FA2-class, mma.sync: sm_80 and later); None: hopper_backward's choice. block_m: the FA2-class kernel's
     query rows a step (16, 32 or 64; None: bwd_block_m's choice for the arch), for benchmarks to compare.
     deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in a fixed key order; the FA2-class
     kernel's dQ atomics have no such mode, and it is refused). stages: the Hopper kernel's ring of query blocks
-    (2 or 3; None: 2), for benchmarks to compare."""
+    (2 or 3; None: 2), for benchmarks to compare. learnable: the extras that get gradients; those the score
+    reads are the FA2-class kernel's learnable sites (lower/sites.py), which the Hopper kernel has no hooks for."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim, arch)
@@ -173,8 +184,12 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         p = replace(p, empty_rows="zero")
     if block_m not in (None, 16, 32, 64):
         raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
+    sites = score_sites(p, tuple(learnable))
+    if sites and (kernel == "sm90" or dv is not None):
+        raise UnsupportedSpec("gradients of learnable tensors the score reads are the FA2-class backward kernel's, "
+                              "which takes V's head dim equal to Q's", op="lower")
     if kernel is None:
-        kernel = "sm90" if hopper_backward(arch, head_dim, dv) and block_m is None else "sm80"
+        kernel = "sm90" if hopper_backward(arch, head_dim, dv) and block_m is None and not sites else "sm80"
     if kernel == "sm80" and dv is not None:
         raise UnsupportedSpec("the FA2-class backward kernel takes V's head dim equal to Q's", op="lower")
     if kernel == "sm90" and not hopper_backward(arch, head_dim, dv):
@@ -187,10 +202,12 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         raise UnsupportedSpec(f"the Hopper backward kernel rings 2 or 3 stages, not {stages}", op="lower")
     tile = BwdSm90Tile(head_dim, stages=stages or 2, deterministic=deterministic, value_dim=dv or 0) \
         if kernel == "sm90" else \
-        BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch))
+        BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch, 4 * WINDOW * window_count(sites)))
     fast = fast_tanh and "tanh" in str(p.score)
-    variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80")
-    grad = score_grad_hook(p, CExpr(p, head_dim, fast))
+    names = tuple(dict.fromkeys(n.attr for n, _ in sites))
+    variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80", names)
+    cg = CExpr(p, head_dim, fast)
+    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable))
     assert variant.endswith("};")
     variant = variant[:-2].rstrip("\n") + "\n" + "\n".join(grad + ["};"]) if grad else variant
     t = C_TYPES[dtype]
@@ -236,4 +253,5 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # a mask that reads data (document ids): the backward's own block map, at its own tile, as the forward
         # makes one at its tile (the forward's is laid out for other tiles), so it skips the same blocks
     ] + (prepass_entries(tile.block_m, tile.block_n) if p.block_rule == "prepass" else []))
-    return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass")
+    return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass", sites=names,
+                           site_smem=4 * WINDOW * window_count(sites))

@@ -210,7 +210,7 @@ class CExpr:
 
     def load(self, e: Expr) -> str:
         x = self.extras[e.attr]
-        off = " + ".join(f"{self._index(x.name, d, i)} * p.{x.name}_s{d}" for d, i in enumerate(e.args)) or "0"
+        off = " + ".join(f"{self.index(x.name, d, i)} * p.{x.name}_s{d}" for d, i in enumerate(e.args)) or "0"
         ptr = f"&p.{x.name}[{off}]"
         if x.dtype == "bool":  # __ldg has no bool overload: read the byte
             ptr = f"reinterpret_cast<const unsigned char*>({ptr})"
@@ -223,7 +223,7 @@ class CExpr:
             return f"({raw} != 0)"
         return raw
 
-    def _index(self, name: str, d: int, i: Expr) -> str:
+    def index(self, name: str, d: int, i: Expr) -> str:
         """An index as a 64-bit int; one read from data is wrapped and clamped into the tensor (bounds.py)."""
         from ..ir.bounds import reads_data
         v = f"(long long)({self.as_kind(i, 'int')})"

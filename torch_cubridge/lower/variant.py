@@ -35,7 +35,10 @@ def default_scale(p: Program) -> Expr | None:
     return None
 
 
-def param_fields(p: Program) -> list[ParamField]:
+def param_fields(p: Program, learnable: tuple[str, ...] = ()) -> list[ParamField]:
+    """Params' fields: each extra tensor's pointer, strides and (where a read is clamped) sizes, the scalars,
+    the pre-pass's block table; then, for the backward, each learnable tensor's float32 gradient (grad_ptr),
+    its strides and sizes (lower/sites.py's hooks add into it)."""
     from ..ir.bounds import data_indexed_dims
     clamped = data_indexed_dims(p)  # the kernel clamps these reads into the tensor: it needs the size
     out = []
@@ -48,11 +51,19 @@ def param_fields(p: Program) -> list[ParamField]:
     if p.block_rule == "prepass":
         out += [ParamField("blk", "rt_ptr", "blk"), ParamField("blk_sb", "rt_i64", "blk_sb"),
                 ParamField("blk_sh", "rt_i64", "blk_sh"), ParamField("blk_nk", "rt_i64", "blk_nk")]
+    for x in p.extras:
+        if x.name in learnable:
+            out.append(ParamField(f"{x.name}_g", "grad_ptr", x.name))
+            out += [ParamField(f"{x.name}_gs{d}", "grad_stride", x.name, d) for d in range(x.rank)]
+            out += [ParamField(f"{x.name}_gn{d}", "grad_size", x.name, d) for d in range(x.rank)]
     return out
 
 
 def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 128,
-                   block_n: int = 64, kernel: str = "sm80") -> tuple[str, list[ParamField], Expr | None]:
+                   block_n: int = 64, kernel: str = "sm80", learnable: tuple[str, ...] = ()
+                   ) -> tuple[str, list[ParamField], Expr | None]:
+    """The Variant's source, its Params' fields and the folded score scale (None: the score hook is
+    generated). learnable: the backward's tensors whose gradients Params points to (param_fields)."""
     hooks = lift_reference(kernel=KERNELS[kernel]).hooks()  # the hook sites of the kernel it fills
     needed = {"score"} | ({"mask", "block_class"} if p.mask is not None else set()) | \
         ({"sink"} if p.sink is not None else set())
@@ -62,7 +73,7 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
     if p.head_map not in ("group", "tile"):
         raise UnsupportedSpec(f"no kernel head map for {p.head_map!r}", op="lower")
     cg = CExpr(p, head_dim, fast_tanh)
-    fields = param_fields(p)
+    fields = param_fields(p, learnable)
     lines = ["struct Variant : cubridge::DefaultVariant {", "  struct Params {"]
     for f in fields:
         if f.kind == "ptr":
@@ -70,7 +81,9 @@ def variant_source(p: Program, head_dim: int, fast_tanh: bool, block_m: int = 12
             lines.append(f"    const {ctype(x.dtype)}* {f.name};")
         elif f.kind == "rt_ptr":
             lines.append(f"    int* {f.name};")
-        elif f.kind in ("stride", "size", "i64", "rt_i64"):
+        elif f.kind == "grad_ptr":
+            lines.append(f"    float* {f.name};")
+        elif f.kind in ("stride", "size", "i64", "rt_i64", "grad_stride", "grad_size"):
             lines.append(f"    long long {f.name};")
         elif f.kind == "f64":
             lines.append(f"    double {f.name};")

@@ -48,7 +48,10 @@ class GpuBackward:
     """The three kernels of one program's backward, at one head dim, dtype and arch."""
 
     def __init__(self, p: Program, arch: str, dtype: torch.dtype, head_dim: int, kernel: str | None = None,
-                 value_dim: int | None = None, deterministic: bool = False, stages: int | None = None) -> None:
+                 value_dim: int | None = None, deterministic: bool = False, stages: int | None = None,
+                 learnable: tuple[str, ...] = ()) -> None:
+        """learnable: the extras that get gradients; the kernel adds those of the ones the score reads
+        (LoweredBackward.sites)."""
         from ..lower.backward import ROWS_PER_CTA, lower_backward
         from ..ops.kernel import cached_cubin, source_key
         from ..ops.launch import CubinKernel
@@ -56,13 +59,14 @@ class GpuBackward:
         self.p = p
         # value_dim: V's head dim, refused by lower_backward where the kernels take none but Q's
         self.low = low = lower_backward(p, arch, str(dtype).removeprefix("torch."), head_dim, value_dim,
-                                        kernel=kernel, deterministic=deterministic, stages=stages)
+                                        kernel=kernel, deterministic=deterministic, stages=stages,
+                                        learnable=learnable)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
         self.rows_per_cta = ROWS_PER_CTA
         self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)
-        self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.tile.smem_bytes)
+        self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.smem_bytes)
         self.post = CubinKernel(cub, low.kernels[2], threads=rows, smem_bytes=0)
         self.fmt = params_format(low.params)
         # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
@@ -70,8 +74,9 @@ class GpuBackward:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                  scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """dQ, dK, dV in q's, k's and v's layouts (out and dout in the kernel's layout; lse [B, H, Sq])."""
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """dQ, dK, dV in q's, k's and v's layouts (out and dout in the kernel's layout; lse [B, H, Sq]), and the
+        float32 gradients of the learnable extras the score reads, by name."""
         from ..ops.pack import pack_params
         p = self.p
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -116,7 +121,8 @@ class GpuBackward:
             rt, table = run_block_prepass(*self.blocks, args[:FWD_FORMAT.size], self.fmt, self.low.params,
                                           tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
                                           self.low.tile.block_n, p.mask, q.device, stream)
-        params = pack_params(self.fmt, self.low.params, tensors, scal, rt)
+        grads = {n: torch.zeros(tensors[n].shape, device=q.device, dtype=torch.float32) for n in self.low.sites}
+        params = pack_params(self.fmt, self.low.params, tensors, scal, rt, grads)
         blocks = (args, params)
         if self.low.tile.kernel == "sm90":  # Q and dO in boxes of 64 rows, K and V of the CTA's keys
             m, n, dt = self.low.tile.block_m, self.low.tile.block_n, q.dtype
@@ -129,7 +135,7 @@ class GpuBackward:
         for t, b in zip((dqc, dkc, dvc), bufs):
             if b is not t:
                 t.copy_(b)
-        return dq, dk, dv
+        return dq, dk, dv, grads
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

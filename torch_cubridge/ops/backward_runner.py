@@ -1,10 +1,11 @@
 """The backward of the custom op (ops/custom_op.py): one interface, two implementations.
 
-- The GPU kernel (ops/backward_gpu.py), where lower_backward takes the program and the call (dtype, head dim,
-  no learnable extras the score reads, no gradient reaching a returned LSE) and its first backward, at each
-  head dim and dtype, matched the float64 reference on the call's own inputs, row by row. A sink needs
-  nothing of the kernel (its P from the forward's LSE, the sink joined, is softmax's times the sink's factor);
-  the gradients of learnable tensors the sink reads are a reduction over rows beside it
+- The GPU kernel (ops/backward_gpu.py), where lower_backward takes the program and the call (dtype, head dims,
+  no gradient reaching a returned LSE) and its first backward, at each head dim, dtype and set of learnable
+  extras, matched the float64 reference on the call's own inputs, row by row. The gradients of learnable
+  tensors the score reads are the kernel's (its learnable sites, lower/sites.py). A sink needs nothing of the
+  kernel (its P from the forward's LSE, the sink joined, is softmax's times the sink's factor); the gradients
+  of learnable tensors the sink reads are a reduction over rows beside it
   (backward_reference.kernel_sink_gradients), checked with the rest. A kernel that fails
   that check, or raises, never serves that program again in this process.
 - The reference backward (ops/backward_reference.py: ir/backward.py's backward of the program, checked
@@ -84,7 +85,7 @@ class BackwardRunner:
         # the LSE's gradient is real where the spec returns the LSE or a row scale, applied after the op, reads it
         self.lse_grad = lse_has_gradient(runner)
         self.served: collections.Counter = collections.Counter()
-        self._kernels: dict[tuple, Any] = {}     # (arch, dtype, head dim) -> GpuBackward, or None
+        self._kernels: dict[tuple, Any] = {}     # _key -> GpuBackward, or None
         self._verified: dict[tuple, bool] = {}   # its verdict on its first call
         self._why: dict[tuple, str] = {}         # why it does not serve
         self._warned: set[str] = set()
@@ -97,7 +98,7 @@ class BackwardRunner:
         torch.use_deterministic_algorithms): the kernel's mode that adds dQ in a fixed order, else the reference."""
         why = self._refusal(q, k, v, lse, dlse, learn)
         if why is None:
-            key = self._key(q, v, deterministic)
+            key = self._key(q, v, deterministic, learn)
             if self._kernels.get(key, True) is None:  # refused or failed before: no row check owed
                 why = self._why[key]
             else:
@@ -120,30 +121,25 @@ class BackwardRunner:
     # -- the kernel's gate -----------------------------------------------------------------
     def _refusal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor | None,
                  dlse: torch.Tensor | None, learn: list[int]) -> str | None:
-        if learn and not self._sink_only(learn):
-            return "gradients of learnable tensors the score reads have no backward kernel yet"
         if self.lse_grad and dlse is not None:
             return "the rows' log-sum-exp has a gradient (returned, or read by a row scale), which the backward " \
                    "kernel does not take"
         return backward_gpu.refusal(self.p, q, k, v, lse is not None)
 
-    def _sink_only(self, learn: list[int]) -> bool:
-        """Whether every learnable tensor of `learn` is read by the sink alone (not by the score)."""
-        from ..ir.backward import derive
-        return not derive(self.p, {self.p.extras[i].name for i in learn}).score_sites
-
-    def _key(self, q: torch.Tensor, v: torch.Tensor, deterministic: bool = False) -> tuple:
-        """(arch, dtype, head dim, device model, value head dim, deterministic): one kernel and one verdict
-        each (a program's calls may differ in V's width alone)."""
+    def _key(self, q: torch.Tensor, v: torch.Tensor, deterministic: bool = False, learn: list[int] = ()) -> tuple:
+        """(arch, dtype, head dim, device model, value head dim, deterministic, the learnable extras): one
+        kernel and one verdict each (a program's calls may differ in V's width alone, or in which of its
+        tensors want gradients: the kernel adds into those alone)."""
         d, dv = to_canonical(q, self.p.q).shape[-1], to_canonical(v, self.p.v).shape[-1]
+        names = tuple(self.p.extras[i].name for i in learn)
         if not q.is_cuda:
-            return q.device.type, q.dtype, d, q.device.type, dv, deterministic
+            return q.device.type, q.dtype, d, q.device.type, dv, deterministic, names
         major, minor = torch.cuda.get_device_capability(q.device)
         # Hopper: the forward's own target (sm_90a, its wgmma backward kernel, unless the Hopper kernels are
         # switched off)
         from ..build.arch import arch_for
         arch = arch_for(q.device) if major == 9 else f"sm_{major}{minor}"
-        return arch, q.dtype, d, torch.cuda.get_device_name(q.device), dv, deterministic
+        return arch, q.dtype, d, torch.cuda.get_device_name(q.device), dv, deterministic, names
 
     def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
               scalars: list[float], lse: torch.Tensor, dout: torch.Tensor) -> tuple[str | None, torch.Tensor]:
@@ -162,25 +158,28 @@ class BackwardRunner:
     def _kernel(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                 scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
                 kdout: torch.Tensor, learn: list[int]) -> tuple | None:
-        """The kernel's dQ, dK, dV and the sink's learnable tensors' gradients (extras[i] for i in `learn`), or
-        None where it does not serve (self._why says why). kdout: the dO the kernel is handed (_rows); the check
-        holds its result to the call's own dO."""
+        """The kernel's dQ, dK, dV and the learnable tensors' gradients (extras[i] for i in `learn`: the kernel's
+        where the score reads them, plus the sink's), or None where it does not serve (self._why says why).
+        kdout: the dO the kernel is handed (_rows); the check holds its result to the call's own dO."""
         if key not in self._kernels:
             self._kernels[key] = None
             try:
-                self._kernels[key] = build_kernel(self.p, key[0], key[1], key[2], key[4], key[5])
+                self._kernels[key] = build_kernel(self.p, key[0], key[1], key[2], key[4], key[5], key[6])
             except Exception as err:  # UnsupportedSpec from lower_backward, or a build error
                 self._why[key] = f"no backward kernel ({type(err).__name__}: {err})"
         kern = self._kernels[key]
         if kern is None:
             return None
-        got = (*kern(q, k, v, extras, scalars, out, lse, kdout),
-               kernel_sink_gradients(self.p, q, k, v, extras, scalars, out, dout, lse, learn) if learn else [])
-        if key not in self._verified or learn and (key, "sink") not in self._verified:
+        dq, dk, dv, sites = kern(q, k, v, extras, scalars, out, lse, kdout)
+        sink = kernel_sink_gradients(self.p, q, k, v, extras, scalars, out, dout, lse, learn) if learn else []
+        learned = []
+        for i, g in zip(learn, sink):  # the score's share (the kernel's, float32) plus the sink's
+            site = sites.get(self.p.extras[i].name)
+            learned.append(g if site is None else site.add_(g).to(extras[i].dtype))
+        got = (dq, dk, dv, learned)
+        if key not in self._verified:
             bad = self.check(q, k, v, extras, scalars, out, dout, got, learn)
             self._verified[key] = bad is None
-            if learn:  # the sink's gradients checked too (a first call without them checked dQ, dK, dV only)
-                self._verified[(key, "sink")] = bad is None
             if bad is not None:
                 self._kernels[key] = None
                 self._why[key] = f"the backward kernel failed its check against float64 on this call ({bad})"
@@ -218,9 +217,10 @@ class BackwardRunner:
 
 
 def build_kernel(p: Any, arch: str, dtype: torch.dtype, head_dim: int, value_dim: int,
-                 deterministic: bool = False) -> Any:
+                 deterministic: bool = False, learnable: tuple[str, ...] = ()) -> Any:
     """The GPU backward of p (ops/backward_gpu.py); tests replace it to stand in for the kernel."""
-    return backward_gpu.GpuBackward(p, arch, dtype, head_dim, value_dim=value_dim, deterministic=deterministic)
+    return backward_gpu.GpuBackward(p, arch, dtype, head_dim, value_dim=value_dim, deterministic=deterministic,
+                                    learnable=learnable)
 
 
 _RUNNERS: dict[str, BackwardRunner] = {}

@@ -62,11 +62,14 @@ def pack_fwd_raw(ptrs: tuple[int, int, int, int, int], q_st: tuple, k_st: tuple,
 def params_format(fields: tuple[ParamField, ...]) -> struct.Struct:
     if not fields:
         return struct.Struct("<q")
-    return struct.Struct("<" + "".join("d" if f.kind == "f64" else ("Q" if f.kind in ("ptr", "rt_ptr") else "q") for f in fields))
+    return struct.Struct("<" + "".join("d" if f.kind == "f64" else ("Q" if f.kind in ("ptr", "rt_ptr", "grad_ptr") else "q") for f in fields))
 
 
 def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dict[str, torch.Tensor],
-                scalars: dict[str, Any], runtime: dict[str, int] | None = None) -> bytes:
+                scalars: dict[str, Any], runtime: dict[str, int] | None = None,
+                grads: dict[str, torch.Tensor] | None = None) -> bytes:
+    """Params' words. grads: the backward's float32 gradients of learnable extras, by the extra's name (null
+    where not given: the block pre-pass, which adds none)."""
     if not fields:
         return fmt.pack(0)
     vals: list[Any] = []
@@ -81,6 +84,10 @@ def pack_params(fmt: struct.Struct, fields: tuple[ParamField, ...], tensors: dic
             vals.append(float(scalars[f.source]))
         elif f.kind in ("rt_ptr", "rt_i64"):
             vals.append(int(runtime[f.source]))
+        elif f.kind in ("grad_ptr", "grad_stride", "grad_size"):
+            g = (grads or {}).get(f.source)
+            vals.append(0 if g is None else g.data_ptr() if f.kind == "grad_ptr" else
+                        g.stride(f.dim) if f.kind == "grad_stride" else g.shape[f.dim])
         else:
             vals.append(int(scalars[f.source]))
     return fmt.pack(*vals)
