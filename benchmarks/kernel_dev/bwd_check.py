@@ -10,7 +10,7 @@ error in delta there, in any FlashAttention-style backward; bwd_rows.py says why
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
-[--d D] | --sweep (the rate over S). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
+[--d D] | --sweep (the rate over S) | --sites (a learnable table's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
 ours and cuDNN's; with CUBRIDGE_LINEINFO=1 and a fresh CUBRIDGE_CACHE_DIR, ncu's SourceCounters name our lines.
 """
 from __future__ import annotations
@@ -49,25 +49,28 @@ def case(name):
 _BUILT: dict = {}
 
 
-def kernels(p, D, arch, kernel=None, deterministic=False, stages=None):
+def kernels(p, D, arch, kernel=None, deterministic=False, stages=None, learnable=()):
     """The backward kernels as the library builds them (ops/backward_gpu.py); kernel: "sm90" or "sm80" (None:
-    the lowering's choice for the arch)."""
-    key = (p.structure().to_json(), D, arch, kernel, deterministic, stages)
+    the lowering's choice for the arch); learnable: the extras whose gradients it adds (lower/sites.py)."""
+    key = (p.structure().to_json(), D, arch, kernel, deterministic, stages, learnable)
     if key not in _BUILT:
         _BUILT[key] = GpuBackward(p, arch, torch.bfloat16, D, kernel=kernel, deterministic=deterministic,
-                                  stages=stages)
+                                  stages=stages, learnable=learnable)
     return _BUILT[key]
 
 
-def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None, deterministic=False, stages=None):
-    """dQ, dK, dV by the three kernels (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
-    kern = kernels(p, D, arch, kernel, deterministic, stages)
+def run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel=None, deterministic=False, stages=None,
+                 learnable=()):
+    """dQ, dK, dV (and, with learnable, the float32 gradients of those extras by name) by the three kernels
+    (q, k, v, o, do: [B, H, S, D] bf16 on the GPU; lse: [B, H, Sq] fp32)."""
+    kern = kernels(p, D, arch, kernel, deterministic, stages, learnable)
     tensors = extra_tensors(p, bound, q.device, {})
     extras = [tensors[x.name] for x in p.extras]
     scalars = [bound[s.arg] for s in p.scalars if s.arg is not None]
 
     def go():
-        return kern(q, k, v, extras, scalars, o, lse, do)
+        got = kern(q, k, v, extras, scalars, o, lse, do)
+        return got if learnable else got[:3]
     return go(), go, (tensors,)
 
 
@@ -135,7 +138,8 @@ def timing_inputs(name, causal, B, H, S, D, arch):
     do = torch.randn_like(q)
     res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
     o, lse = res[0].contiguous(), res[1].float().contiguous()
-    bound = bind_args(p.signature, (q, k, v), {})
+    more = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in make(1, H, H, S, 8, torch.float32)[3:])
+    bound = bind_args(p.signature, (q, k, v, *more), {})
     _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
     flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     return p, fn, bound, (q, k, v, o, lse, do), go, flops
@@ -196,6 +200,21 @@ def sweep(arch):
         print("  ".join(row), flush=True)
 
 
+def sites(arch):
+    """A learnable relative-position table [H, 2S - 1] (zoo's rel_bias_table, full attention) at the bench's
+    shape: the backward on the Hopper kernel with the table fixed, on the FA2-class kernel with it fixed, and on
+    the FA2-class kernel adding its gradient (lower/sites.py): what the sites cost, and what the kernel does."""
+    B, H, S, D = 8, 16, 4096, 128
+    print("\nlearnable sites, rel_bias_table, B*S = 32k, H 16, S 4096, D 128 (TFLOP/s at 2.5x forward FLOPs)")
+    p, _, bound, (q, k, v, o, lse, do), _, flops = timing_inputs("rel_bias_table", False, B, H, S, D, arch)
+    row = []
+    for label, kernel, learn in (("sm90 fixed", None, ()), ("sm80 fixed", "sm80", ()),
+                                 ("sm80 learnable", "sm80", ("table",))):
+        _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel, learnable=learn)
+        row.append(f"{label} {flops / timed(go) / 1e12:6.1f}")
+    print("  ".join(row), flush=True)
+
+
 def profiled():
     """One backward each of ours and cuDNN's (causal and full, the bench's shapes) inside the profiler's range:
     run under `ncu --profile-from-start off` to read where the gap to cuDNN goes."""
@@ -231,6 +250,9 @@ def main() -> int:
     arch = "sm_90a" if major == 9 else f"sm_{major}{minor}"  # the library's Hopper target
     if "--sweep" in sys.argv:
         sweep("sm_90a")
+        return 0
+    if "--sites" in sys.argv:
+        sites(arch)
         return 0
     if "--ncu" in sys.argv:
         profiled()

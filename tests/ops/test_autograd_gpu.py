@@ -13,7 +13,7 @@ import torch_cubridge as tc
 from torch_cubridge.ops import backward_runner
 from torch_cubridge.verify.judge import delta_rounding_allowance, judge_rows
 from zoo import empty_rows_causal, empty_rows_reference
-from zoo import CASES
+from zoo import CASES, PROLOGUE
 
 pytestmark = pytest.mark.gpu
 ROW_TOL = 0.05  # a row's error over its own scale: bf16 inputs and outputs, float32 inside
@@ -27,7 +27,7 @@ LEARNABLE_SCORE = {"alibi_tensor", "rel_bias_table", "rel_bias_clamped", "t5_rel
 def _case(name, D=64):
     if name == "empty_rows":
         return empty_rows_causal, lambda: tuple(torch.randn(2, 4, 257, D) for _ in range(3)), empty_rows_reference
-    c = next(c for c in CASES if c.name == name)
+    c = next(c for c in CASES + PROLOGUE if c.name == name)
     return c.fn, lambda: c.make(2, 4, 2 if name == "gqa_expand" else 4, 257, D, torch.float32), c.fn
 
 
