@@ -54,13 +54,14 @@ __device__ __forceinline__ unsigned mask_drops(const FwdArgs& a, const typename 
 
 // The tile's S^T and dP^T become P and dS, in place: P = exp(score(s) - LSE), dS = P (dP - delta) dscore/ds,
 // zero where the mask drops the pair, past the keys' or queries' end, and on empty rows (the FA2-class warp,
-// BwdWarp). A variant whose score reads learnable tensors (kSites) is handed each live pair's dX = P (dP - delta)
-// (d loss / d score) with the raw s, for site_add to scatter into those tensors' gradients (win: its windows).
+// BwdWarp). A variant whose score reads learnable tensors (kSites) is handed each pair's dX = P (dP - delta)
+// (d loss / d score), whether it is live, the raw s, the clamped coordinates and the tile's own (ql, kl; kl0:
+// the thread's first key's), for site_add to gather into those tensors' gradients (win: its shared memory).
 template <class Variant, int NT>
 __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][NT][4], const float* sLse,
                                           const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
                                           int b, int h, int q_lo, int cls, int kv_row0, int lane,
-                                          typename Variant::Sites& sites, float* win) {
+                                          typename Variant::Sites& sites, float* win, int kl0) {
   constexpr bool kRaw = score_is_default<Variant>(0);
   const float factor = kRaw ? static_cast<float>(a.scale) * kLog2e : kLog2e;
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
@@ -84,7 +85,7 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
       s[0][nt][e] = pr;
       const float dx = pr * (dp[0][nt][e] - sDelta[ql]);
       if constexpr (Variant::kSites > 0)  // by every lane (site_window_add sums a warp's shares of one element)
-        Variant::site_add(sites, win, a, p, raw, pr != 0.f, dx, b, h, qc, kc);
+        Variant::site_add(sites, win, a, p, raw, pr != 0.f, dx, b, h, qc, kc, ql, kl0 + (e / 2) * 8);
       dp[0][nt][e] = pr != 0.f ? dx * g : 0.f;
     }
 }
@@ -198,7 +199,8 @@ struct BwdWarp {
                                         const float* sDelta, const FwdArgs& a, const typename Variant::Params& p,
                                         int b, int h, int q_lo, int cls, typename Variant::Sites& sites,
                                         float* win) const {
-    bwd_grads<Variant, NT>(s, dp, sLse, sDelta, a, p, b, h, q_lo, cls, kv_row0, lane, sites, win);
+    bwd_grads<Variant, NT>(s, dp, sLse, sDelta, a, p, b, h, q_lo, cls, kv_row0, lane, sites, win,
+                           warp * 16 + lane / 4);
   }
 
   // dV += P^T dO and dK += dS^T Q (P and dS rounded to T, as the tensor cores take them).

@@ -10,9 +10,9 @@
 //               no atomics and the same order every run), skipping the blocks the variant's block_class proves
 //               empty and calling the mask hook on partial ones;
 //   postprocess (bwd_prepost.cuh): dQ from the accumulator.
-// A variant whose score reads learnable tensors (Variant::kSites) adds each tile's share of their gradients:
-// into windows of shared memory past the tile's (Variant::kSiteWindows of kSiteWin floats, zeroed here), each
-// flushed to the float32 gradient by one atomic per touched element after the step's second barrier.
+// A variant whose score reads learnable tensors (Variant::kSites) adds each step's share of their gradients:
+// gathered in shared memory past the tile's (Variant::kSiteFloats, zeroed here) and flushed to the float32
+// gradients after the step's second barrier (lower/sites.py).
 //
 // Compiles under nvcc and NVRTC: only cuda_bf16.h / cuda_fp16.h and our headers.
 #pragma once
@@ -39,7 +39,7 @@ __device__ __forceinline__ void attention_bwd(const BwdArgs& a, const typename V
   T* sdS = sdO + 2 * BM * LD;
   float* sLse = reinterpret_cast<float*>(sdS + BM * Cfg::kLdS);  // two stages
   float* sDelta = sLse + 2 * BM;                                  // two stages
-  float* sWin = reinterpret_cast<float*>(smem_raw + Cfg::kSmemBytes);  // the site windows, if any
+  float* sWin = reinterpret_cast<float*>(smem_raw + Cfg::kSmemBytes);  // the learnable sites', if any
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int b = blockIdx.z, hk = blockIdx.y, kv_lo = blockIdx.x * BN;
   const int kv_hi = imin(kv_lo + BN, static_cast<int>(a.f.Skv));
@@ -56,7 +56,7 @@ __device__ __forceinline__ void attention_bwd(const BwdArgs& a, const typename V
 
   loads.load_kv(sK, sV, sQ, sdO, hk, kv_lo, tid);
   if constexpr (Variant::kSites > 0)  // read by the first step after its first barrier
-    for (int i = tid; i < Variant::kSiteWindows * Variant::kSiteWin; i += Cfg::kThreads) sWin[i] = 0.f;
+    for (int i = tid; i < Variant::kSiteFloats; i += Cfg::kThreads) sWin[i] = 0.f;
   int item = walk.next(0), stage = 0;
   if (item < walk.n_items) loads.load_q_block(sQ, sdO, sLse, sDelta, walk.head(item), walk.q_lo(item), tid);
 
@@ -89,7 +89,9 @@ __device__ __forceinline__ void attention_bwd(const BwdArgs& a, const typename V
     w.stage_ds(sdS, dp);
     __syncthreads();  // every warp's dS staged, every site addition in its window
     // the windows flushed and zeroed before the next step's first barrier, after which its additions begin
-    if constexpr (Variant::kSites > 0) Variant::site_flush(sites, sWin, a.f, p, b, h, tid, Cfg::kThreads, lane);
+    if constexpr (Variant::kSites > 0)
+      Variant::site_flush(sites, sWin, a.f, p, b, h, q_lo, imin(q_lo + BM, static_cast<int>(a.f.Sq)), kv_lo, kv_hi,
+                          tid, Cfg::kThreads, lane);
     w.dq(sdS, sK, a, b, h, q_lo);
     item = nxt;
     stage ^= 1;

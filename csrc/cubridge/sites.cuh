@@ -10,21 +10,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// v into the step's window at l, or to global memory at g where the element lies outside the window (l < 0).
+// v into the step's window at l; true where the element lies outside the window (l < 0) and the caller adds v
+// to global memory itself (its address computed there alone: the window takes nearly every pair).
 // Shared float atomics are compare-and-swap loops on sm_80 and sm_90, which serialise lanes that hit one
-// element: where the whole warp adds to one element (a bucket table's far tiles, every pair in one bucket)
-// its sum goes by one atomic.
-__device__ __forceinline__ void site_window_add(float* win, int l, float* g, float v) {
+// element: where the whole warp adds to one element (a clamped relative table's far tiles, every pair at its
+// clamp) its sum goes by one atomic.
+__device__ __forceinline__ bool site_window_add(float* win, int l, float v) {
   const int l0 = __shfl_sync(0xffffffffu, l, 0);
   if (__all_sync(0xffffffffu, l == l0 && l0 >= 0)) {
     v = warp_sum(v);
     if ((threadIdx.x & 31) == 0 && v != 0.f) atomicAdd(win + l0, v);
-  } else if (v != 0.f) {
-    if (l >= 0)
-      atomicAdd(win + l, v);
-    else
-      atomicAdd(g, v);
+    return false;
   }
+  if (v == 0.f) return false;
+  if (l < 0) return true;
+  atomicAdd(win + l, v);
+  return false;
 }
 
 }  // namespace cubridge

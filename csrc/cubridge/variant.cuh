@@ -43,10 +43,10 @@ struct DefaultVariant {
   // Empty rows (every key masked) output zero unless this is set, in which
   // case they output the mean of V over all keys (a finite-fill mask spec).
   static constexpr bool kEmptyRowMeanV = false;
-  // Learnable tensors the score reads (the backward kernel's site hooks, lower/backward.py): none here. A
+  // Learnable tensors the score reads (the backward kernel's site hooks, lower/sites.py): none here. A
   // variant with kSites > 0 declares Sites (a thread's state over one tile) and site_tile, site_add and
-  // site_flush; kSiteWindows shared windows of kSiteWin floats each gather a tile's additions to one tensor.
-  static constexpr int kSites = 0, kSiteWindows = 0, kSiteWin = 0;
+  // site_flush, and kSiteFloats of shared memory past the tile's, where a step's additions gather.
+  static constexpr int kSites = 0, kSiteWin = 0, kSiteFloats = 0;
   struct Sites {};
 
   // Raw dot product s = q.k (fp32) -> logit in natural-log units.

@@ -13,7 +13,7 @@ from ..ir.expr import loads, var
 from ..ir.program import Program
 from .cexpr import CExpr
 from .choice import C_TYPES
-from .sites import WINDOW, score_sites, site_hooks, window_count
+from .sites import score_sites, site_hooks, site_smem
 from .source import prepass_entries
 from .tiles import pad16
 from .variant import ParamField, default_scale, variant_source
@@ -92,13 +92,12 @@ def smem_max(arch: str) -> int:
     return _SMEM_MAX.get(int(digits), _SMEM_LEAST) if digits else _SMEM_LEAST
 
 
-def bwd_block_m(head_dim: int, arch: str = "sm_80", extra_smem: int = 0) -> int:
+def bwd_block_m(head_dim: int, arch: str = "sm_80") -> int:
     """Query rows a step. A warp's dK and dV rows take pad16(D) registers a thread and S^T and dP^T BM / 2
     each: 64 rows up to 64 columns; past them 64 spills at 255 registers where a mask or score hook is called
-    (sm_80 and sm_90), so 32. Halved while the tile's shared memory (and extra_smem past it: the learnable
-    sites' windows) passes the arch's."""
+    (sm_80 and sm_90), so 32. Halved while the tile's shared memory passes the arch's."""
     bm = 64 if pad16(head_dim) <= 64 else 32
-    while bm > 16 and BwdTile(head_dim, bm).smem_bytes + extra_smem > smem_max(arch):
+    while bm > 16 and BwdTile(head_dim, bm).smem_bytes > smem_max(arch):
         bm //= 2
     return bm
 
@@ -202,12 +201,12 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         raise UnsupportedSpec(f"the Hopper backward kernel rings 2 or 3 stages, not {stages}", op="lower")
     tile = BwdSm90Tile(head_dim, stages=stages or 2, deterministic=deterministic, value_dim=dv or 0) \
         if kernel == "sm90" else \
-        BwdTile(head_dim, block_m or bwd_block_m(head_dim, arch, 4 * WINDOW * window_count(sites)))
+        BwdTile(head_dim, block_m or _sites_block_m(head_dim, arch, sites))
     fast = fast_tanh and "tanh" in str(p.score)
-    names = tuple(dict.fromkeys(n.attr for n, _ in sites))
+    names = tuple(dict.fromkeys(s.node.attr for s in sites))
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80", names)
     cg = CExpr(p, head_dim, fast)
-    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable))
+    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable), tile.block_m, tile.block_n)
     assert variant.endswith("};")
     variant = variant[:-2].rstrip("\n") + "\n" + "\n".join(grad + ["};"]) if grad else variant
     t = C_TYPES[dtype]
@@ -254,4 +253,17 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # makes one at its tile (the forward's is laid out for other tiles), so it skips the same blocks
     ] + (prepass_entries(tile.block_m, tile.block_n) if p.block_rule == "prepass" else []))
     return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass", sites=names,
-                           site_smem=4 * WINDOW * window_count(sites))
+                           site_smem=site_smem(sites, tile.block_m, tile.block_n))
+
+
+def _sites_block_m(head_dim: int, arch: str, sites: tuple) -> int:
+    """bwd_block_m's rows, at most 32 where a site stages or gathers its pairs (at 64 rows of 64 columns the
+    step's 32 pairs a thread and their additions spill), and halved further while the sites' shared memory
+    (which grows with the rows) does not fit beside the tile."""
+    bm = bwd_block_m(head_dim, arch)
+    if any(s.kind != "point" for s in sites):
+        bm = min(bm, 32)
+    while bm > 16 and BwdTile(head_dim, bm).smem_bytes + site_smem(sites, bm, BwdTile(head_dim, bm).block_n) \
+            > smem_max(arch):
+        bm //= 2
+    return bm

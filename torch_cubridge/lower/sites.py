@@ -3,101 +3,182 @@ table, ALiBi slopes or a temperature held as parameters), filled into the FA2-cl
 (csrc/cubridge/bwd_kernel.cuh).
 
 Each `load` of a learnable tensor in the score is a site (ir/backward.derive): a live pair adds
-dX * d score / d element at the element it read, dX = P (dP - delta) being d loss / d score. Where the additions
-go is decided by the site's indices, from the graph:
-- a point site (no index reads the query or the key: a per-head slope or temperature) sums the tile's pairs in
-  a register per thread, then a warp's sum is added by one atomic, per step;
-- any other site gathers a step's additions in a window of shared memory: the box its indices span over the
-  tile (their intervals, cubridge::Iv, as the masks' block classes use), clipped to the tensor, when it holds
-  at most WINDOW elements (a relative table's diagonals, a bucket table), flushed by one atomic per touched
-  element after the step; an element outside the box, or a box too large, goes to global memory directly.
-The gradients accumulate in float32 tensors of the learnable tensors' shapes, named in Params as
-`<name>_g` with strides `<name>_gs<d>` and sizes `<name>_gn<d>` (variant.param_fields).
+dX * d score / d element at the element it read, dX = P (dP - delta) being d loss / d score. How a step's
+additions are gathered is decided from the site's indices, by the graph:
+- point: no index reads the query or the key (a per-head slope or temperature). A thread sums its pairs in a
+  register, a warp's sum goes by one atomic, per step.
+- diagonal: one index moves over the tile, as a q + b kv + c with b = +-1 and c free of both (a table over the
+  distance kv - q, which is what the prologue makes of any function of the distance, T5's buckets included):
+  each pair's share is staged in shared memory as a [query][key] tile, and after the step a thread per element
+  sums the one key of each query row that reads it (deterministic within the step), one atomic per element.
+  Shared float atomics are compare-and-swap loops on sm_80 and sm_90; measured on an H200 they cost the
+  FA2-class backward 60% of its rate, where staging costs a store per pair.
+- window: any other index (clamped, read from data, several moving). A step's additions go by shared atomics
+  into a window over the box the moving indices span over the tile (their intervals, cubridge::Iv, as the
+  masks' block classes use), clipped to the tensor, when it holds at most WINDOW elements, flushed by one
+  atomic per touched element; an element outside the box, or a box too large (a dense [B, H, Sq, Skv] bias),
+  goes to global memory directly.
+The gradients accumulate in float32 tensors of the learnable tensors' shapes, named in Params as `<name>_g`
+with strides `<name>_gs<d>` and sizes `<name>_gn<d>` (variant.param_fields).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ir.backward import derive
-from ..ir.expr import Expr, free_vars
+from ..ir.expr import Expr, const, free_vars, substitute
 from ..ir.program import Program
 from .cexpr import CExpr
 
-WINDOW = 1024  # floats a site's window of shared memory holds (4 KB)
+WINDOW = 1024  # floats a window site's shared memory holds (4 KB)
+TILE_PAD = 4   # a diagonal site's staged tile: rows of block_n + 4 floats (the fragment's stores conflict-free)
 
 _SIG = "const cubridge::FwdArgs& a, const Params& p"
+_MOVING = {"q", "kv"}
 
 
-def score_sites(p: Program, learnable: tuple[str, ...]) -> tuple[tuple[Expr, Expr], ...]:
-    """(load node, d score / d element) per learnable site of the score."""
-    return derive(p, set(learnable)).score_sites if learnable else ()
+@dataclass(frozen=True)
+class Site:
+    node: Expr            # the load of the learnable tensor
+    d: Expr               # d score / d element
+    kind: str             # point | diagonal | window
+    moving: tuple[int, ...] = ()        # the dims whose index reads the query or the key
+    coeffs: tuple[int, int] = (0, 0)    # a diagonal's index: coeffs[0] q + coeffs[1] kv + rest
 
 
-def is_point(node: Expr) -> bool:
-    """The site reads one element per (batch, head): none of its indices reads the query or the key."""
-    return not any(free_vars(i) & {"q", "kv"} for i in node.args)
+def score_sites(p: Program, learnable: tuple[str, ...]) -> tuple[Site, ...]:
+    """The learnable sites of the score, each with how its additions are gathered."""
+    if not learnable:
+        return ()
+    out = []
+    for node, d in derive(p, set(learnable)).score_sites:
+        moving = tuple(k for k, e in enumerate(node.args) if free_vars(e) & _MOVING)
+        if not moving:
+            out.append(Site(node, d, "point"))
+            continue
+        ab = _affine(node.args[moving[0]]) if len(moving) == 1 else None
+        kind = "diagonal" if ab is not None and ab[1] in (-1, 1) else "window"
+        out.append(Site(node, d, kind, moving, ab or (0, 0)))
+    return tuple(out)
 
 
-def window_count(sites: tuple[tuple[Expr, Expr], ...]) -> int:
-    return sum(not is_point(n) for n, _ in sites)
+def _affine(e: Expr) -> tuple[int, int] | None:
+    """(a, b) where e is a q + b kv plus terms free of both, in integer arithmetic; None where it is not."""
+    if not free_vars(e) & _MOVING:
+        return 0, 0
+    if e.op == "var":
+        return (1, 0) if e.attr == "q" else (0, 1)
+    if e.op in ("add", "sub"):
+        x, y = _affine(e.args[0]), _affine(e.args[1])
+        if x is None or y is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        return x[0] + sign * y[0], x[1] + sign * y[1]
+    if e.op == "neg":
+        x = _affine(e.args[0])
+        return None if x is None else (-x[0], -x[1])
+    if e.op == "mul":
+        for c, other in ((e.args[0], e.args[1]), (e.args[1], e.args[0])):
+            if c.op == "const" and isinstance(c.attr, int) and not isinstance(c.attr, bool):
+                x = _affine(other)
+                return None if x is None else (c.attr * x[0], c.attr * x[1])
+    return None  # a load, a clamp, a division: the window's rule
 
 
-def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...]) -> list[str]:
+def site_smem(sites: tuple[Site, ...], block_m: int, block_n: int) -> int:
+    """Shared memory past the tile's (bytes): the window sites' windows and the diagonal sites' staged tiles."""
+    windows = sum(s.kind == "window" for s in sites)
+    tiles = sum(s.kind == "diagonal" for s in sites)
+    return 4 * (windows * WINDOW + tiles * block_m * (block_n + TILE_PAD))
+
+
+def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, block_n: int) -> list[str]:
     """The Variant's kSites, Sites, site_tile, site_add and site_flush (none where the score reads no
     learnable tensor)."""
     sites = score_sites(p, learnable)
     if not sites:
         return []
-    windows = {i: w for w, i in enumerate(i for i, (n, _) in enumerate(sites) if not is_point(n))}
-    members, tile, add, flush = [], [], [], []
-    for i, (node, d) in enumerate(sites):
-        x, rank = node.attr, len(node.args)
-        idx = [cg.index(x, k, e) for k, e in enumerate(node.args)]
+    ld = block_n + TILE_PAD
+    base, at = {}, 0  # each window's or staged tile's first float in the site memory
+    for i, s in enumerate(sites):
+        if s.kind != "point":
+            base[i] = at
+            at += WINDOW if s.kind == "window" else block_m * ld
+    members, tile, add, flush = ["int unused;"], [], [], []
+    for i, s in enumerate(sites):
+        x, rank = s.node.attr, len(s.node.args)
+        idx = [cg.index(x, k, e) for k, e in enumerate(s.node.args)]
         grad_at = " + ".join(f"i{k} * p.{x}_gs{k}" for k in range(rank)) or "0"
         read = [f"const long long i{k} = {idx[k]};" for k in range(rank)]
+        fixed = [r for k, r in enumerate(read) if k not in s.moving]
         # a dropped pair adds nothing (its derivative may be inf or nan there)
-        value = f"live ? dx * ({cg.as_kind(d, 'float')}) : 0.f"
-        if i not in windows:
+        value = f"live ? dx * ({cg.as_kind(s.d, 'float')}) : 0.f"
+        if s.kind == "point":
             members.append(f"float pt{i};")
             tile.append(f"t.pt{i} = 0.f;")
             add.append(f"t.pt{i} += {value};")
             flush += [f"{{ const float v = cubridge::warp_sum(t.pt{i});",
                       f"  if (lane == 0 && v != 0.f) {{ {' '.join(read)} atomicAdd(p.{x}_g + {grad_at}, v); }} }}"]
             continue
-        w = windows[i]
-        members += [f"int lo{i}_{k}, w{i}_{k};" for k in range(rank)] + [f"int n{i};"]
-        tile.append("{ long long n = 1;")
-        for k, e in enumerate(node.args):
-            tile += [f"  {{ const cubridge::Iv v = {cg.interval(e)};",
+        members += [f"int lo{i}_{k}, w{i}_{k};" for k in s.moving] + [f"int n{i};"]
+        tile.append("{ int n = 1;")
+        for k in s.moving:
+            tile += [f"  {{ const cubridge::Iv v = {cg.interval(s.node.args[k])};",
                      f"    const float lo = fmaxf(v.lo, 0.f), hi = fminf(v.hi, (float)(p.{x}_gn{k} - 1));",
                      f"    t.lo{i}_{k} = (int)floorf(lo);",
                      f"    t.w{i}_{k} = hi >= lo ? (int)ceilf(hi) - t.lo{i}_{k} + 1 : 0;",
-                     f"    n *= t.w{i}_{k}; }}"]
-        tile.append(f"  t.n{i} = n > 0 && n <= kSiteWin ? (int)n : 0; }}")
-        rel = [f"const long long r{k} = i{k} - t.lo{i}_{k};" for k in range(rank)]
-        inside = " && ".join([f"t.n{i} > 0"] + [f"r{k} >= 0 && r{k} < t.w{i}_{k}" for k in range(rank)])
-        flat = "r0"
-        for k in range(1, rank):
+                     f"    n = t.w{i}_{k} > 0 && n <= kSiteWin ? n * t.w{i}_{k} : 0; }}"]
+        if s.kind == "diagonal":
+            (k,) = s.moving
+            a, b = s.coeffs
+            rest = cg.as_kind(substitute(s.node.args[k], {"q": const(0), "kv": const(0)}), "int")
+            tile.append(f"  t.n{i} = t.w{i}_{k}; }}")  # every element of the box: one key a query row
+            add.append(f"win[{base[i]} + ql * {ld} + kl] = {value};")
+            flush += [f"{{ const int rest = {rest};",
+                      f"  const float* tile = win + {base[i]};",
+                      # loops kept rolled: the step's dK and dV accumulators are live around them
+                      "#pragma unroll 1",
+                      f"  for (int e = tid; e < t.n{i}; e += nthreads) {{",
+                      f"    const int w = e + t.lo{i}_{k};",
+                      "    float sum = 0.f;",
+                      "#pragma unroll 1",
+                      "    for (int r = 0; r < q_hi - q_lo; ++r) {",
+                      f"      const int c = {b} * (w - rest - ({a}) * (q_lo + r)) - kv_lo;",
+                      f"      if ((unsigned)c < (unsigned)(kv_hi - kv_lo)) sum += tile[r * {ld} + c];",
+                      "    }",
+                      "    if (sum == 0.f) continue;",
+                      f"    const long long i{k} = w;", *(f"    {r}" for r in fixed),
+                      f"    atomicAdd(p.{x}_g + {grad_at}, sum);", "  } }"]
+            continue
+        tile.append(f"  t.n{i} = n <= kSiteWin ? n : 0; }}")
+        # 32-bit offsets into the window (an index below the tensor's size), checked against the box
+        rel = [f"const int r{k} = (int)({idx[k]}) - t.lo{i}_{k};" for k in s.moving]
+        inside = " && ".join([f"t.n{i} > 0"] + [f"(unsigned)r{k} < (unsigned)t.w{i}_{k}" for k in s.moving])
+        flat = f"r{s.moving[0]}"
+        for k in s.moving[1:]:
             flat = f"({flat}) * t.w{i}_{k} + r{k}"
-        add += [f"{{ const float v = {value};", *(f"  {r}" for r in read + rel),
-                f"  cubridge::site_window_add(win + {w} * kSiteWin, {inside} ? (int)({flat}) : -1, "
-                f"p.{x}_g + {grad_at}, v); }}"]
+        add += [f"{{ const float v = {value};", *(f"  {r}" for r in rel),
+                f"  if (cubridge::site_window_add(win + {base[i]}, {inside} ? {flat} : -1, v)) {{",
+                *(f"    {r}" for r in read), f"    atomicAdd(p.{x}_g + {grad_at}, v);", "  } }"]
         unflat = []
-        for k in reversed(range(rank)):
-            unflat.append(f"const long long i{k} = {'r % ' + f't.w{i}_{k}' + ' + ' if k else 'r + '}t.lo{i}_{k};"
-                          + (f" r /= t.w{i}_{k};" if k else ""))
-        flush += [f"for (int e = tid; e < t.n{i}; e += nthreads) {{",
-                  f"  float* c = win + {w} * kSiteWin + e;",
+        for j, k in enumerate(reversed(s.moving)):
+            last = j == len(s.moving) - 1
+            unflat.append(f"const long long i{k} = {'r' if last else f'r % t.w{i}_{k}'} + t.lo{i}_{k};"
+                          + ("" if last else f" r /= t.w{i}_{k};"))
+        flush += ["#pragma unroll 1", f"for (int e = tid; e < t.n{i}; e += nthreads) {{",
+                  f"  float* c = win + {base[i]} + e;",
                   "  const float v = *c;",
                   "  if (v == 0.f) continue;",
                   "  *c = 0.f;",
                   "  int r = e;",
-                  *(f"  {u}" for u in unflat),
+                  *(f"  {u}" for u in unflat + fixed),
                   f"  atomicAdd(p.{x}_g + {grad_at}, v);", "}"]
     ind = lambda lines: [f"    {ln}" for ln in lines]  # noqa: E731
-    return [f"  static constexpr int kSites = {len(sites)}, kSiteWindows = {len(windows)}, kSiteWin = {WINDOW};",
+    return [f"  static constexpr int kSites = {len(sites)}, kSiteWin = {WINDOW}, kSiteFloats = {at};",
             "  struct Sites {", *ind(members), "  };",
             f"  __device__ __forceinline__ static void site_tile(Sites& t, {_SIG}, int b, int h, int q_lo, int q_hi,"
             " int kv_lo, int kv_hi) {", *ind(tile), "  }",
             f"  __device__ __forceinline__ static void site_add(Sites& t, float* win, {_SIG}, float s, bool live, float dx,"
-            " int b, int h, int q, int kv) {", *ind(add), "  }",
-            f"  __device__ __forceinline__ static void site_flush(Sites& t, float* win, {_SIG}, int b, int h, int tid,"
-            " int nthreads, int lane) {", *ind(flush), "  }"]
+            " int b, int h, int q, int kv, int ql, int kl) {", *ind(add), "  }",
+            f"  __device__ __forceinline__ static void site_flush(Sites& t, float* win, {_SIG}, int b, int h, int q_lo,"
+            " int q_hi, int kv_lo, int kv_hi, int tid, int nthreads, int lane) {", *ind(flush), "  }"]
