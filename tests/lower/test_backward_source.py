@@ -205,8 +205,9 @@ def test_a_row_scaled_program_lowers_the_attention_before_its_scale():
 # clamped relative table (a window of shared atomics)
 SITES = {"alibi_tensor": ("slopes", "point"), "rel_bias_table": ("table", "diagonal"),
          "t5_relative_bias": ("pro_index_dist", "diagonal"), "rel_bias_clamped": ("table", "window")}
-# sm_80 at 128 columns spills a little around a diagonal site's staging (sm_90a, the one the H200 runs, none)
-SITE_SPILL = {("rel_bias_table", "sm_80", 128): 48, ("t5_relative_bias", "sm_80", 128): 16}
+# at 128 columns a diagonal site spills a few words, kept out of the loop and read back once a step
+SITE_SPILL = {("rel_bias_table", "sm_80", 128): 48, ("t5_relative_bias", "sm_80", 128): 16,
+              ("rel_bias_table", "sm_90a", 128): 16}
 
 
 def _learnable(p):

@@ -136,12 +136,13 @@ def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, 
             add.append(f"win[{base[i]} + ql * {ld} + kl] = {value};")
             flush += [f"{{ const int rest = {rest};",
                       f"  const float* tile = win + {base[i]};",
-                      # loops kept rolled: the step's dK and dV accumulators are live around them
+                      # the element loop rolled (the step's dK and dV accumulators are live around it); the rows
+                      # by 4, their loads issued together (rolled, each waited on its load's latency)
                       "#pragma unroll 1",
                       f"  for (int e = tid; e < t.n{i}; e += nthreads) {{",
                       f"    const int w = e + t.lo{i}_{k};",
                       "    float sum = 0.f;",
-                      "#pragma unroll 1",
+                      "#pragma unroll 4",
                       "    for (int r = 0; r < q_hi - q_lo; ++r) {",
                       f"      const int c = {b} * (w - rest - ({a}) * (q_lo + r)) - kv_lo;",
                       f"      if ((unsigned)c < (unsigned)(kv_hi - kv_lo)) sum += tile[r * {ld} + c];",
