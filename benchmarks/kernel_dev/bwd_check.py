@@ -202,14 +202,14 @@ def sweep(arch):
 
 def sites(arch):
     """A learnable relative-position table [H, 2S - 1] (zoo's rel_bias_table, full attention) at the bench's
-    shape: the backward on the Hopper kernel with the table fixed, on the FA2-class kernel with it fixed, and on
-    the FA2-class kernel adding its gradient (lower/sites.py): what the sites cost, and what the kernel does."""
+    shape: the backward with the table fixed and adding its gradient (lower/sites.py), on the Hopper kernel and
+    on the FA2-class one: what the sites cost on each."""
     B, H, S, D = 8, 16, 4096, 128
     print("\nlearnable sites, rel_bias_table, B*S = 32k, H 16, S 4096, D 128 (TFLOP/s at 2.5x forward FLOPs)")
     p, _, bound, (q, k, v, o, lse, do), _, flops = timing_inputs("rel_bias_table", False, B, H, S, D, arch)
     row = []
-    for label, kernel, learn in (("sm90 fixed", None, ()), ("sm80 fixed", "sm80", ()),
-                                 ("sm80 learnable", "sm80", ("table",))):
+    for label, kernel, learn in (("sm90 fixed", None, ()), ("sm90 learnable", None, ("table",)),
+                                 ("sm80 fixed", "sm80", ()), ("sm80 learnable", "sm80", ("table",))):
         _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, kernel, learnable=learn)
         row.append(f"{label} {flops / timed(go) / 1e12:6.1f}")
     print("  ".join(row), flush=True)

@@ -92,8 +92,9 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
 
 // The same in two halves, so the tensor cores take dV = P^T dO while dP^T is still on them (the Hopper
 // kernel): bwd_probs makes P, as the A operand pa (input dtype), from S^T alone, and leaves s holding
-// P dscore/ds in float32; bwd_dscores then makes dS from it and dP^T, as the A operand da.
-template <class Variant, int NT, class T>
+// P dscore/ds in float32 (P alone where kTimesGrad is false: bwd_dscores_sites); bwd_dscores then makes dS from
+// it and dP^T, as the A operand da.
+template <class Variant, int NT, class T, bool kTimesGrad = true>
 __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[NT / 2][4], const float* sLse,
                                           const FwdArgs& a, const typename Variant::Params& p, int b, int h,
                                           int q_lo, int cls, int kv_row0, int lane) {
@@ -116,8 +117,12 @@ __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[N
       // in the Hopper kernel at 128 columns), so the loops stay apart and share the mask's bits
       pr[e] = !keep || lse == neg_inf() ? 0.f
               : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
-      const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
-      s[0][nt][e] = pr[e] != 0.f ? pr[e] * g : 0.f;
+      if constexpr (kTimesGrad) {
+        const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
+        s[0][nt][e] = pr[e] != 0.f ? pr[e] * g : 0.f;
+      } else {
+        s[0][nt][e] = pr[e];
+      }
     }
     pa[nt / 2][(nt % 2) * 2] = pack2<T>(pr[0], pr[1]);
     pa[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(pr[2], pr[3]);
@@ -134,6 +139,32 @@ __device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const f
     for (int e = 0; e < 4; ++e) {
       const int ql = nt * 8 + (lane % 4) * 2 + e % 2;
       ds[e] = pg[0][nt][e] != 0.f ? pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]) : 0.f;
+    }
+    da[nt / 2][(nt % 2) * 2] = pack2<T>(ds[0], ds[1]);
+    da[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
+  }
+}
+
+// bwd_dscores where the score reads learnable tensors (the Hopper kernel; lower/sites.py gives it only variants
+// whose dscore/ds is one value g over the tile and whose sites' derivatives do not read s): pr holds P alone
+// (bwd_probs<..., false>), each pair's dX = P (dP - delta) goes to site_add, and dS = dX g.
+template <class Variant, int NT, class T>
+__device__ __forceinline__ void bwd_dscores_sites(const float (&pr)[1][NT][4], const float (&dp)[1][NT][4],
+                                                  unsigned (&da)[NT / 2][4], const float* sDelta, const FwdArgs& a,
+                                                  const typename Variant::Params& p, int b, int h, int q_lo,
+                                                  int kv_row0, int kl0, int lane, float g,
+                                                  typename Variant::Sites& sites, float* win) {
+  const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = nt * 8 + (lane % 4) * 2 + e % 2;
+      const int qc = imin(q_lo + ql, sq - 1), kc = imin(kv_row0 + (e / 2) * 8, skv - 1);
+      const float pv = pr[0][nt][e], dx = pv * (dp[0][nt][e] - sDelta[ql]);
+      Variant::site_add(sites, win, a, p, 0.f, pv != 0.f, dx, b, h, qc, kc, ql, kl0 + (e / 2) * 8);
+      ds[e] = pv != 0.f ? dx * g : 0.f;
     }
     da[nt / 2][(nt % 2) * 2] = pack2<T>(ds[0], ds[1]);
     da[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);

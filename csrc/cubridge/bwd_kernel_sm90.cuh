@@ -14,6 +14,8 @@
 //   dK and dV in registers for the whole walk, dQ's share staged in shared memory and added to its float32
 //   accumulator by one bulk reduction per warpgroup and block;
 // - the epilogue: dK and dV in the input dtype (bwd_consumer.cuh, store_dkdv), and dQ by the postprocess.
+// A variant whose score reads learnable tensors (Variant::kSites: point and diagonal sites, lower/sites.py) stages
+// each step's shares in shared memory past the tile's, flushed by the consumers while the tensor cores take dQ.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -97,6 +99,11 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
 #pragma unroll
     for (int e = 0; e < 4; ++e) dv[0][t][e] = 0.f;
 
+  constexpr bool kSites = Variant::kSites > 0;
+  float* sWin = reinterpret_cast<float*>(smem_raw + Cfg::kSmemBytes);  // the learnable sites', if any
+  if constexpr (kSites) {  // read after the first step's site barrier
+    for (int i = tid; i < Variant::kSiteFloats; i += 128 * NC) sWin[i] = 0.f;
+  }
   bool more = walk.next(0) < walk.n_items;  // the producer's walk, computed alike
   mbar_wait(sm.ring.kv_full(), 0);  // always: no copy may still fly into a CTA that has left
   for (int i = 0; more; ++i) {
@@ -110,14 +117,23 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     // the tensor cores take S^T, dP^T, then dV while dS is made, then dK while dS is staged, then dQ
     float sc[1][C::NT][4], dp[1][C::NT][4];
     unsigned pa[C::PK][4], da[C::PK][4];
+    const int q_hi = imin(q_lo + BM, static_cast<int>(a.f.Sq));
+    typename Variant::Sites sites;
+    if constexpr (kSites) Variant::site_tile(sites, a.f, p, b, h, q_lo, q_hi, kv_lo, kv_hi);
     c.products(sc, dp, sQ, sdO);
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&sc[0][0][0]);
-    bwd_probs<Variant, C::NT, T>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
+    bwd_probs<Variant, C::NT, T, !kSites>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
     c.accumulate(dv, pa, sdO);  // dV += P^T dO
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&dp[0][0][0]);
-    bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
+    // dscore/ds: one value over the tile where the score reads learnable tensors (lower/sites.py)
+    const float g = kSites ? Hook<Variant>::score_grad(a.f, p, 0.f, b, h, q_lo, kv_lo) : 0.f;
+    if constexpr (kSites)
+      bwd_dscores_sites<Variant, C::NT, T>(sc, dp, da, sm.delta + s * BM, a.f, p, b, h, q_lo, c.kv_row0,
+                                           c.kv_row0 - kv_lo, c.lane, g, sites, sWin);
+    else
+      bwd_dscores<C::NT, T>(sc, dp, da, sm.delta + s * BM, c.lane);
     c.accumulate(dk, da, sQ);  // dK += dS^T Q
     // dS for dQ, from its packed operand while the tensor cores take dV and dK: the buffers alternate, so a
     // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
@@ -132,6 +148,11 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
       named_sync(1 + c.cw, 128);  // this warpgroup's
     float dq[1][C::QT][4];
     c.dq(dq, sm.sdS + buf * Cfg::kSBytes);
+    if constexpr (kSites) {  // while the tensor cores take dQ: every consumer's shares staged, flushed, and read
+      if constexpr (!Cfg::kDqSplitN) named_sync(5, 128 * NC);  // before the next step's are staged
+      Variant::site_flush(sites, sWin, a.f, p, b, h, q_lo, q_hi, kv_lo, kv_hi, tid, 128 * NC, c.lane);
+      named_sync(6, 128 * NC);
+    }
     wgmma_wait<0>();
     wgmma_hold<4 * C::DTV>(&dv[0][0][0]);
     wgmma_hold<4 * C::DT>(&dk[0][0][0]);

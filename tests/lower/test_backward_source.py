@@ -201,34 +201,58 @@ def test_a_row_scaled_program_lowers_the_attention_before_its_scale():
 
 
 # learnable tensors the score reads: a slope per head (a point site: summed in registers), a relative table and a
-# prologue's table over distances (T5's buckets; diagonal sites: staged, then summed along the diagonals) and a
-# clamped relative table (a window of shared atomics)
+# prologue's table over distances (T5's buckets; diagonal sites: staged, then summed along the diagonals), all
+# three on the Hopper kernel at sm_90a; a clamped relative table (a window of shared atomics: FA2-class only)
 SITES = {"alibi_tensor": ("slopes", "point"), "rel_bias_table": ("table", "diagonal"),
          "t5_relative_bias": ("pro_index_dist", "diagonal"), "rel_bias_clamped": ("table", "window")}
-# at 128 columns a diagonal site spills a few words, kept out of the loop and read back once a step
+# at 128 columns the sites spill a few loop-invariant words, read back a few times a step
 SITE_SPILL = {("rel_bias_table", "sm_80", 128): 48, ("t5_relative_bias", "sm_80", 128): 16,
-              ("rel_bias_table", "sm_90a", 128): 16}
+              ("rel_bias_table", "sm_90a", 128): 32, ("t5_relative_bias", "sm_90a", 128): 32,
+              ("alibi_tensor", "sm_90a", 128): 32}
 
 
 def _learnable(p):
     return tuple(x.name for x in p.extras if x.dtype.startswith(("float", "bfloat")))
 
 
-def test_learnable_sites_are_the_fa2_class_kernels_and_refused_by_the_hopper_one():
+@pytest.mark.parametrize("D", [64, 128])
+def test_learnable_sites_choose_their_kernel(D):
+    """Point and diagonal sites beside a scaled score: the Hopper kernel; a window: the FA2-class one (and the
+    Hopper kernel refuses it when asked); no learnable tensor: no sites at all."""
     from torch_cubridge.lower.sites import score_sites, site_smem
     for name, (tensor, kind) in SITES.items():
-        p = _prog(name)
-        low = lower_backward(p, "sm_90a", head_dim=64, learnable=_learnable(p))
-        assert [s.kind for s in score_sites(p, _learnable(p))] == [kind], name
-        assert low.tile.kernel == "sm80" and low.sites == (tensor,), name
-        assert low.site_smem == site_smem(score_sites(p, _learnable(p)), low.tile.block_m, low.tile.block_n)
+        p = _prog(name, D)
+        low = lower_backward(p, "sm_90a", head_dim=D, learnable=_learnable(p))
+        sites = score_sites(p, _learnable(p))
+        assert [s.kind for s in sites] == [kind], name
+        assert low.tile.kernel == ("sm80" if kind == "window" else "sm90") and low.sites == (tensor,), name
+        assert low.site_smem == site_smem(sites, low.tile.block_m, low.tile.block_n, low.tile.kernel)
         assert (low.site_smem == 0) == (kind == "point") and low.smem_bytes == low.tile.smem_bytes + low.site_smem
-        assert f"float* {tensor}_g;" in low.source and "site_add" in low.source
-        # no learnable tensor asked for: the Hopper kernel, no sites
-        plain = lower_backward(p, "sm_90a", head_dim=64)
+        assert low.smem_bytes <= 232448 and f"float* {tensor}_g;" in low.source and "site_add" in low.source
+        assert lower_backward(p, "sm_80", head_dim=D, learnable=_learnable(p)).tile.kernel == "sm80"
+        plain = lower_backward(p, "sm_90a", head_dim=D)
         assert plain.tile.kernel == "sm90" and not plain.sites and "site_add" not in plain.source
-        with pytest.raises(UnsupportedSpec, match="FA2-class"):
-            lower_backward(p, "sm_90a", head_dim=64, kernel="sm90", learnable=_learnable(p))
+        if kind == "window":
+            with pytest.raises(UnsupportedSpec, match="Hopper backward kernel cannot"):
+                lower_backward(p, "sm_90a", head_dim=D, kernel="sm90", learnable=_learnable(p))
+        with pytest.raises(UnsupportedSpec, match="deterministic"):
+            lower_backward(p, "sm_90a", head_dim=D, learnable=_learnable(p), deterministic=True)
+
+
+def test_the_hopper_kernel_refuses_sites_it_cannot_recover():
+    """It keeps neither s nor a per-pair dscore/ds between P and dS: a temperature (d score / d t = s) and a
+    softcapped score with a table (dscore/ds varies per pair) go to the FA2-class kernel."""
+    from dataclasses import replace
+    from torch_cubridge.ir.expr import call, const, load, var, walk
+    from torch_cubridge.lower.sites import hopper_site_refusal, score_sites
+    p = _prog("rel_bias_table")
+    tile = type("T", (), {"smem_bytes": 0, "block_m": 64, "block_n": 128})()
+    table = next(n for n in walk(p.score) if n.op == "load")
+    temp = replace(p, score=call("mul", var("s"), load("table", var("h"), const(0))))  # a temperature per head
+    assert "reads the score" in hopper_site_refusal(temp, score_sites(temp, ("table",)), tile, 232448)
+    capped = replace(p, score=call("add", call("tanh", var("s")), table))
+    assert "varies" in hopper_site_refusal(capped, score_sites(capped, ("table",)), tile, 232448)
+    assert hopper_site_refusal(p, score_sites(p, ("table",)), tile, 232448) is None
 
 
 def test_the_diagonal_rule_reads_the_index_as_a_graph():
@@ -250,7 +274,8 @@ def test_the_diagonal_rule_reads_the_index_as_a_graph():
 @pytest.mark.parametrize("name", sorted(SITES))
 def test_learnable_sites_build_without_spills(name, arch, D, tmp_path):
     """A window's additions are shared atomics (compare-and-swap loops on these archs), a diagonal's staged
-    stores; their flushes and the point sites' warp sums are global reductions."""
+    stores; their flushes and the point sites' warp sums are global reductions. On sm_90a the Hopper kernel's
+    wgmma where it takes them."""
     p = _prog(name, D)
     cubin, log = _ptxas(tc.cuda_source(p, arch=arch, head_dim=D, backward=True, learnable=_learnable(p)), arch)
     main = log[log.index("Compiling entry function 'cubridge_bwd' "):]
@@ -258,5 +283,6 @@ def test_learnable_sites_build_without_spills(name, arch, D, tmp_path):
     spill = int(re.search(r"(\d+) bytes spill stores", main)[1])
     assert spill <= SITE_SPILL.get((name, arch, D), 0), main
     sass = _sass(cubin, tmp_path)
-    assert "HMMA" in sass and re.search(r"REDG?\.E\.ADD\.F32", sass)
+    hopper = arch == "sm_90a" and SITES[name][1] != "window"
+    assert ("HGMMA" if hopper else "HMMA") in sass and re.search(r"REDG?\.E\.ADD\.F32", sass)
     assert ("ATOMS.CAS" in sass) == (SITES[name][1] == "window")

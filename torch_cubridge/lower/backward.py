@@ -13,7 +13,7 @@ from ..ir.expr import loads, var
 from ..ir.program import Program
 from .cexpr import CExpr
 from .choice import C_TYPES
-from .sites import score_sites, site_hooks, site_smem
+from .sites import hopper_site_refusal, score_sites, site_hooks, site_smem
 from .source import prepass_entries
 from .tiles import pad16
 from .variant import ParamField, default_scale, variant_source
@@ -162,7 +162,8 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     deterministic: bitwise-equal gradients run to run (the Hopper kernel's dQ added in a fixed key order; the FA2-class
     kernel's dQ atomics have no such mode, and it is refused). stages: the Hopper kernel's ring of query blocks
     (2 or 3; None: 2), for benchmarks to compare. learnable: the extras that get gradients; those the score
-    reads are the FA2-class kernel's learnable sites (lower/sites.py), which the Hopper kernel has no hooks for."""
+    reads are the kernel's learnable sites (lower/sites.py: the Hopper kernel takes point and diagonal sites
+    beside a dscore/ds uniform over the tile, the FA2-class kernel any)."""
     if dtype not in C_TYPES:
         raise UnsupportedSpec(f"the backward kernel computes in {sorted(C_TYPES)}, not {dtype}", op="lower")
     why = backward_refusal(p, head_dim, value_dim, arch)
@@ -184,11 +185,16 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     if block_m not in (None, 16, 32, 64):
         raise UnsupportedSpec(f"the backward kernel steps 16, 32 or 64 query rows, not {block_m}", op="lower")
     sites = score_sites(p, tuple(learnable))
-    if sites and (kernel == "sm90" or dv is not None):
-        raise UnsupportedSpec("gradients of learnable tensors the score reads are the FA2-class backward kernel's, "
-                              "which takes V's head dim equal to Q's", op="lower")
+    if sites and deterministic:
+        raise UnsupportedSpec("gradients of learnable tensors the score reads are added by atomics: no "
+                              "deterministic mode", op="lower")
+    hopper_sites = hopper_site_refusal(p, sites, BwdSm90Tile(head_dim, stages=stages or 2, value_dim=dv or 0),
+                                       smem_max(arch))
     if kernel is None:
-        kernel = "sm90" if hopper_backward(arch, head_dim, dv) and block_m is None and not sites else "sm80"
+        kernel = "sm90" if hopper_backward(arch, head_dim, dv) and block_m is None and hopper_sites is None else "sm80"
+    if kernel == "sm90" and hopper_sites is not None:
+        raise UnsupportedSpec(f"the Hopper backward kernel cannot add these learnable tensors' gradients: "
+                              f"{hopper_sites}", op="lower")
     if kernel == "sm80" and dv is not None:
         raise UnsupportedSpec("the FA2-class backward kernel takes V's head dim equal to Q's", op="lower")
     if kernel == "sm90" and not hopper_backward(arch, head_dim, dv):
@@ -206,7 +212,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     names = tuple(dict.fromkeys(s.node.attr for s in sites))
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80", names)
     cg = CExpr(p, head_dim, fast)
-    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable), tile.block_m, tile.block_n)
+    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable), tile.block_m, tile.block_n, tile.kernel)
     assert variant.endswith("};")
     variant = variant[:-2].rstrip("\n") + "\n" + "\n".join(grad + ["};"]) if grad else variant
     t = C_TYPES[dtype]
@@ -253,7 +259,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # makes one at its tile (the forward's is laid out for other tiles), so it skips the same blocks
     ] + (prepass_entries(tile.block_m, tile.block_n) if p.block_rule == "prepass" else []))
     return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass", sites=names,
-                           site_smem=site_smem(sites, tile.block_m, tile.block_n))
+                           site_smem=site_smem(sites, tile.block_m, tile.block_n, tile.kernel))
 
 
 def _sites_block_m(head_dim: int, arch: str, sites: tuple) -> int:

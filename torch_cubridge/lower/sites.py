@@ -24,14 +24,18 @@ with strides `<name>_gs<d>` and sizes `<name>_gn<d>` (variant.param_fields).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir.backward import derive
-from ..ir.expr import Expr, const, free_vars, substitute
+from ..ir.derivative import derivative
+from ..ir.expr import Expr, const, free_vars, substitute, var
 from ..ir.program import Program
 from .cexpr import CExpr
 
 WINDOW = 1024  # floats a window site's shared memory holds (4 KB)
-TILE_PAD = 4   # a diagonal site's staged tile: rows of block_n + 4 floats (the fragment's stores conflict-free)
+# a diagonal site's staged tile: rows of block_n + pad floats; 4 makes the m16n8 fragment's stores conflict-free,
+# the Hopper kernel at 128 columns has room for 2 (two-way conflicts)
+TILE_PAD = {"sm80": 4, "sm90": 2}
 
 _SIG = "const cubridge::FwdArgs& a, const Params& p"
 _MOVING = {"q", "kv"}
@@ -85,20 +89,39 @@ def _affine(e: Expr) -> tuple[int, int] | None:
     return None  # a load, a clamp, a division: the window's rule
 
 
-def site_smem(sites: tuple[Site, ...], block_m: int, block_n: int) -> int:
+def site_smem(sites: tuple[Site, ...], block_m: int, block_n: int, kernel: str = "sm80") -> int:
     """Shared memory past the tile's (bytes): the window sites' windows and the diagonal sites' staged tiles."""
     windows = sum(s.kind == "window" for s in sites)
     tiles = sum(s.kind == "diagonal" for s in sites)
-    return 4 * (windows * WINDOW + tiles * block_m * (block_n + TILE_PAD))
+    return 4 * (windows * WINDOW + tiles * block_m * (block_n + TILE_PAD[kernel]))
 
 
-def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, block_n: int) -> list[str]:
+def hopper_site_refusal(p: Program, sites: tuple[Site, ...], tile: Any, smem_limit: int) -> str | None:
+    """Why the Hopper backward kernel cannot take these sites; None where it can. It makes P and dS in two
+    halves and keeps neither s nor a per-pair dscore/ds between them: the sites' derivatives must not read s
+    and dscore/ds must be one value over a tile (a table added to a scaled score); their shares are gathered
+    in point sums and diagonals (no shared atomics), staged beside its tile."""
+    if not sites:
+        return None
+    if any(s.kind == "window" for s in sites):
+        return "an index that is neither fixed over a tile nor a diagonal (the FA2-class kernel's windows)"
+    if free_vars(derivative(p.score, var("s"))) & {"s", "q", "kv"}:
+        return "d score / d s varies over the tile"
+    if any("s" in free_vars(s.d) for s in sites):
+        return "a learnable tensor's derivative reads the score"
+    if tile.smem_bytes + site_smem(sites, tile.block_m, tile.block_n, "sm90") > smem_limit:
+        return "the staged shares do not fit beside the tile's shared memory"
+    return None
+
+
+def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, block_n: int,
+               kernel: str = "sm80") -> list[str]:
     """The Variant's kSites, Sites, site_tile, site_add and site_flush (none where the score reads no
-    learnable tensor)."""
+    learnable tensor), for `kernel`'s tile."""
     sites = score_sites(p, learnable)
     if not sites:
         return []
-    ld = block_n + TILE_PAD
+    ld = block_n + TILE_PAD[kernel]
     base, at = {}, 0  # each window's or staged tile's first float in the site memory
     for i, s in enumerate(sites):
         if s.kind != "point":
