@@ -18,13 +18,37 @@ from zoo import CASES, PROLOGUE
 pytestmark = pytest.mark.gpu
 ROW_TOL = 0.05  # a row's error over its own scale: bf16 inputs and outputs, float32 inside
 NAMES = ["causal_sdpa", "full_matmul", "softcap_causal", "sliding_window", "gqa_expand", "document_causal",
-         "alibi_tensor", "sinks_column", "empty_rows", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias"]
+         "alibi_tensor", "sinks_column", "empty_rows", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias",
+         "key_bias", "rel_bias_reversed_causal"]
 # learnable tensors the score reads: the kernel's learnable sites give their gradients (lower/sites.py): a slope
-# per head (a point site), a relative table over the tile's diagonals and a bucket table (windows)
-LEARNABLE_SCORE = {"alibi_tensor", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias"}
+# per head (a point site), relative tables over the tile's diagonals (slopes -1, +1, and 0: a bias per key), a
+# clamped one (a window)
+LEARNABLE_SCORE = {"alibi_tensor", "rel_bias_table", "rel_bias_clamped", "t5_relative_bias", "key_bias",
+                   "rel_bias_reversed_causal"}
+
+
+def key_bias(q, k, v, kb):
+    """A learnable bias per head and key: a diagonal site of slope 0 (a column of the tile)."""
+    return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + kb[:, None, :]).softmax(-1) @ v
+
+
+def rel_bias_reversed_causal(q, k, v, table):
+    """A relative table read at q - kv (a diagonal of slope +1), under a causal mask (tiles above the diagonal
+    skipped, the diagonal's half masked)."""
+    S = q.shape[-2]
+    i = torch.arange(S, device=q.device)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + table[:, i[:, None] - i[None, :] + S - 1]
+    return s.masked_fill(i[None, :] > i[:, None], float("-inf")).softmax(-1) @ v
+
+
+LOCAL = {"key_bias": (key_bias, lambda S: (4, S)), "rel_bias_reversed_causal": (rel_bias_reversed_causal,
+                                                                                lambda S: (4, 2 * S - 1))}
 
 
 def _case(name, D=64):
+    if name in LOCAL:
+        fn, shape = LOCAL[name]
+        return fn, lambda: (*(torch.randn(2, 4, 257, D) for _ in range(3)), torch.randn(shape(257))), fn
     if name == "empty_rows":
         return empty_rows_causal, lambda: tuple(torch.randn(2, 4, 257, D) for _ in range(3)), empty_rows_reference
     c = next(c for c in CASES + PROLOGUE if c.name == name)
