@@ -226,7 +226,7 @@ def test_learnable_sites_choose_their_kernel(D):
         sites = score_sites(p, _learnable(p))
         assert [s.kind for s in sites] == [kind], name
         assert low.tile.kernel == ("sm80" if kind == "window" else "sm90") and low.sites == (tensor,), name
-        assert low.site_smem == site_smem(sites, low.tile.block_m, low.tile.block_n)
+        assert low.site_smem == site_smem(sites, low.tile.block_m, low.tile.block_n, low.tile.kernel)
         assert (low.site_smem == 0) == (kind == "point") and low.smem_bytes == low.tile.smem_bytes + low.site_smem
         assert low.smem_bytes <= 232448 and f"float* {tensor}_g;" in low.source and "site_add" in low.source
         assert lower_backward(p, "sm_80", head_dim=D, learnable=_learnable(p)).tile.kernel == "sm80"

@@ -212,7 +212,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
     names = tuple(dict.fromkeys(s.node.attr for s in sites))
     variant, fields, scale = variant_source(p, head_dim, fast, tile.block_m, tile.block_n, "sm80", names)
     cg = CExpr(p, head_dim, fast)
-    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable), tile.block_m, tile.block_n)
+    grad = score_grad_hook(p, cg) + site_hooks(p, cg, tuple(learnable), tile.block_m, tile.block_n, tile.kernel)
     assert variant.endswith("};")
     variant = variant[:-2].rstrip("\n") + "\n" + "\n".join(grad + ["};"]) if grad else variant
     t = C_TYPES[dtype]
@@ -259,7 +259,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
         # makes one at its tile (the forward's is laid out for other tiles), so it skips the same blocks
     ] + (prepass_entries(tile.block_m, tile.block_n) if p.block_rule == "prepass" else []))
     return LoweredBackward(src, tile, tuple(fields), scale, dtype, prepass=p.block_rule == "prepass", sites=names,
-                           site_smem=site_smem(sites, tile.block_m, tile.block_n))
+                           site_smem=site_smem(sites, tile.block_m, tile.block_n, tile.kernel))
 
 
 def _sites_block_m(head_dim: int, arch: str, sites: tuple) -> int:

@@ -33,10 +33,9 @@ from ..ir.program import Program
 from .cexpr import CExpr
 
 WINDOW = 1024  # floats a window site's shared memory holds (4 KB)
-# A diagonal site's staged tile: [block_m][block_n] floats, a row's columns swizzled by 8 * ((row / 2) % 4): the
-# m16n8 fragment's stores (a warp's four query pairs, 8 keys each) land in 32 banks, and a row's reads of
-# consecutive columns stay conflict-free (the Hopper kernel at 128 columns has no room for padding)
-SWIZZLE = "(((r) >> 1) & 3) << 3"
+# a diagonal site's staged tile: rows of block_n + pad floats; 4 makes the m16n8 fragment's stores conflict-free,
+# the Hopper kernel at 128 columns has room for 2 (two-way conflicts)
+TILE_PAD = {"sm80": 4, "sm90": 2}
 
 _SIG = "const cubridge::FwdArgs& a, const Params& p"
 _MOVING = {"q", "kv"}
@@ -90,11 +89,11 @@ def _affine(e: Expr) -> tuple[int, int] | None:
     return None  # a load, a clamp, a division: the window's rule
 
 
-def site_smem(sites: tuple[Site, ...], block_m: int, block_n: int) -> int:
+def site_smem(sites: tuple[Site, ...], block_m: int, block_n: int, kernel: str = "sm80") -> int:
     """Shared memory past the tile's (bytes): the window sites' windows and the diagonal sites' staged tiles."""
     windows = sum(s.kind == "window" for s in sites)
     tiles = sum(s.kind == "diagonal" for s in sites)
-    return 4 * (windows * WINDOW + tiles * block_m * block_n)
+    return 4 * (windows * WINDOW + tiles * block_m * (block_n + TILE_PAD[kernel]))
 
 
 def hopper_site_refusal(p: Program, sites: tuple[Site, ...], tile: Any, smem_limit: int) -> str | None:
@@ -110,19 +109,19 @@ def hopper_site_refusal(p: Program, sites: tuple[Site, ...], tile: Any, smem_lim
         return "d score / d s varies over the tile"
     if any("s" in free_vars(s.d) for s in sites):
         return "a learnable tensor's derivative reads the score"
-    if tile.smem_bytes + site_smem(sites, tile.block_m, tile.block_n) > smem_limit:
+    if tile.smem_bytes + site_smem(sites, tile.block_m, tile.block_n, "sm90") > smem_limit:
         return "the staged shares do not fit beside the tile's shared memory"
     return None
 
 
-def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, block_n: int) -> list[str]:
+def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, block_n: int,
+               kernel: str = "sm80") -> list[str]:
     """The Variant's kSites, Sites, site_tile, site_add and site_flush (none where the score reads no
-    learnable tensor), for a tile of block_m queries by block_n keys (a multiple of 32: SWIZZLE)."""
+    learnable tensor), for `kernel`'s tile."""
     sites = score_sites(p, learnable)
     if not sites:
         return []
-    ld = block_n
-    swz = lambda r: SWIZZLE.replace("r", r)  # noqa: E731
+    ld = block_n + TILE_PAD[kernel]
     base, at = {}, 0  # each window's or staged tile's first float in the site memory
     for i, s in enumerate(sites):
         if s.kind != "point":
@@ -157,30 +156,19 @@ def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, 
             a, b = s.coeffs
             rest = cg.as_kind(substitute(s.node.args[k], {"q": const(0), "kv": const(0)}), "int")
             tile.append(f"  t.n{i} = t.w{i}_{k}; }}")  # every element of the box: one key a query row
-            add.append(f"win[{base[i]} + ql * {ld} + (kl ^ ({swz('ql')}))] = {value};")
-            # a thread per element and half of the rows, each over the rows whose key lies in the tile: the key
-            # of row r is c0 - slope r, slope = a b
-            slope = a * b
-            rows = {1: ["r0 = max(r0, c0 - nk + 1);", "r1 = min(r1, c0 + 1);"],
-                    -1: ["r0 = max(r0, -c0);", "r1 = min(r1, nk - c0);"],
-                    0: ["if ((unsigned)c0 >= (unsigned)nk) r1 = r0;"]}.get(slope, [])
-            check = "" if slope in (-1, 0, 1) else "if ((unsigned)c < (unsigned)nk) "
+            add.append(f"win[{base[i]} + ql * {ld} + kl] = {value};")
             flush += [f"{{ const int rest = {rest};",
                       f"  const float* tile = win + {base[i]};",
-                      "  const int nq = q_hi - q_lo, nk = kv_hi - kv_lo, half = (nq + 1) / 2;",
-                      # the item loop rolled (the step's dK and dV accumulators are live around it); the rows
+                      # the element loop rolled (the step's dK and dV accumulators are live around it); the rows
                       # by 4, their loads issued together (rolled, each waited on its load's latency)
                       "#pragma unroll 1",
-                      f"  for (int it = tid; it < 2 * t.n{i}; it += nthreads) {{",
-                      f"    const int w = (it >> 1) + t.lo{i}_{k};",
-                      f"    const int c0 = {b} * (w - rest - ({a}) * q_lo) - kv_lo;",
-                      "    int r0 = (it & 1) * half, r1 = min(nq, r0 + half);",
-                      *(f"    {ln}" for ln in rows),
+                      f"  for (int e = tid; e < t.n{i}; e += nthreads) {{",
+                      f"    const int w = e + t.lo{i}_{k};",
                       "    float sum = 0.f;",
                       "#pragma unroll 4",
-                      "    for (int r = r0; r < r1; ++r) {",
-                      f"      const int c = c0 - ({slope}) * r;",
-                      f"      {check}sum += tile[r * {ld} + (c ^ ({swz('r')}))];",
+                      "    for (int r = 0; r < q_hi - q_lo; ++r) {",
+                      f"      const int c = {b} * (w - rest - ({a}) * (q_lo + r)) - kv_lo;",
+                      f"      if ((unsigned)c < (unsigned)(kv_hi - kv_lo)) sum += tile[r * {ld} + c];",
                       "    }",
                       "    if (sum == 0.f) continue;",
                       f"    const long long i{k} = w;", *(f"    {r}" for r in fixed),
