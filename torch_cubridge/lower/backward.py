@@ -2,7 +2,8 @@
 score_grad hook, d score / d s derived from the score's Expr (ir/derivative.py), and three extern "C" entries:
 the preprocess (delta and the LSE in padded rows, dQ's accumulator zeroed), the main kernel and the
 postprocess (dQ in the input dtype). The main kernel is csrc/cubridge/bwd_kernel_sm90.cuh's on sm_90a (wgmma,
-TMA, a producer warp) up to head dim 128, else bwd_kernel.cuh's (FA2-class, mma.sync, sm_80 and later)."""
+TMA, a producer warp) up to head dim 128, else bwd_kernel.cuh's (FA2-class, mma.sync, sm_80 and later). Where
+learnable tensors the score reads get gradients, their site hooks come from lower/sites.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

@@ -1,6 +1,7 @@
-"""The backward kernel's learnable sites: the gradients of the tensors a score reads (a relative-position
-table, ALiBi slopes or a temperature held as parameters), filled into the FA2-class kernel's site hooks
-(csrc/cubridge/bwd_kernel.cuh).
+"""The backward kernels' learnable sites: the gradients of the tensors a score reads (a relative-position
+table, ALiBi slopes or a temperature held as parameters), filled into the kernels' site hooks (site_tile,
+site_add, site_flush: csrc/cubridge/bwd_kernel.cuh and, for point and diagonal sites beside a dscore/ds
+uniform over the tile, bwd_kernel_sm90.cuh: hopper_site_refusal).
 
 Each `load` of a learnable tensor in the score is a site (ir/backward.derive): a live pair adds
 dX * d score / d element at the element it read, dX = P (dP - delta) being d loss / d score. How a step's
@@ -11,8 +12,8 @@ additions are gathered is decided from the site's indices, by the graph:
   distance kv - q, which is what the prologue makes of any function of the distance, T5's buckets included):
   each pair's share is staged in shared memory as a [query][key] tile, and after the step a thread per element
   sums the one key of each query row that reads it (deterministic within the step), one atomic per element.
-  Shared float atomics are compare-and-swap loops on sm_80 and sm_90; measured on an H200 they cost the
-  FA2-class backward 60% of its rate, where staging costs a store per pair.
+  Shared float atomics are compare-and-swap loops on sm_80 and sm_90: they cost the FA2-class backward 62% of
+  its rate, staging 25% (docs/performance.md).
 - window: any other index (clamped, read from data, several moving). A step's additions go by shared atomics
   into a window over the box the moving indices span over the tile (their intervals, cubridge::Iv, as the
   masks' block classes use), clipped to the tensor, when it holds at most WINDOW elements, flushed by one
