@@ -134,6 +134,7 @@ def _build_early(prog: Program, bound: dict[str, Any]) -> None:
     """Start building the kernel _build_and_verify asks for first, where this call may build (build/early.py)."""
     if on_cuda(bound):
         early.build_early(prog, bound, call_device(bound))
+        early.build_backward_early(prog, bound, call_device(bound))
 
 
 def kernel_stage(fn: Callable, res: Transferred, bound: dict[str, Any]) -> tuple[Any | None, str]:

@@ -6,7 +6,8 @@ verification about 0.8 s. So the kernel of the transferred program is built mean
 before generalisation and guarding lowers to the same source as a rule; where it does not, the second
 source builds on the other worker and the first is wasted. A program that then fails verification leaves
 a cubin in the cache that nothing serves. The compiler itself is loaded there too while the first capture
-runs (warm_compiler).
+runs (warm_compiler). A call that wants gradients has its backward kernel built there too
+(build_backward_early), which its first backward takes (backward_cubin).
 """
 from __future__ import annotations
 
@@ -46,6 +47,57 @@ def build_early(prog: Program, bound: dict[str, Any], device: torch.device) -> N
             _early[key] = _helper().submit(load_kernel, low, arch)
     except Exception:
         return
+
+
+def build_backward_early(prog: Program, bound: dict[str, Any], device: torch.device) -> None:
+    """Where the call wants gradients (grad mode on, a tensor argument that requires them), start building the
+    backward kernel its first backward asks for (ops/backward_gpu.GpuBackward: the same source, key and disk
+    cache), so that NVRTC's 1-2 s for it run beside the forward's build and verification, not after them.
+    Never raises: the backward builds it in order where this did not."""
+    try:
+        if config.is_readonly() or not torch.is_grad_enabled() or not any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in bound.values()):
+            return
+        from ..ir.bind import extra_tensors, operand_value, to_canonical
+        from ..ir.prologue import run_prologue
+        from ..lower.backward import lower_backward
+        from ..ops.backward_runner import backward_arch
+        from ..ops.kernel import source_key
+        made = run_prologue(prog, bound, device)
+        q, v = (operand_value(bound, op, made) for op in (prog.q, prog.v))
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            return
+        learn = tuple(x.name for x, t in zip(prog.extras, extra_tensors(prog, bound, device, made).values())
+                      if t.is_floating_point() and t.requires_grad)
+        arch = backward_arch(device)
+        low = lower_backward(prog, arch, str(q.dtype).removeprefix("torch."), to_canonical(q, prog.q).shape[-1],
+                             to_canonical(v, prog.v).shape[-1], learnable=learn,
+                             deterministic=torch.are_deterministic_algorithms_enabled())
+        key = source_key("bwd", low.source, arch)
+        with _early_lock:
+            if key not in _early:
+                _early[key] = _helper().submit(_cached_cubin, key, low.source, arch, low.kernels[1])
+    except Exception:
+        return
+
+
+def backward_cubin(key: str, source: str, arch: str, kernel: str) -> tuple[bytes, dict]:
+    """ops.kernel.cached_cubin, or the early build of the same backward source where one was started
+    (info["early"] then)."""
+    with _early_lock:
+        fut = _early.pop(key, None)
+    if fut is not None:
+        try:
+            cubin, info = fut.result()
+            return cubin, {**info, "early": True}
+        except Exception:
+            pass  # built again here, where its error is reported
+    return _cached_cubin(key, source, arch, kernel)
+
+
+def _cached_cubin(key: str, source: str, arch: str, kernel: str) -> tuple[bytes, dict]:
+    from ..ops.kernel import cached_cubin
+    return cached_cubin(key, source, arch, kernel)
 
 
 def warm_compiler() -> None:

@@ -53,7 +53,8 @@ class GpuBackward:
         """learnable: the extras that get gradients; the kernel adds those of the ones the score reads
         (LoweredBackward.sites)."""
         from ..lower.backward import ROWS_PER_CTA, lower_backward
-        from ..ops.kernel import cached_cubin, source_key
+        from ..build.early import backward_cubin
+        from ..ops.kernel import source_key
         from ..ops.launch import CubinKernel
         from ..ops.pack import params_format
         self.p = p
@@ -62,7 +63,8 @@ class GpuBackward:
                                         kernel=kernel, deterministic=deterministic, stages=stages,
                                         learnable=learnable)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
-        cub, self.info = cached_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
+        # (the early build of it, where the forward's call wanted gradients: build/early.py)
+        cub, self.info = backward_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
         self.rows_per_cta = ROWS_PER_CTA
         self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)
