@@ -338,3 +338,21 @@ def test_a_value_head_dim_of_its_own_trains_on_the_hopper_kernel(D, DV):
     want = _run(spec, [a.double() for a in _leaves(args, torch.float64)], dout.double())
     _assert_grads(got, want, args, out, dout)
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}
+
+
+def test_a_first_training_call_has_its_backward_built_beside_the_forward():
+    """A new program's first call that wants gradients starts its backward kernel's build on the build helper
+    while the forward is built and verified (build/early.py); its first backward takes that build."""
+    import os
+    scale = 0.05 + (os.getpid() % 997) * 1e-5  # a program no earlier run of this machine's cache holds
+
+    def spec(q, k, v):
+        return torch.softmax(torch.tanh(q @ k.transpose(-1, -2) * scale / 9.0) * 9.0, dim=-1) @ v
+    f = tc.compile(spec)
+    args = _leaves(tuple(torch.randn(2, 4, 257, 64) for _ in range(3)), torch.bfloat16)
+    out = f(*args)
+    out.backward(torch.randn_like(out))
+    bw = backward_runner.backward_for(f.kernels()[-1].kernel_id)
+    assert bw.served == {"kernel": 1}, bw.served
+    kern = next(k for k in bw._kernels.values() if k is not None)
+    assert kern.info.get("early"), kern.info
