@@ -69,3 +69,24 @@ def test_no_gradients_wanted_no_backward_built(built):
     p, bound = _call("softcap_causal", grad=True, dtype=torch.float32)  # no backward kernel for float32
     early.build_backward_early(p, bound, torch.device("cpu"))
     assert built == []
+
+
+def test_the_pipeline_starts_it_from_a_first_call_that_wants_gradients(built, monkeypatch):
+    """Through tc.compile: the pipeline's stages run with gradients off, and the caller's grad mode is what
+    decides (capture/nesting.caller_wants_grad); a call under no_grad builds no backward."""
+    from torch_cubridge import pipeline
+    monkeypatch.setattr(pipeline, "on_cuda", lambda bound: True)  # a CPU machine: the transfer's own path
+    monkeypatch.setattr(early, "build_early", lambda *a: None)    # the forward's early build: not this test's
+    keys = []
+    for grad, scale in ((True, 0.0512), (False, 0.0513)):
+        def spec(q, k, v, scale=scale):
+            return torch.softmax(torch.tanh(q @ k.transpose(-1, -2) * scale / 9.0) * 9.0, dim=-1) @ v
+        q, k, v = (torch.randn(2, 4, 130, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        with torch.set_grad_enabled(grad), pytest.warns(RuntimeWarning, match="CUDA is not available"):
+            tc.compile(spec)(q, k, v)
+        low = lower_backward(tc.transfer(spec, q, k, v), "sm_90a", "bfloat16", 64, 64)
+        keys.append(kernel.source_key("bwd", low.source, "sm_90a"))
+    for fut in list(early._early.values()):
+        fut.result()
+    assert [k for k, _ in built] == keys[:1]
+    early._early.clear()

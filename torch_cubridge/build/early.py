@@ -55,20 +55,29 @@ def build_backward_early(prog: Program, bound: dict[str, Any], device: torch.dev
     cache), so that NVRTC's 1-2 s for it run beside the forward's build and verification, not after them.
     Never raises: the backward builds it in order where this did not."""
     try:
-        if config.is_readonly() or not torch.is_grad_enabled() or not any(
-                isinstance(t, torch.Tensor) and t.requires_grad for t in bound.values()):
+        from ..capture.nesting import caller_wants_grad
+        wanting = [t for t in bound.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+        if config.is_readonly() or not caller_wants_grad() or not wanting:
             return
-        from ..ir.bind import extra_tensors, operand_value, to_canonical
+        from ..ir.bind import lookup, operand_value, to_canonical
         from ..ir.prologue import run_prologue
         from ..lower.backward import lower_backward
         from ..ops.backward_runner import backward_arch
         from ..ops.kernel import source_key
-        made = run_prologue(prog, bound, device)
+        made = run_prologue(prog, bound, device)  # with gradients off (a stage's): shapes and dtypes alone
         q, v = (operand_value(bound, op, made) for op in (prog.q, prog.v))
         if q.dtype not in (torch.bfloat16, torch.float16):
             return
-        learn = tuple(x.name for x, t in zip(prog.extras, extra_tensors(prog, bound, device, made).values())
-                      if t.is_floating_point() and t.requires_grad)
+        qkv = {op.arg for op in (prog.q, prog.k, prog.v)}
+        others = any(t.is_floating_point() for n, t in bound.items()
+                     if isinstance(t, torch.Tensor) and t.requires_grad and n not in qkv)
+
+        def learnable(x: Any) -> bool:  # an argument that requires gradients, or a step made from one
+            if x.arg is not None:
+                t = lookup(bound, x.arg)
+                return isinstance(t, torch.Tensor) and t.requires_grad
+            return x.step is not None and others
+        learn = tuple(x.name for x in prog.extras if x.dtype.startswith(("float", "bfloat")) and learnable(x))
         arch = backward_arch(device)
         low = lower_backward(prog, arch, str(q.dtype).removeprefix("torch."), to_canonical(q, prog.q).shape[-1],
                              to_canonical(v, prog.v).shape[-1], learnable=learn,

@@ -22,6 +22,7 @@ import torch
 
 class _Stage(threading.local):
     depth = 0  # pipeline stages this thread is inside
+    caller_grad = False  # the caller's grad mode as the outermost stage began
 
 
 stage = _Stage()
@@ -48,6 +49,11 @@ def _leave_threads() -> None:
             torch.set_num_threads(_callers_threads)
 
 
+def caller_wants_grad() -> bool:
+    """The grad mode of the call that this thread's stages serve (inside them gradients are off)."""
+    return stage.caller_grad if stage.depth else torch.is_grad_enabled()
+
+
 @contextmanager
 def staged() -> Iterator[None]:
     """Count this thread as inside a stage for the block's length, with gradients off: a stage's own maths
@@ -56,6 +62,7 @@ def staged() -> Iterator[None]:
     saved tensors, and the recomputation (which finds the program made) saved fewer: a CheckpointError."""
     stage.depth += 1
     if stage.depth == 1:
+        stage.caller_grad = torch.is_grad_enabled()
         _enter_threads()
     try:
         with torch.no_grad():
