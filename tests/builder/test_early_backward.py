@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import torch_cubridge as tc
-from torch_cubridge.build import early
+from torch_cubridge.build import arch, early
 from torch_cubridge.lower.backward import lower_backward
-from torch_cubridge.ops import backward_runner, kernel
+from torch_cubridge.ops import kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from zoo import CASES  # noqa: E402
@@ -28,7 +28,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         calls.append((key, name))
         return b"cubin:" + key.encode(), {"key": key, "built": True}
     monkeypatch.setattr(kernel, "cached_cubin", fake)
-    monkeypatch.setattr(backward_runner, "backward_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(arch, "backward_arch", lambda device: "sm_90a")
     return calls
 
 

@@ -43,3 +43,10 @@ def arch_for(device: torch.device) -> str:
     if major == 9:
         return "sm_90a" if minor == 0 and hopper_kernel_enabled() else "sm_90"
     return f"sm_{major}{minor}" if major == 8 else "sm_80"
+
+
+def backward_arch(device: torch.device) -> str:
+    """The backward kernel's target on `device`: on Hopper the forward's own (sm_90a, its wgmma backward
+    kernel, unless the Hopper kernels are switched off), else the device's sm_XY."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return arch_for(device) if major == 9 else f"sm_{major}{minor}"

@@ -62,7 +62,7 @@ def build_backward_early(prog: Program, bound: dict[str, Any], device: torch.dev
         from ..ir.bind import lookup, operand_value, to_canonical
         from ..ir.prologue import run_prologue
         from ..lower.backward import lower_backward
-        from ..ops.backward_runner import backward_arch
+        from .arch import backward_arch
         from ..ops.kernel import source_key
         made = run_prologue(prog, bound, device)  # with gradients off (a stage's): shapes and dtypes alone
         q, v = (operand_value(bound, op, made) for op in (prog.q, prog.v))

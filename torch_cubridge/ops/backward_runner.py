@@ -134,6 +134,7 @@ class BackwardRunner:
         names = tuple(self.p.extras[i].name for i in learn)
         if not q.is_cuda:
             return q.device.type, q.dtype, d, q.device.type, dv, deterministic, names
+        from ..build.arch import backward_arch
         return backward_arch(q.device), q.dtype, d, torch.cuda.get_device_name(q.device), dv, deterministic, names
 
     def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
@@ -209,14 +210,6 @@ class BackwardRunner:
         from ..callsite import user_stacklevel
         warnings.warn(f"torch_cubridge: {self.name}: the reference backward computes the gradients: {why}",
                       RuntimeWarning, stacklevel=user_stacklevel())
-
-
-def backward_arch(device: torch.device) -> str:
-    """The backward kernel's target on `device`: on Hopper the forward's own (sm_90a, its wgmma backward
-    kernel, unless the Hopper kernels are switched off), else the device's sm_XY."""
-    major, minor = torch.cuda.get_device_capability(device)
-    from ..build.arch import arch_for
-    return arch_for(device) if major == 9 else f"sm_{major}{minor}"
 
 
 def build_kernel(p: Any, arch: str, dtype: torch.dtype, head_dim: int, value_dim: int,
