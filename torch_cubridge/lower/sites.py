@@ -141,39 +141,24 @@ def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, 
             members.append(f"float pt{i};")
             tile.append(f"t.pt{i} = 0.f;")
             add.append(f"t.pt{i} += {value};")
-            flush += [f"{{ const float v = cubridge::warp_sum(t.pt{i});",
-                      f"  if (lane == 0 && v != 0.f) {{ {' '.join(read)} atomicAdd(p.{x}_g + {grad_at}, v); }} }}"]
+            flush.append(f"cubridge::flush_point(t.pt{i}, lane, [&](float v) {{ {' '.join(read)} "
+                         f"atomicAdd(p.{x}_g + {grad_at}, v); }});")
             continue
         members += [f"int lo{i}_{k}, w{i}_{k};" for k in s.moving] + [f"int n{i};"]
         tile.append("{ int n = 1;")
         for k in s.moving:
-            tile += [f"  {{ const cubridge::Iv v = {cg.interval(s.node.args[k])};",
-                     f"    const float lo = fmaxf(v.lo, 0.f), hi = fminf(v.hi, (float)(p.{x}_gn{k} - 1));",
-                     f"    t.lo{i}_{k} = (int)floorf(lo);",
-                     f"    t.w{i}_{k} = hi >= lo ? (int)ceilf(hi) - t.lo{i}_{k} + 1 : 0;",
-                     f"    n = t.w{i}_{k} > 0 && n <= kSiteWin ? n * t.w{i}_{k} : 0; }}"]
+            tile += [f"  cubridge::site_span({cg.interval(s.node.args[k])}, p.{x}_gn{k}, t.lo{i}_{k}, t.w{i}_{k});",
+                     f"  n = t.w{i}_{k} > 0 && n <= kSiteWin ? n * t.w{i}_{k} : 0;"]
         if s.kind == "diagonal":
             (k,) = s.moving
             a, b = s.coeffs
             rest = cg.as_kind(substitute(s.node.args[k], {"q": const(0), "kv": const(0)}), "int")
             tile.append(f"  t.n{i} = t.w{i}_{k}; }}")  # every element of the box: one key a query row
             add.append(f"win[{base[i]} + ql * {ld} + kl] = {value};")
-            flush += [f"{{ const int rest = {rest};",
-                      f"  const float* tile = win + {base[i]};",
-                      # the element loop rolled (the step's dK and dV accumulators are live around it); the rows
-                      # by 4, their loads issued together (rolled, each waited on its load's latency)
-                      "#pragma unroll 1",
-                      f"  for (int e = tid; e < t.n{i}; e += nthreads) {{",
-                      f"    const int w = e + t.lo{i}_{k};",
-                      "    float sum = 0.f;",
-                      "#pragma unroll 4",
-                      "    for (int r = 0; r < q_hi - q_lo; ++r) {",
-                      f"      const int c = {b} * (w - rest - ({a}) * (q_lo + r)) - kv_lo;",
-                      f"      if ((unsigned)c < (unsigned)(kv_hi - kv_lo)) sum += tile[r * {ld} + c];",
-                      "    }",
-                      "    if (sum == 0.f) continue;",
-                      f"    const long long i{k} = w;", *(f"    {r}" for r in fixed),
-                      f"    atomicAdd(p.{x}_g + {grad_at}, sum);", "  } }"]
+            flush += [f"cubridge::flush_diagonal<{ld}, {a}, {b}>(win + {base[i]}, t.n{i}, t.lo{i}_{k}, {rest}, q_lo, "
+                      "q_hi, kv_lo, kv_hi, tid, nthreads,",
+                      f"    [&](int w, float sum) {{ const long long i{k} = w; {' '.join(fixed)} "
+                      f"atomicAdd(p.{x}_g + {grad_at}, sum); }});"]
             continue
         tile.append(f"  t.n{i} = n <= kSiteWin ? n : 0; }}")
         # 32-bit offsets into the window (an index below the tensor's size), checked against the box
@@ -185,19 +170,13 @@ def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, 
         add += [f"{{ const float v = {value};", *(f"  {r}" for r in rel),
                 f"  if (cubridge::site_window_add(win + {base[i]}, {inside} ? {flat} : -1, v)) {{",
                 *(f"    {r}" for r in read), f"    atomicAdd(p.{x}_g + {grad_at}, v);", "  } }"]
-        unflat = []
+        unflat = []  # the element's index in each moving dim, from its place in the window (row-major)
         for j, k in enumerate(reversed(s.moving)):
             last = j == len(s.moving) - 1
             unflat.append(f"const long long i{k} = {'r' if last else f'r % t.w{i}_{k}'} + t.lo{i}_{k};"
                           + ("" if last else f" r /= t.w{i}_{k};"))
-        flush += ["#pragma unroll 1", f"for (int e = tid; e < t.n{i}; e += nthreads) {{",
-                  f"  float* c = win + {base[i]} + e;",
-                  "  const float v = *c;",
-                  "  if (v == 0.f) continue;",
-                  "  *c = 0.f;",
-                  "  int r = e;",
-                  *(f"  {u}" for u in unflat + fixed),
-                  f"  atomicAdd(p.{x}_g + {grad_at}, v);", "}"]
+        flush += [f"cubridge::flush_window(win + {base[i]}, t.n{i}, tid, nthreads, [&](int e, float v) {{",
+                  "  int r = e;", *(f"  {u}" for u in unflat + fixed), f"  atomicAdd(p.{x}_g + {grad_at}, v); }});"]
     ind = lambda lines: [f"    {ln}" for ln in lines]  # noqa: E731
     return [f"  static constexpr int kSites = {len(sites)}, kSiteWin = {WINDOW}, kSiteFloats = {at};",
             "  struct Sites {", *ind(members), "  };",
