@@ -129,20 +129,26 @@ __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[N
   }
 }
 
-template <int NT, class T>
-__device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const float (&dp)[1][NT][4],
-                                            unsigned (&da)[NT / 2][4], const float* sDelta, int lane) {
+// dS of the tile packed as the A operand da (input dtype), element (nt, e) from rule(nt, e, ql) (ql: its query
+// in the block): the element loop both dS halves below share.
+template <int NT, class T, class Rule>
+__device__ __forceinline__ void pack_dscores(unsigned (&da)[NT / 2][4], int lane, Rule&& rule) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float ds[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int ql = nt * 8 + (lane % 4) * 2 + e % 2;
-      ds[e] = pg[0][nt][e] != 0.f ? pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]) : 0.f;
-    }
+    for (int e = 0; e < 4; ++e) ds[e] = rule(nt, e, nt * 8 + (lane % 4) * 2 + e % 2);
     da[nt / 2][(nt % 2) * 2] = pack2<T>(ds[0], ds[1]);
     da[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
   }
+}
+
+template <int NT, class T>
+__device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const float (&dp)[1][NT][4],
+                                            unsigned (&da)[NT / 2][4], const float* sDelta, int lane) {
+  pack_dscores<NT, T>(da, lane, [&](int nt, int e, int ql) {
+    return pg[0][nt][e] != 0.f ? pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]) : 0.f;
+  });
 }
 
 // bwd_dscores where the score reads learnable tensors (the Hopper kernel; lower/sites.py gives it only variants
@@ -155,20 +161,12 @@ __device__ __forceinline__ void bwd_dscores_sites(const float (&pr)[1][NT][4], c
                                                   int kv_row0, int kl0, int lane, float g,
                                                   typename Variant::Sites& sites, float* win) {
   const int sq = static_cast<int>(a.Sq), skv = static_cast<int>(a.Skv);
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    float ds[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int ql = nt * 8 + (lane % 4) * 2 + e % 2;
-      const int qc = imin(q_lo + ql, sq - 1), kc = imin(kv_row0 + (e / 2) * 8, skv - 1);
-      const float pv = pr[0][nt][e], dx = pv * (dp[0][nt][e] - sDelta[ql]);
-      Variant::site_add(sites, win, a, p, 0.f, pv != 0.f, dx, b, h, qc, kc, ql, kl0 + (e / 2) * 8);
-      ds[e] = pv != 0.f ? dx * g : 0.f;
-    }
-    da[nt / 2][(nt % 2) * 2] = pack2<T>(ds[0], ds[1]);
-    da[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(ds[2], ds[3]);
-  }
+  pack_dscores<NT, T>(da, lane, [&](int nt, int e, int ql) {
+    const int qc = imin(q_lo + ql, sq - 1), kc = imin(kv_row0 + (e / 2) * 8, skv - 1);
+    const float pv = pr[0][nt][e], dx = pv * (dp[0][nt][e] - sDelta[ql]);
+    Variant::site_add(sites, win, a, p, 0.f, pv != 0.f, dx, b, h, qc, kc, ql, kl0 + (e / 2) * 8);
+    return pv != 0.f ? dx * g : 0.f;
+  });
 }
 
 // Rows kv_row0 and kv_row0 + 8 of a key-major gradient (dK or dV; the m16n8 accumulator layout, DT n8 tiles,

@@ -145,21 +145,22 @@ def site_hooks(p: Program, cg: CExpr, learnable: tuple[str, ...], block_m: int, 
                          f"atomicAdd(p.{x}_g + {grad_at}, v); }});")
             continue
         members += [f"int lo{i}_{k}, w{i}_{k};" for k in s.moving] + [f"int n{i};"]
-        tile.append("{ int n = 1;")
-        for k in s.moving:
-            tile += [f"  cubridge::site_span({cg.interval(s.node.args[k])}, p.{x}_gn{k}, t.lo{i}_{k}, t.w{i}_{k});",
-                     f"  n = t.w{i}_{k} > 0 && n <= kSiteWin ? n * t.w{i}_{k} : 0;"]
+        spans = [f"cubridge::site_span({cg.interval(s.node.args[k])}, p.{x}_gn{k}, t.lo{i}_{k}, t.w{i}_{k});"
+                 for k in s.moving]
         if s.kind == "diagonal":
             (k,) = s.moving
             a, b = s.coeffs
             rest = cg.as_kind(substitute(s.node.args[k], {"q": const(0), "kv": const(0)}), "int")
-            tile.append(f"  t.n{i} = t.w{i}_{k}; }}")  # every element of the box: one key a query row
+            tile += spans + [f"t.n{i} = t.w{i}_{k};"]  # every element of the box: one key a query row
             add.append(f"win[{base[i]} + ql * {ld} + kl] = {value};")
             flush += [f"cubridge::flush_diagonal<{ld}, {a}, {b}>(win + {base[i]}, t.n{i}, t.lo{i}_{k}, {rest}, q_lo, "
                       "q_hi, kv_lo, kv_hi, tid, nthreads,",
                       f"    [&](int w, float sum) {{ const long long i{k} = w; {' '.join(fixed)} "
                       f"atomicAdd(p.{x}_g + {grad_at}, sum); }});"]
             continue
+        tile.append("{ int n = 1;")
+        for k, span in zip(s.moving, spans):  # the box's elements, 0 once past the window
+            tile += [f"  {span}", f"  n = t.w{i}_{k} > 0 && n <= kSiteWin ? n * t.w{i}_{k} : 0;"]
         tile.append(f"  t.n{i} = n <= kSiteWin ? n : 0; }}")
         # 32-bit offsets into the window (an index below the tensor's size), checked against the box
         rel = [f"const int r{k} = (int)({idx[k]}) - t.lo{i}_{k};" for k in s.moving]
