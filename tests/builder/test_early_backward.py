@@ -51,7 +51,7 @@ def test_a_call_that_wants_gradients_builds_the_backward_the_runner_asks_for(bui
     early.build_backward_early(p, bound, torch.device("cpu"))
     learn = tuple(x.name for x in p.extras if x.dtype.startswith("float"))
     low = lower_backward(p, "sm_90a", "bfloat16", 64, 64, learnable=learn)
-    key = kernel.source_key("bwd", low.source, "sm_90a")
+    key = kernel.backward_key(low, "sm_90a")
     early._early[key].result()
     assert built == [(key, "cubridge_bwd")]
     # the backward's own request: the early build's cubin, not a second build
@@ -85,7 +85,7 @@ def test_the_pipeline_starts_it_from_a_first_call_that_wants_gradients(built, mo
         with torch.set_grad_enabled(grad), pytest.warns(RuntimeWarning, match="CUDA is not available"):
             tc.compile(spec)(q, k, v)
         low = lower_backward(tc.transfer(spec, q, k, v), "sm_90a", "bfloat16", 64, 64)
-        keys.append(kernel.source_key("bwd", low.source, "sm_90a"))
+        keys.append(kernel.backward_key(low, "sm_90a"))
     for fut in list(early._early.values()):
         fut.result()
     assert [k for k, _ in built] == keys[:1]

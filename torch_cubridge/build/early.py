@@ -63,7 +63,7 @@ def build_backward_early(prog: Program, bound: dict[str, Any], device: torch.dev
         from ..ir.prologue import run_prologue
         from ..lower.backward import lower_backward
         from .arch import backward_arch
-        from ..ops.kernel import source_key
+        from ..ops.kernel import backward_key
         made = run_prologue(prog, bound, device)  # with gradients off (a stage's): shapes and dtypes alone
         q, v = (operand_value(bound, op, made) for op in (prog.q, prog.v))
         if q.dtype not in (torch.bfloat16, torch.float16):
@@ -82,7 +82,7 @@ def build_backward_early(prog: Program, bound: dict[str, Any], device: torch.dev
         low = lower_backward(prog, arch, str(q.dtype).removeprefix("torch."), to_canonical(q, prog.q).shape[-1],
                              to_canonical(v, prog.v).shape[-1], learnable=learn,
                              deterministic=torch.are_deterministic_algorithms_enabled())
-        key = source_key("bwd", low.source, arch)
+        key = backward_key(low, arch)
         with _early_lock:
             if key not in _early:
                 _early[key] = _helper().submit(_cached_cubin, key, low.source, arch, low.kernels[1])

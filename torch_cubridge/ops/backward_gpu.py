@@ -54,7 +54,7 @@ class GpuBackward:
         (LoweredBackward.sites)."""
         from ..lower.backward import ROWS_PER_CTA, lower_backward
         from ..build.early import backward_cubin
-        from ..ops.kernel import source_key
+        from ..ops.kernel import backward_key
         from ..ops.launch import CubinKernel
         from ..ops.pack import params_format
         self.p = p
@@ -64,7 +64,7 @@ class GpuBackward:
                                         learnable=learnable)
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         # (the early build of it, where the forward's call wanted gradients: build/early.py)
-        cub, self.info = backward_cubin(source_key("bwd", low.source, arch), low.source, arch, low.kernels[1])
+        cub, self.info = backward_cubin(backward_key(low, arch), low.source, arch, low.kernels[1])
         rows = 32 * ROWS_PER_CTA
         self.rows_per_cta = ROWS_PER_CTA
         self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import cache, config
 from ..build import compile_cubin, toolchain_id
-from ..lower import Lowered
+from ..lower import Lowered, LoweredBackward
 from ..version import __version__
 from .block_table import prepass_kernels
 from .launch import CubinKernel
@@ -33,6 +33,12 @@ def kernel_key(low: Lowered, arch: str) -> str:
     verdict holds for the cubin's own sha256 (`info["sha256"]`), so a rebuild by another compiler is
     verified again."""
     return source_key("fwd", low.source, arch)
+
+
+def backward_key(low: LoweredBackward, arch: str) -> str:
+    """What a backward kernel's cubin is cached under: the one rule the
+    backward and its early build (build/early.py) both key by."""
+    return source_key("bwd", low.source, arch)
 
 
 def source_key(kind: str, source: str, arch: str) -> str:
