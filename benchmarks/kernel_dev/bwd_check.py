@@ -10,7 +10,7 @@ error in delta there, in any FlashAttention-style backward; bwd_rows.py says why
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
-[--d D] | --sweep (the rate over S) | --sites (a learnable table's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
+[--d D] | --sweep (the rate over S) | --sites (a learnable table's cost) | --shares (a split call's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
 ours and cuDNN's; with CUBRIDGE_LINEINFO=1 and a fresh CUBRIDGE_CACHE_DIR, ncu's SourceCounters name our lines.
 """
 from __future__ import annotations
@@ -215,6 +215,45 @@ def sites(arch):
     print("  ".join(row), flush=True)
 
 
+def shares(arch):
+    """The backward split into shares (ops/backward_shares.py) against one launch, at the bench's shapes: the
+    rate and the scratch's peak, per split (a share's scratch as a fraction of q's bytes: 0.3 is one batch of
+    16 heads, 0.15 half its heads, 0.075 a quarter) and streams in flight."""
+    print("\nshares, B*S = 32k, H 16, S 4096 (TFLOP/s at 2.5x forward FLOPs; MB of the backward's peak above its"
+          " inputs and outputs)")
+    B, H, S = 8, 16, 4096
+    for D in (128, 64):
+        for name, causal in (("causal_sdpa", True), ("full_matmul", False), ("gqa_expand", True)):
+            if name == "gqa_expand":  # 4 query heads per KV head (timing_inputs gives K and V H heads)
+                fn, make, _ = case(name)
+                p = tc.transfer(fn, *make(2, 4, 1, 70, D, torch.float32))
+                q, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                k, v = (torch.randn(B, H // 4, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                kk, vv = (t.repeat_interleave(4, 1) for t in (k, v))
+                res = torch.ops.aten._scaled_dot_product_flash_attention(q, kk, vv, 0.0, True, False, scale=D ** -0.5)
+                o, lse = res[0].contiguous(), res[1].float().contiguous()
+                bound = bind_args(p.signature, (q, k, v), {})
+                _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
+                flops = 2.5 * 4 * B * H * S * S * D * 0.5
+                del kk, vv, res
+            else:
+                p, _, _, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch)
+            kern = kernels(p, D, arch)
+            row = [f"D {D} {name:12s}"]
+            for label, frac, streams in (("whole", 100.0, 1), ("batch/1", 0.3, 1), ("batch/2", 0.3, 2),
+                                         ("half/2", 0.15, 2), ("quarter/2", 0.075, 2)):
+                kern.scratch_of_q, kern.waves, kern.streams = frac, 0, streams
+                t = timed(go)
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                go()
+                torch.cuda.synchronize()
+                mb = (torch.cuda.max_memory_allocated() - base - 2 * (q.numel() + k.numel() + v.numel())) / 1e6
+                row.append(f"{label} {flops / t / 1e12:6.1f} {mb:5.0f}")
+            print("  ".join(row), flush=True)
+
+
 def profiled():
     """One backward each of ours and cuDNN's (causal and full, the bench's shapes) inside the profiler's range:
     run under `ncu --profile-from-start off` to read where the gap to cuDNN goes."""
@@ -253,6 +292,9 @@ def main() -> int:
         return 0
     if "--sites" in sys.argv:
         sites(arch)
+        return 0
+    if "--shares" in sys.argv:
+        shares(arch)
         return 0
     if "--ncu" in sys.argv:
         profiled()

@@ -29,7 +29,16 @@ struct BwdArgs {
   float* lse_pad;    // [B, Hq, sq_pad]: f.lse copied by the preprocess kernel, whole blocks for bulk copies
   long long sq_pad;  // Sq rounded up to a whole number of 64-row blocks (pad rows: LSE and delta zero)
   int* dq_sem;       // the Hopper kernel's deterministic mode: one zeroed counter per block of dQ's accumulator
+  // This launch's share (the host splits a large backward so dQ's float32 accumulator stays small,
+  // ops/backward_shares.py): batches from b0, KV heads from hk0 and query heads from h0 (the grids' z and y
+  // count them). Its scratch (delta, lse_pad, dq_acc, dq_sem) holds the share's (batch, query head) pairs
+  // alone: pair (b, h) at b * slot_heads + h - slot_base (bwd_slot).
+  long long b0, hk0, h0, slot_heads, slot_base;
 };
+
+__device__ __forceinline__ long long bwd_slot(const BwdArgs& a, int b, int h) {
+  return b * static_cast<int>(a.slot_heads) + h - static_cast<int>(a.slot_base);  // fewer than 2^31 pairs
+}
 
 // D: the head dim (Q, K and V alike for now); BM query rows per step; Warps warps of 16 keys each (BN = 16 Warps).
 // lower/backward.py picks BM (bwd_block_m: registers and the arch's shared memory) and checks its copy of

@@ -276,7 +276,7 @@ struct BwdWarp {
       }
     }
     const int sq = static_cast<int>(a.f.Sq);
-    float* row = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq) * D;
+    float* row = a.dq_acc + bwd_slot(a, b, h) * a.f.Sq * D;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int q = q_lo + mt * 16 + lane / 4 + hf * 8;

@@ -133,7 +133,7 @@ struct WgmmaBwdConsumer {
     named_sync(3 + cw, 128);  // the warpgroup's share staged
     if (issuer()) {
       constexpr int CH = Cfg::kDqSplitN ? PD / 64 : 1;
-      const long long nmb = a.sq_pad / 64, blk = ((b * a.f.Hq + h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
+      const long long nmb = a.sq_pad / 64, blk = (bwd_slot(a, b, h) * nmb + q_lo / 64) * CH + (Cfg::kDqSplitN ? cw : 0);
       if constexpr (Cfg::kDeterministic) {
         // rank: the live key blocks after this CTA's for this query block; where the warpgroups split the keys
         // (one accumulator block for both), warpgroup 0's share goes first

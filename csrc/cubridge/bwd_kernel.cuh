@@ -41,7 +41,7 @@ __device__ __forceinline__ void attention_bwd(const BwdArgs& a, const typename V
   float* sDelta = sLse + 2 * BM;                                  // two stages
   float* sWin = reinterpret_cast<float*>(smem_raw + Cfg::kSmemBytes);  // the learnable sites', if any
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int b = blockIdx.z, hk = blockIdx.y, kv_lo = blockIdx.x * BN;
+  const int b = blockIdx.z + a.b0, hk = blockIdx.y + a.hk0, kv_lo = blockIdx.x * BN;
   const int kv_hi = imin(kv_lo + BN, static_cast<int>(a.f.Skv));
 
   const QueryWalk<Variant, BM> walk(a.f, p, b, hk, kv_lo, kv_hi);

@@ -73,7 +73,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
   // diagonal (causal, windows, documents) the CTA one key block further has then reached each query block a
   // step earlier, and nothing waits; in ascending order the CTA of key block j waited for j CTAs' walks.
   const int kv_block = Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int b = blockIdx.z, hk = blockIdx.y, kv_lo = kv_block * BN;
+  const int b = blockIdx.z + a.b0, hk = blockIdx.y + a.hk0, kv_lo = kv_block * BN;
   const int kv_hi = imin(kv_lo + BN, static_cast<int>(a.f.Skv));
   const QueryWalk<Variant, BM> walk(a.f, p, b, hk, kv_lo, kv_hi);
   if (tid == 0) sm.ring.init(4 * NC);  // one arrival per consumer warp empties a stage

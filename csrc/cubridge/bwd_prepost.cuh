@@ -3,8 +3,9 @@
 //                same padded rows (the Hopper kernel bulk-copies whole blocks of both), and dQ's float32
 //                accumulator zeroed where it is read (the main kernel adds every key block's share into it);
 //   postprocess: dQ = the accumulator, converted to the input dtype.
-// Launch the preprocess with grid (ceil(sq_pad / kBwdRowsPerCta), Hq, B), the postprocess with
-// (ceil(Sq / kBwdRowsPerCta), Hq, B); block 32 * kBwdRowsPerCta: a warp per query row.
+// Launch the preprocess with grid (ceil(sq_pad / kBwdRowsPerCta), query heads, batches) of the share
+// (BwdArgs' b0, h0), the postprocess with (ceil(Sq / kBwdRowsPerCta), ...); block 32 * kBwdRowsPerCta: a warp
+// per query row.
 #pragma once
 #include "bwd_config.cuh"
 #include "mma.cuh"
@@ -20,7 +21,7 @@ template <int CH>
 __device__ __forceinline__ long long dq_tiled_at(const BwdArgs& a, int b, int h, int q, int c) {
   const int r = q % 64, cc = c % 64;
   const int warp = r / 16, hf = (r % 16) / 8, lane = (r % 8) * 4 + (cc % 8) / 2, j = cc / 8;
-  const long long blk = ((b * a.f.Hq + h) * (a.sq_pad / 64) + q / 64) * CH + c / 64;
+  const long long blk = (bwd_slot(a, b, h) * (a.sq_pad / 64) + q / 64) * CH + c / 64;
   return blk * 4096 + ((warp * 8 + j) * 2 + hf) * 64 + lane * 2 + cc % 2;
 }
 
@@ -38,8 +39,8 @@ template <int D, int DV, class T, int CH = 0>
 __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
   static_assert(CH == 0 || D % 8 == 0, "the tiled accumulator is zeroed in pieces of 8 columns");
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const long long prow = (b * a.f.Hq + h) * a.sq_pad + q;
+  const int h = blockIdx.y + a.h0, b = blockIdx.z + a.b0;
+  const long long prow = bwd_slot(a, b, h) * a.sq_pad + q;
   if (q >= a.f.Sq) {  // a pad row: no probabilities (the kernels drop rows past Sq)
     if (q < a.sq_pad && lane == 0) a.delta[prow] = a.lse_pad[prow] = 0.f;
     return;
@@ -50,13 +51,12 @@ __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
   for (int d = lane; d < DV; d += 32) acc = fmaf(to_f32(o[d]), to_f32(g[d]), acc);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  const long long row = (b * a.f.Hq + h) * a.f.Sq + q;
   if (lane == 0) {
     a.delta[prow] = acc;
-    a.lse_pad[prow] = a.f.lse[row];
+    a.lse_pad[prow] = a.f.lse[(b * a.f.Hq + h) * a.f.Sq + q];
   }
   if constexpr (CH == 0) {
-    float* dq = a.dq_acc + row * D;
+    float* dq = a.dq_acc + (bwd_slot(a, b, h) * a.f.Sq + q) * D;
     for (int d = lane; d < D; d += 32) dq[d] = 0.f;
   } else {
     for (int c8 = lane; c8 < D / 8; c8 += 32) {
@@ -71,11 +71,11 @@ template <int D, class T, int CH = 0>
 __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
   static_assert(CH == 0 || D % 8 == 0, "the tiled accumulator is read in pieces of 8 columns");
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y + a.h0, b = blockIdx.z + a.b0;
   if (q >= a.f.Sq) return;
   T* dq = static_cast<T*>(a.dq) + b * a.dq_sb + h * a.dq_sh + q * a.dq_ss;
   if constexpr (CH == 0) {
-    const float* acc = a.dq_acc + ((b * a.f.Hq + h) * a.f.Sq + q) * D;
+    const float* acc = a.dq_acc + (bwd_slot(a, b, h) * a.f.Sq + q) * D;
     for (int d = lane; d < D; d += 32) dq[d] = from_f32<T>(acc[d]);
   } else {
     // a lane's 8 columns: two 16-byte loads, one 16-byte store where dQ's row allows it (else 8 stores)

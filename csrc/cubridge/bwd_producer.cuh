@@ -81,7 +81,7 @@ struct BwdLoads {
     const T* gdO = static_cast<const T*>(a.dout) + b * a.do_sb + h * a.do_sh;
     load_tile<BM, D, LD, NTH>(sQ, gQ, a.f.q_ss, q_lo, sq, tid);
     load_tile<BM, D, LD, NTH>(sdO, gdO, a.do_ss, q_lo, sq, tid);
-    const long long row0 = (b * a.f.Hq + h) * a.sq_pad;
+    const long long row0 = bwd_slot(a, b, h) * a.sq_pad;
     for (int r = tid; r < 2 * BM; r += NTH) {
       const int q = q_lo + r % BM;
       const bool ok = q < sq;

@@ -38,7 +38,7 @@ struct BwdTmaProducer {
       for (int c = 0; c < CH; ++c) tma_load_4d(sm.sQ + s * Cfg::kQBytes + c * BM * 128, tq, full, c * 64, q_lo, h, b);
       for (int c = 0; c < CHV; ++c)
         tma_load_4d(sm.sdO + s * Cfg::kOBytes + c * BM * 128, tdo, full, c * 64, q_lo, h, b);
-      const long long row0 = (b * a.f.Hq + h) * a.sq_pad + q_lo;
+      const long long row0 = bwd_slot(a, b, h) * a.sq_pad + q_lo;
       bulk_load(sm.sLse + s * Cfg::kRowBytes, a.lse_pad + row0, Cfg::kRowBytes, full);
       bulk_load(sm.sDelta + s * Cfg::kRowBytes, a.delta + row0, Cfg::kRowBytes, full);
       item = nxt;

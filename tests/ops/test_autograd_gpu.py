@@ -356,3 +356,41 @@ def test_a_first_training_call_has_its_backward_built_beside_the_forward():
     assert bw.served == {"kernel": 1}, bw.served
     kern = next(k for k in bw._kernels.values() if k is not None)
     assert kern.info.get("early"), kern.info
+
+
+@pytest.mark.parametrize("name, deterministic", [("document_causal", False), ("alibi_tensor", False),
+                                                 ("gqa_expand", False), ("rel_bias_clamped", False),
+                                                 ("causal_sdpa", True)])
+def test_a_backward_split_into_shares_gives_the_whole_calls_gradients(monkeypatch, name, deterministic):
+    """A call's backward run as one launch per (batch, KV head) pair, on two streams (ops/backward_shares.py):
+    dK and dV bitwise the unsplit call's (summed in registers per CTA), dQ and a learnable tensor's gradient
+    within float64's row rule; hooks reading the batch (document ids), the head (ALiBi's slopes) and a KV head's
+    query heads (GQA) see the call's own indices. rel_bias_clamped takes the FA2-class kernel (a window site)."""
+    from torch_cubridge.ops import backward_gpu
+    if deterministic and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the deterministic mode is the Hopper kernel's")
+    fn, make, ref_fn = _case(name)
+    args = _leaves(make(), torch.bfloat16)
+    dout = torch.randn_like(args[0])
+    counts: list[int] = []
+    plan = backward_gpu.plan_shares
+    monkeypatch.setattr(backward_gpu, "plan_shares", lambda *a: (lambda s: counts.append(len(s)) or s)(plan(*a)))
+    runs = []
+    for split in (False, True):
+        monkeypatch.setattr(backward_runner, "_RUNNERS", {})  # a runner, and its kernel, made at these settings
+        monkeypatch.setattr(backward_gpu, "SCRATCH_OF_Q", 0.0 if split else 1.0)
+        monkeypatch.setattr(backward_gpu, "WAVES", 0)
+        f = tc.compile(fn, deterministic=deterministic)
+        with torch.no_grad():
+            out = f(*args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs.append(_run(f, args, dout))
+        assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}
+    pairs = args[1].shape[0] * args[1].shape[1]
+    assert counts[0] == 1 and counts[-1] == pairs, counts
+    whole, split = runs
+    assert torch.equal(whole[1], split[1]) and torch.equal(whole[2], split[2])
+    want = _run(ref_fn, [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                         for a in _leaves(args, torch.float64)], dout.double())
+    _assert_grads(split, want, args, out, dout)

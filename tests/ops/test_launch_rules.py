@@ -211,8 +211,9 @@ def test_the_backward_arguments_are_the_header_with_fwdargs_inside():
     assert bwd.words[:len(fwd.words)] == tuple(f"f.{w}" for w in fwd.words)
     assert bwd.words[len(fwd.words):] == ("dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh",
                                           "dq_ss", "dk", "dk_sb", "dk_sh", "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss",
-                                          "lse_pad", "sq_pad", "dq_sem")
-    assert bwd.format.format == "<" + fwd.format.format[1:] + "Qqqq" + "QQ" + "Qqqq" * 3 + "QqQ"
+                                          "lse_pad", "sq_pad", "dq_sem", "b0", "hk0", "h0",
+                                          "slot_heads", "slot_base")
+    assert bwd.format.format == "<" + fwd.format.format[1:] + "Qqqq" + "QQ" + "Qqqq" * 3 + "QqQ" + "q" * 5
     from torch_cubridge.ops import backward_gpu
     words = list(range(len(bwd.words)))
     assert backward_gpu._pack_bwd(*words[:22], 0.5, *words[23:]) == bwd.format.pack(*words[:22], 0.5, *words[23:])

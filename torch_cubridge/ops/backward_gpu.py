@@ -16,6 +16,7 @@ from ..ir.program import Program
 from .backward_reference import canonical_out
 from ..lower.backward import SQ_PAD
 from . import layout
+from .backward_shares import plan_shares
 from .block_table import prepass_kernels, run_block_prepass
 from .pack import FWD_FORMAT, FWD_WORDS
 from .rules import rows_aligned
@@ -27,7 +28,8 @@ from .tma import no_broadcast, tensor_map
 BWD_LAYOUT = layout.read("BwdArgs")
 _pack_bwd = BWD_LAYOUT.packer(tuple(f"f.{w}" for w in FWD_WORDS) + (
     "dout", "do_sb", "do_sh", "do_ss", "delta", "dq_acc", "dq", "dq_sb", "dq_sh", "dq_ss", "dk", "dk_sb", "dk_sh",
-    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad", "dq_sem"))
+    "dk_ss", "dv", "dv_sb", "dv_sh", "dv_ss", "lse_pad", "sq_pad", "dq_sem", "b0", "hk0", "h0", "slot_heads",
+    "slot_base"))
 
 
 def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_lse: bool) -> str | None:
@@ -42,6 +44,14 @@ def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_l
     if not (kc.shape[0] == vc.shape[0] == qc.shape[0]) or 0 in (*kc.stride()[:2], *vc.stride()[:2]):
         return "K or V is broadcast over the batch or the heads"
     return None
+
+
+# A call's shares (ops/backward_shares.py): each share's scratch within SCRATCH_OF_Q of q's bytes, with at
+# least WAVES waves of CTAs, STREAMS shares in flight. dQ's accumulator for a whole call is twice q's bytes (3x
+# FlexAttention's peak above its inputs at D 128, where its backward keeps O, dQ, dK and dV alone).
+SCRATCH_OF_Q = 1 / 8
+WAVES = 2
+STREAMS = 2
 
 
 class GpuBackward:
@@ -73,6 +83,16 @@ class GpuBackward:
         self.fmt = params_format(low.params)
         # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
         self.blocks = prepass_kernels(cub) if low.prepass else None
+        # how a call is split into shares (ops/backward_shares.py); benchmarks try others
+        self.scratch_of_q, self.waves, self.streams = SCRATCH_OF_Q, WAVES, STREAMS
+
+    def scratch_budget(self, q: torch.Tensor) -> int:
+        """The most scratch one share may hold: a fraction of q's own bytes."""
+        return int(q.numel() * q.element_size() * self.scratch_of_q)
+
+    def min_ctas(self, device: torch.device) -> int:
+        """The fewest main-kernel CTAs a share keeps: `waves` CTAs per SM (one CTA fills an SM)."""
+        return self.waves * torch.cuda.get_device_properties(device).multi_processor_count
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                  scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor
@@ -97,47 +117,75 @@ class GpuBackward:
         if self.low.scale is not None:
             scale = interval(self.low.scale, {n: (float(x), float(x)) for n, x in {**sizes, **scal}.items()})[0]
         tensors = {x.name: t for x, t in zip(p.extras, extras)}
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        cur = torch.cuda.current_stream(q.device)
         sq_pad = -(-Sq // SQ_PAD) * SQ_PAD
-        delta = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
-        lse_pad = torch.empty(B, H, sq_pad, device=q.device, dtype=torch.float32)
-        if self.low.tile.kernel == "sm90":  # 64 x 64 blocks (bwd_prepost.cuh dq_tiled_at)
-            dq_acc = torch.empty(B, H, sq_pad, -(-D // 64) * 64, device=q.device, dtype=torch.float32)
-            # the deterministic mode's counters, one per 64 x 64 block of the accumulator
-            sem = torch.zeros(dq_acc.numel() // 4096 if self.low.tile.deterministic else 0, device=q.device,
-                              dtype=torch.int32)
-        else:
-            dq_acc = torch.empty(B, H, Sq, D, device=q.device, dtype=torch.float32)
-            sem = None
+        group, sm90 = H // Hkv, self.low.tile.kernel == "sm90"
+        acc_cols = -(-D // 64) * 64 if sm90 else D  # 64 x 64 blocks on Hopper (bwd_prepost.cuh dq_tiled_at)
+        row_floats = (acc_cols + 2) if sm90 else 2  # per padded row: the accumulator's, delta and the LSE
+        pair_bytes = 4 * group * (sq_pad * row_floats + (0 if sm90 else Sq * D))
+        n_tiles = -(-Skv // self.low.tile.block_n)
+        shares = plan_shares(B, Hkv, pair_bytes, self.scratch_budget(qc), n_tiles, self.min_ctas(q.device))
         # the kernels write dQ, dK, dV through [B, H, S, D] strides: where the operand's layout has its last
         # dim strided, they write a dense buffer copied over after
         bufs = [t if t.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
                 for t in (dqc, dkc, dvc)]
-        args = _pack_bwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(),
-                           *_st(qc), *_st(kc), *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale,
-                           doc.data_ptr(), *_st(doc), delta.data_ptr(), dq_acc.data_ptr(),
-                           *(x for b in bufs for x in (b.data_ptr(), *_st(b))), lse_pad.data_ptr(), sq_pad,
-                           sem.data_ptr() if sem is not None and sem.numel() else 0)
+        outs = tuple(x for b in bufs for x in (b.data_ptr(), *_st(b)))
+        fwd = (qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), oc.data_ptr(), lse.data_ptr(), *_st(qc), *_st(kc),
+               *_st(vc), *_st(oc), B, H, Hkv, Sq, Skv, scale, doc.data_ptr(), *_st(doc))
+        grads = {n: torch.zeros(tensors[n].shape, device=q.device, dtype=torch.float32) for n in self.low.sites}
         rt, table = {}, None
         if self.blocks is not None:  # BwdArgs begins with FwdArgs, which the pre-pass reads
-            rt, table = run_block_prepass(*self.blocks, args[:FWD_FORMAT.size], self.fmt, self.low.params,
+            words = _pack_bwd(*fwd, 0, 0, *outs, 0, sq_pad, 0, 0, 0, 0, H, 0)
+            rt, table = run_block_prepass(*self.blocks, words[:FWD_FORMAT.size], self.fmt, self.low.params,
                                           tensors, scal, B, H, Sq, Skv, self.low.tile.block_m,
-                                          self.low.tile.block_n, p.mask, q.device, stream)
-        grads = {n: torch.zeros(tensors[n].shape, device=q.device, dtype=torch.float32) for n in self.low.sites}
+                                          self.low.tile.block_n, p.mask, q.device, cur.cuda_stream)
         params = pack_params(self.fmt, self.low.params, tensors, scal, rt, grads)
-        blocks = (args, params)
-        if self.low.tile.kernel == "sm90":  # Q and dO in boxes of 64 rows, K and V of the CTA's keys
+        maps = ()
+        if sm90:  # Q and dO in boxes of 64 rows, K and V of the CTA's keys
             m, n, dt = self.low.tile.block_m, self.low.tile.block_n, q.dtype
-            blocks += tuple(tensor_map(t.data_ptr(), tuple(t.shape), (*t.stride()[:3], 1), dt, r)
-                            for t, r in ((qc, m), (kc, n), (vc, n), (doc, m)))
-        self.pre.launch((-(-sq_pad // self.rows_per_cta), H, B), (args,), stream)
-        self.main.launch((-(-Skv // self.low.tile.block_n), Hkv, B), blocks, stream)
-        self.post.launch((-(-Sq // self.rows_per_cta), H, B), (args,), stream)
-        del table  # enqueued: the caching allocator reuses it only for later work on this stream
+            maps = tuple(tensor_map(t.data_ptr(), tuple(t.shape), (*t.stride()[:3], 1), dt, r)
+                         for t, r in ((qc, m), (kc, n), (vc, n), (doc, m)))
+        # two shares in flight where there are several, on the caller's stream and a second one, each with its
+        # own scratch: one launch's tail overlaps the next one's body
+        lanes = [cur] if len(shares) == 1 or self.streams == 1 else [cur, _side_stream(q.device)]
+        most = max(s.nb * s.nhk for s in shares) * group
+        scratch = [(torch.empty(most, sq_pad, device=q.device, dtype=torch.float32),
+                    torch.empty(most, sq_pad, device=q.device, dtype=torch.float32),
+                    torch.empty(most * (sq_pad * acc_cols if sm90 else Sq * D), device=q.device,
+                                dtype=torch.float32)) for _ in lanes]
+        # the deterministic mode's counters, one per 64 x 64 block of a share's accumulator, zeroed per share
+        det = self.low.tile.deterministic
+        sems = [torch.zeros(s.nb * s.nhk * group * sq_pad * acc_cols // 4096 if det else 0, device=q.device,
+                            dtype=torch.int32) for s in shares]
+        if len(lanes) > 1:  # after every allocation and zeroing on the caller's stream
+            lanes[1].wait_stream(cur)
+        for i, (sh, sem) in enumerate(zip(shares, sems)):
+            st, (delta, lse_pad, dq_acc) = lanes[i % len(lanes)].cuda_stream, scratch[i % len(lanes)]
+            heads = sh.nhk * group
+            args = _pack_bwd(*fwd, delta.data_ptr(), dq_acc.data_ptr(), *outs, lse_pad.data_ptr(), sq_pad,
+                             sem.data_ptr() if det else 0, sh.b0, sh.hk0, sh.hk0 * group, heads,
+                             sh.b0 * heads + sh.hk0 * group)
+            self.pre.launch((-(-sq_pad // self.rows_per_cta), heads, sh.nb), (args,), st)
+            self.main.launch((n_tiles, sh.nhk, sh.nb), (args, params, *maps), st)
+            self.post.launch((-(-Sq // self.rows_per_cta), heads, sh.nb), (args,), st)
+        if len(lanes) > 1:  # the caller's later work, and the allocator's reuse of what is freed here, after both
+            cur.wait_stream(lanes[1])
+        del table, scratch, sems  # enqueued: the allocator reuses them only for later work on this stream
         for t, b in zip((dqc, dkc, dvc), bufs):
             if b is not t:
                 t.copy_(b)
         return dq, dk, dv, grads
+
+
+_SIDE: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The second stream shares alternate onto, one per device (made once: a stream is a driver object)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SIDE:
+        _SIDE[i] = torch.cuda.Stream(device=i)
+    return _SIDE[i]
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
