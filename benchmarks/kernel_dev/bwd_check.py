@@ -226,7 +226,7 @@ def shares(arch):
         for name, causal in (("causal_sdpa", True), ("full_matmul", False), ("gqa_expand", True)):
             if name == "gqa_expand":  # 4 query heads per KV head (timing_inputs gives K and V H heads)
                 fn, make, _ = case(name)
-                p = tc.transfer(fn, *make(2, 4, 1, 70, D, torch.float32))
+                p = tc.transfer(fn, *make(2, H, H // 4, 70, D, torch.float32))
                 q, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
                 k, v = (torch.randn(B, H // 4, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
                 kk, vv = (t.repeat_interleave(4, 1) for t in (k, v))
