@@ -47,9 +47,11 @@ def refusal(p: Program, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_l
 
 
 # A call's shares (ops/backward_shares.py): each share's scratch within SCRATCH_OF_Q of q's bytes, with at
-# least WAVES waves of CTAs, STREAMS shares in flight. dQ's accumulator for a whole call is twice q's bytes (3x
-# FlexAttention's peak above its inputs at D 128, where its backward keeps O, dQ, dK and dV alone).
-SCRATCH_OF_Q = 1 / 8
+# least WAVES waves of CTAs, STREAMS shares in flight. dQ's accumulator for a whole call is twice q's bytes
+# (half again FlexAttention's peak above its inputs, which holds O, dQ, dK and dV alone). At B 8, H 16, S 4k
+# (bwd_check --shares) the split costs the causal backward 2% at D 128 and 1% at D 64 with two shares in
+# flight, and 20% with one (each launch's tail idles the machine).
+SCRATCH_OF_Q = 0.15
 WAVES = 2
 STREAMS = 2
 
@@ -154,7 +156,7 @@ class GpuBackward:
                     torch.empty(most * (sq_pad * acc_cols if sm90 else Sq * D), device=q.device,
                                 dtype=torch.float32)) for _ in lanes]
         # the deterministic mode's counters, one per 64 x 64 block of a share's accumulator, zeroed per share
-        det = self.low.tile.deterministic
+        det = sm90 and self.low.tile.deterministic
         sems = [torch.zeros(s.nb * s.nhk * group * sq_pad * acc_cols // 4096 if det else 0, device=q.device,
                             dtype=torch.int32) for s in shares]
         if len(lanes) > 1:  # after every allocation and zeroing on the caller's stream
