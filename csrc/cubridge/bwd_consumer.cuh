@@ -93,8 +93,9 @@ __device__ __forceinline__ void bwd_grads(float (&s)[1][NT][4], float (&dp)[1][N
 // The same in two halves, so the tensor cores take dV = P^T dO while dP^T is still on them (the Hopper
 // kernel): bwd_probs makes P, as the A operand pa (input dtype), from S^T alone, and leaves s holding
 // P dscore/ds in float32 (P alone where kTimesGrad is false: bwd_dscores_sites); bwd_dscores then makes dS from
-// it and dP^T, as the A operand da.
-template <class Variant, int NT, class T, bool kTimesGrad = true>
+// it and dP^T, as the A operand da. kEdge false: the caller knows every pair of the tile live (a full block,
+// all its queries and keys before the ends), so no pair is tested; a plain score's row then has a finite LSE.
+template <class Variant, int NT, class T, bool kTimesGrad = true, bool kEdge = true>
 __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[NT / 2][4], const float* sLse,
                                           const FwdArgs& a, const typename Variant::Params& p, int b, int h,
                                           int q_lo, int cls, int kv_row0, int lane) {
@@ -109,17 +110,21 @@ __device__ __forceinline__ void bwd_probs(float (&s)[1][NT][4], unsigned (&pa)[N
     for (int e = 0; e < 4; ++e) {
       const int ql = nt * 8 + (lane % 4) * 2 + e % 2, q = q_lo + ql, kv = kv_row0 + (e / 2) * 8;
       const int qc = imin(q, sq - 1), kc = imin(kv, skv - 1);
-      const bool keep = q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u);
+      const bool keep = !kEdge || (q < sq && kv < skv && !((drop >> (nt * 4 + e)) & 1u));
       const float raw = s[0][nt][e];
       const float x = kRaw ? raw : Hook<Variant>::score(a, p, raw, b, h, qc, kc);
       const float lse = sLse[ql];
       // P as bwd_grads makes it: one helper for both element loops moved ptxas's allocation (two more spills
       // in the Hopper kernel at 128 columns), so the loops stay apart and share the mask's bits
-      pr[e] = !keep || lse == neg_inf() ? 0.f
-              : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
+      if (kRaw && !kEdge)
+        pr[e] = fast_exp2(fmaf(x, factor, -lse * kLog2e));
+      else
+        pr[e] = !keep || lse == neg_inf() ? 0.f
+                : kRaw ? fast_exp2(fmaf(x, factor, -lse * kLog2e)) : fast_exp2((x - lse) * kLog2e);
       if constexpr (kTimesGrad) {
+        // a hook's dscore/ds may be infinite or NaN where the pair is dropped; the plain score's is the scale
         const float g = kRaw ? static_cast<float>(a.scale) : Hook<Variant>::score_grad(a, p, raw, b, h, qc, kc);
-        s[0][nt][e] = pr[e] != 0.f ? pr[e] * g : 0.f;
+        s[0][nt][e] = kRaw ? pr[e] * g : pr[e] != 0.f ? pr[e] * g : 0.f;
       } else {
         s[0][nt][e] = pr[e];
       }
@@ -146,9 +151,9 @@ __device__ __forceinline__ void pack_dscores(unsigned (&da)[NT / 2][4], int lane
 template <int NT, class T>
 __device__ __forceinline__ void bwd_dscores(const float (&pg)[1][NT][4], const float (&dp)[1][NT][4],
                                             unsigned (&da)[NT / 2][4], const float* sDelta, int lane) {
-  pack_dscores<NT, T>(da, lane, [&](int nt, int e, int ql) {
-    return pg[0][nt][e] != 0.f ? pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]) : 0.f;
-  });
+  // pg is exactly zero on dropped pairs (bwd_probs), and dP and delta are finite (the copy engine zero-fills
+  // rows past the ends): no pair is tested
+  pack_dscores<NT, T>(da, lane, [&](int nt, int e, int ql) { return pg[0][nt][e] * (dp[0][nt][e] - sDelta[ql]); });
 }
 
 // bwd_dscores where the score reads learnable tensors (the Hopper kernel; lower/sites.py gives it only variants

@@ -123,7 +123,13 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     c.products(sc, dp, sQ, sdO);
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&sc[0][0][0]);
-    bwd_probs<Variant, C::NT, T, !kSites>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0, c.lane);
+    // a tile with every pair live (most of a walk) tests none
+    if (cls == kPartial || q_hi - q_lo < BM || kv_hi - kv_lo < BN)
+      bwd_probs<Variant, C::NT, T, !kSites, true>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
+                                                  c.lane);
+    else
+      bwd_probs<Variant, C::NT, T, !kSites, false>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
+                                                   c.lane);
     c.accumulate(dv, pa, sdO);  // dV += P^T dO
     wgmma_wait<1>();
     wgmma_hold<4 * C::NT>(&dp[0][0][0]);
