@@ -78,26 +78,16 @@ struct WgmmaBwdConsumer {
     wgmma_commit();
   }
 
-  // This warpgroup's dS^T into the [query][key] tile at `tile` (128-byte swizzled, chunk cw: its 64 keys),
-  // from its A operand (a_operand's packing: each word two adjacent queries of one key). A thread's queries
-  // are q0 + 8 m (+1) and its keys k0 (+8), and q0 and k0 fix the swizzle (q % 8 and (k % 64) / 8), so its 64
-  // addresses are four bases plus constants (computed per element, ptxas kept 32 of them live and spilled).
-  __device__ __forceinline__ void stage_ds(unsigned char* tile, const unsigned (&da)[PK][4]) const {
-    const int q0 = (lane % 4) * 2, piece = warp * 2;  // (k0 % 64) / 8 for the first key, +1 for the second
-    unsigned char* base[2][2];
+  // This warpgroup's dS^T into the [query][key] tile at shared address `tile` (128-byte swizzled, chunk cw: its
+  // 64 keys), from its A operand (a_operand's packing: word da[kk][r] is the 8 x 8 block of keys 8 (r % 2) on
+  // from the warp's 16, queries 8 (2 kk + r / 2) on, a thread's row lane / 4 and columns 2 (lane % 4), +1):
+  // four transposing matrix stores a step, lane l addressing row l % 8 of block l / 8 (16-bit stores of each
+  // element took 64 instructions more a step).
+  __device__ __forceinline__ void stage_ds(unsigned tile, const unsigned (&da)[PK][4]) const {
+    const int blk = lane / 8, row = lane % 8;
+    const unsigned base = tile + cw * BM * 128 + (((warp * 2 + blk % 2) ^ row) * 16);  // a query row's 16-byte piece
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh)
-#pragma unroll
-      for (int qh = 0; qh < 2; ++qh)
-        base[kh][qh] = tile + cw * BM * 128 + (q0 + qh) * 128 + (((piece + kh) ^ (q0 + qh)) * 16) + (lane / 4) * 2;
-#pragma unroll
-    for (int kk = 0; kk < PK; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int m = 2 * kk + r / 2;  // queries q0 + 8 m and q0 + 8 m + 1: rows 8 m further
-        *reinterpret_cast<unsigned short*>(base[r % 2][0] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r]);
-        *reinterpret_cast<unsigned short*>(base[r % 2][1] + m * 8 * 128) = static_cast<unsigned short>(da[kk][r] >> 16);
-      }
+    for (int kk = 0; kk < PK; ++kk) stsm_x4_t(base + ((2 * kk + blk / 2) * 8 + row) * 128, da[kk]);
   }
 
   // dQ's share of this warpgroup (asynchronous): columns [64 cw, 64 cw + 64) over every key where the

@@ -31,7 +31,6 @@ template <class Cfg>
 struct BwdSm90Smem {
   static constexpr int ST = Cfg::kStages;
   unsigned sK, sV, sQ, sdO, sdS, sDq, sLse, sDelta;  // shared addresses (Q, dO, LSE, delta: stage 0)
-  unsigned char* ds_tile;                             // dS buffer 0, generic
   float* dq_stage;                                    // consumer 0's dQ share, generic
   const float *lse, *delta;                      // stage 0's rows, generic
   QueryRing<ST> ring;
@@ -49,7 +48,6 @@ struct BwdSm90Smem {
     sDq = sdS + 2 * Cfg::kSBytes;
     sLse = sDq + Cfg::kConsumers * Cfg::kDqBytes;
     sDelta = sLse + ST * Cfg::kRowBytes;
-    ds_tile = base + (sdS - sK);
     dq_stage = reinterpret_cast<float*>(base + (sDq - sK));
     lse = reinterpret_cast<const float*>(base + (sLse - sK));
     delta = reinterpret_cast<const float*>(base + (sDelta - sK));
@@ -145,7 +143,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     // warpgroup writes one while the other may still read the last (it passed this item's barrier only after
     // its last dQ completed)
     const int buf = i & 1;
-    c.stage_ds(sm.ds_tile + buf * Cfg::kSBytes, da);
+    c.stage_ds(sm.sdS + buf * Cfg::kSBytes, da);
     fence_proxy_async();  // the generic writes, before the tensor cores read them
     c.dq_stage_free();    // the issuer's last reduction has read the staging buffer, before the barrier below
     if constexpr (Cfg::kDqSplitN)

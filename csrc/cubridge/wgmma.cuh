@@ -37,6 +37,14 @@ __device__ __forceinline__ unsigned sw128_offset(int r, int c) {
   return (c / 64) * (ROWS * 128) + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
 }
 
+// Four 8 x 8 b16 matrices to shared memory, transposed: a thread's word i holds row lane / 4, columns
+// 2 (lane % 4) and +1 of matrix i (an m16n8 accumulator's packing); lanes 8 i .. 8 i + 7 give the addresses of
+// matrix i's eight rows as stored (its columns).
+__device__ __forceinline__ void stsm_x4_t(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
