@@ -16,6 +16,14 @@
 
 namespace cubridge {
 
+// Whether the Hopper kernel leaves dscore/ds out of dS: the plain score's is the scale, one value over the call,
+// so dK takes it once at its store and dQ in the postprocess (bwd_postprocess's kScaleDq), not every pair. Not
+// where the score reads learnable tensors (their gradients take dX = P (dP - delta) beside dS).
+template <class Variant>
+__host__ __device__ constexpr bool ds_unscaled() {
+  return score_is_default<Variant>(0) && Variant::kSites == 0;
+}
+
 template <class Cfg, class Variant, class T>
 struct WgmmaBwdConsumer {
   static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, PD = Cfg::kPadD, PDV = Cfg::kPadDv;

@@ -98,6 +98,7 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     for (int e = 0; e < 4; ++e) dv[0][t][e] = 0.f;
 
   constexpr bool kSites = Variant::kSites > 0;
+  constexpr bool kTimesGrad = !kSites && !ds_unscaled<Variant>();  // dscore/ds in P's half (bwd_probs)
   float* sWin = reinterpret_cast<float*>(smem_raw + Cfg::kSmemBytes);  // the learnable sites', if any
   if constexpr (kSites) {  // read after the first step's site barrier
     for (int i = tid; i < Variant::kSiteFloats; i += 128 * NC) sWin[i] = 0.f;
@@ -123,10 +124,10 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     wgmma_hold<4 * C::NT>(&sc[0][0][0]);
     // a tile with every pair live (most of a walk) tests none
     if (cls == kPartial || q_hi - q_lo < BM || kv_hi - kv_lo < BN)
-      bwd_probs<Variant, C::NT, T, !kSites, true>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
+      bwd_probs<Variant, C::NT, T, kTimesGrad, true>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
                                                   c.lane);
     else
-      bwd_probs<Variant, C::NT, T, !kSites, false>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
+      bwd_probs<Variant, C::NT, T, kTimesGrad, false>(sc, pa, sm.lse + s * BM, a.f, p, b, h, q_lo, cls, c.kv_row0,
                                                    c.lane);
     c.accumulate(dv, pa, sdO);  // dV += P^T dO
     wgmma_wait<1>();
@@ -169,6 +170,13 @@ __device__ __forceinline__ void attention_bwd_sm90(const BwdArgs& a, const typen
     c.add_dq(dq, sm.dq_stage, sm.sDq, a, b, h, q_lo, rank);
   }
   c.finish_dq();
+  if constexpr (ds_unscaled<Variant>()) {
+    const float scale = static_cast<float>(a.f.scale);
+#pragma unroll
+    for (int t = 0; t < C::DT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[0][t][e] *= scale;
+  }
   store_rows<Cfg::kHeadDim, C::DT, T>(dk, a.dk, a.dk_sb, a.dk_sh, a.dk_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
   store_rows<Cfg::kValueDim, C::DTV, T>(dv, a.dv, a.dv_sb, a.dv_sh, a.dv_ss, a.f.Skv, b, hk, c.kv_row0, c.lane);
 }

@@ -66,10 +66,12 @@ __device__ __forceinline__ void bwd_preprocess(const BwdArgs& a) {
   }
 }
 
-// CH: 0 where the accumulator is row-major [B, Hq, Sq, D], else its chunks per block (dq_tiled_at).
-template <int D, class T, int CH = 0>
+// CH: 0 where the accumulator is row-major [B, Hq, Sq, D], else its chunks per block (dq_tiled_at). kScaleDq:
+// the main kernel left the scale out of dS (bwd_consumer_sm90.cuh ds_unscaled), and dQ takes it here.
+template <int D, class T, int CH = 0, bool kScaleDq = false>
 __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
   static_assert(CH == 0 || D % 8 == 0, "the tiled accumulator is read in pieces of 8 columns");
+  static_assert(CH != 0 || !kScaleDq, "the Hopper kernel's tiled accumulator alone leaves dQ unscaled");
   const int lane = threadIdx.x % 32, q = blockIdx.x * kBwdRowsPerCta + threadIdx.x / 32;
   const int h = blockIdx.y + a.h0, b = blockIdx.z + a.b0;
   if (q >= a.f.Sq) return;
@@ -82,7 +84,8 @@ __device__ __forceinline__ void bwd_postprocess(const BwdArgs& a) {
     for (int c8 = lane; c8 < D / 8; c8 += 32) {
       const float4* piece = dq_piece<CH>(a, b, h, q, c8);
       const float4 x = piece[0], y = piece[1];
-      const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+      const float f = kScaleDq ? static_cast<float>(a.f.scale) : 1.f;
+      const float v[8] = {x.x * f, x.y * f, x.z * f, x.w * f, y.x * f, y.y * f, y.z * f, y.w * f};
       T* out = dq + 8 * c8;
       if (reinterpret_cast<unsigned long long>(out) % 16 == 0) {
         uint4 pack;

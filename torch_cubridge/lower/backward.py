@@ -227,7 +227,7 @@ def lower_backward(p: Program, arch: str = "sm_80", dtype: str = "bfloat16", hea
                 f"  cubridge::attention_bwd_sm90<Cfg, Variant, {t}>(a, p, &tq, &tk, &tv, &tdo);"]
         header = '#include "cubridge/bwd_kernel_sm90.cuh"'
         chunks = "Cfg::kDqSplitN ? Cfg::kPadD / 64 : 1"  # the tiled accumulator's (bwd_prepost.cuh dq_tiled_at)
-        pre, post = f"<{D}, {DV}, {t}, {chunks}>", f"<{D}, {t}, {chunks}>"
+        pre, post = f"<{D}, {DV}, {t}, {chunks}>", f"<{D}, {t}, {chunks}, cubridge::ds_unscaled<Variant>()>"
     else:
         cfg = [f"using Cfg = cubridge::BwdTile<{D}, {tile.block_m}, {tile.warps}>;", *_agrees(tile)]
         main = [f"{BWD_NAME}(cubridge::BwdArgs a, Variant::Params p) {{",
