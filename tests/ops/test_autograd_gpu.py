@@ -394,3 +394,26 @@ def test_a_backward_split_into_shares_gives_the_whole_calls_gradients(monkeypatc
     want = _run(ref_fn, [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                          for a in _leaves(args, torch.float64)], dout.double())
     _assert_grads(split, want, args, out, dout)
+
+
+def test_the_backward_reads_the_row_flags_its_forward_noted(monkeypatch):
+    """The backward's gate (rows a finite fill fills whole, rows with no key) reads the flags its forward made
+    and copied behind itself (ops/row_flags.py), computing none itself: no host wait in the backward."""
+    from torch_cubridge.ops import row_flags
+    made = []
+    flags = row_flags._flags
+    monkeypatch.setattr(row_flags, "_flags", lambda lse: made.append(lse.shape) or flags(lse))
+    fn, make, _ = _case("causal_sdpa")
+    args = _leaves(make(), torch.bfloat16)
+    f = tc.compile(fn)
+    with torch.no_grad():
+        f(*args)  # built and verified
+    made.clear()
+    before = set(row_flags._NOTES)
+    out = f(*args)
+    noted = set(row_flags._NOTES) - before
+    assert len(made) == 1 and len(noted) == 1
+    out.backward(torch.randn_like(out))
+    assert len(made) == 1  # the backward made none
+    assert not noted & set(row_flags._NOTES)  # it read the note
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"kernel": 1}

@@ -25,18 +25,13 @@ import torch
 
 from ..ir.bind import to_canonical
 from ..verify.judge import judge_rows
-from . import backward_gpu
+from . import backward_gpu, row_flags
 from .backward_reference import canonical_out, dout_for_lse_rounding, kernel_sink_gradients, reference_backward
 
 # a row of dQ, dK or dV may be off by this fraction of its own largest element (floored at 1/32 of the median
 # row's): bf16 P and dS on the tensor cores give ~1e-2 (benchmarks/kernel_dev/bwd_check.py), a wrong tile,
 # a missed mask or a lost key is of the order of the row itself
 ROW_TOL = 0.05
-# A row whose LSE is below this is one a finite fill fills whole (finfo.min, -1e9 over every key): float32
-# holds log(count) below the fill's rounding there (ulp(2^14) is 2^-9), so the kernel's P = exp(S - LSE) is
-# not normalised on it (the kernel is handed dO divided by P's row sum there:
-# backward_reference.dout_for_lse_rounding); real scores never reach it (|s| of 16384 is a one-hot softmax)
-FILL_ROW_LSE = -16384.0
 
 
 def lse_has_gradient(runner: Any) -> bool:
@@ -139,17 +134,18 @@ class BackwardRunner:
 
     def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
               scalars: list[float], lse: torch.Tensor, dout: torch.Tensor) -> tuple[str | None, torch.Tensor]:
-        """What this call's rows ask of the kernel, from the forward's LSE (one sync): why it cannot take them
-        (rows with no key where the program gives them the mean of V), or the dO to hand it (divided by P's
-        row sum on rows a finite fill fills whole)."""
-        fill = torch.isfinite(lse) & (lse < FILL_ROW_LSE)
-        any_fill, any_empty = torch.stack([fill.any(), torch.isneginf(lse).any()]).tolist()
+        """What this call's rows ask of the kernel, from the forward's LSE (ops/row_flags.py: noted when the
+        forward made it): why it cannot take them (rows with no key where the program gives them the mean of V),
+        or the dO to hand it (divided by P's row sum on rows a finite fill fills whole)."""
+        any_fill, any_empty = row_flags.read(lse)
         if any_empty and self.p.empty_rows == "mean_v":
             return "rows with every key masked take the mean of V, whose gradient the backward kernel does not " \
                    "give", dout
         if any_fill and self.p.sink is not None:  # the row sums to divide by are the sink's factor, not 1
             return "rows a finite fill fills whole beside a sink below the fill", dout
-        return None, dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, fill, dout) if any_fill else dout
+        if not any_fill:
+            return None, dout
+        return None, dout_for_lse_rounding(self.p, q, k, v, extras, scalars, lse, row_flags.fill_rows(lse), dout)
 
     def _kernel(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                 scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import row_flags
 from .determinism import split
 from .fastpath import canon
 from .registry import runner_for as _runner
@@ -47,6 +48,7 @@ def _(q, k, v, extras, scalars, kernel_id):
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
                   scalars: list[float], kernel_id: str) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _runner(kernel_id).op_forward(q, k, v, extras, scalars, want_lse=True)
+    row_flags.note(lse)  # read by its backward (a call that wants gradients comes through here)
     return out, lse
 
 
