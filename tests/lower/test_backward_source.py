@@ -122,13 +122,14 @@ HOPPER_SPILL = {("softcap_causal", 128): 64, ("document_causal", 128): 8}
 @pytest.mark.parametrize("name", NAMES)
 def test_hopper_backward_is_wgmma_fed_by_tma(name, D, tmp_path):
     """On sm_90a the backward is the Hopper kernel: warpgroup MMA (HGMMA) on operands the copy engine brought
-    (UTMALDG, and the LSE and delta rows by bulk copies), dQ added by one bulk reduction (UBLKRED), no mma.sync,
-    and the registers handed from the producer to the consumers (USETMAXREG)."""
+    (UTMALDG, and the LSE and delta rows by bulk copies), dQ added by one bulk reduction (UBLKRED), dS staged for
+    it by transposing matrix stores (STSM), no mma.sync, and the registers handed from the producer to the
+    consumers (USETMAXREG)."""
     low = lower_backward(_prog(name, D), "sm_90a", head_dim=D)
     assert low.tile.kernel == "sm90"
     cubin = tc.cubin(_prog(name, D), arch="sm_90a", head_dim=D, backward=True)
     sass = _sass(cubin, tmp_path)
-    for op in ("HGMMA", "UTMALDG", "UBLKCP", "UBLKRED", "USETMAXREG"):
+    for op in ("HGMMA", "UTMALDG", "UBLKCP", "UBLKRED", "STSM", "USETMAXREG"):
         assert op in sass, op
     assert "HMMA" not in sass.replace("HGMMA", "")
     _, log = _ptxas(low.source, "sm_90a")
