@@ -8,7 +8,7 @@ the tensor's max) with the float64 backward of the kernel's own inputs (delta fr
 verdict), and dQ also with float64 autograd of the spec (end to end: rows that keep few keys carry the bf16 O's
 error in delta there, in any FlashAttention-style backward; bwd_rows.py says why). A mismatch prints its worst
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
-and cuDNN backends at B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
+and cuDNN backends at B*S = 32k, H = 16, S = 4096, D 128 and 64 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
 [--d D] | --sweep (the rate over S) | --sites (a learnable table's cost) | --shares (a split call's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
 ours and cuDNN's; with CUBRIDGE_LINEINFO=1 and a fresh CUBRIDGE_CACHE_DIR, ncu's SourceCounters name our lines.
@@ -154,13 +154,13 @@ def sdpa_backward(q, k, v, do, causal, backend):
     return lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
 
 
-def bench(arch):
-    print("\nbackward timing, bf16, B*S = 32k, H = 16, S = 4096, D = 128 (TFLOP/s at 2.5x forward FLOPs)")
+def bench(arch, dims=(128, 64)):
+    print(f"\nbackward timing, bf16, B*S = 32k, H = 16, S = 4096, D = {dims} (TFLOP/s at 2.5x forward FLOPs)")
     from torch.nn.attention import SDPBackend
-    B, H, S, D = 8, 16, 4096, 128
-    for name, causal in (("causal_sdpa", True), ("full_matmul", False)):
+    B, H, S = 8, 16, 4096
+    for D, (name, causal) in ((D, c) for D in dims for c in (("causal_sdpa", True), ("full_matmul", False))):
         p, fn, bound, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch)
-        row = [f"{name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch).low.tile.kernel}"]
+        row = [f"D {D} {name:12s}", f"ours {flops / timed(go) / 1e12:6.1f} ({kernels(p, D, arch).low.tile.kernel}"]
         if arch == "sm_90a":  # the FA2-class kernel the Hopper one replaces, and the deterministic mode
             _, go80, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch, "sm80")
             row.append(f"sm80: {flops / timed(go80) / 1e12:6.1f}")
@@ -323,7 +323,7 @@ def main() -> int:
     print(f"checks done in {time.time() - t0:.0f} s: {bad} failing")
     if "--no-bench" not in sys.argv:
         try:
-            bench(arch)
+            bench(arch, (int(sys.argv[sys.argv.index("--d") + 1]),) if "--d" in sys.argv else (128, 64))
         except Exception as e:
             print(f"bench ERROR {type(e).__name__}: {e}")
             traceback.print_exc(limit=6)
