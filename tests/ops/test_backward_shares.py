@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from torch_cubridge.ops.backward_shares import Share, plan_shares
+from torch_cubridge.ops.backward_shares import Share, plan_shares, share_words
 
 
 def _pairs(shares: list[Share]) -> list[tuple[int, int]]:
@@ -31,3 +31,15 @@ def test_the_bench_shape_splits_into_batches_and_a_small_call_stays_whole():
     assert plan_shares(2, 4, 4 * 320 * 66, 33_000, ctas_per_pair=3, min_ctas=264) == [Share(0, 2, 0, 4)]
     assert plan_shares(1, 16, pair, pair * 4, ctas_per_pair=128, min_ctas=264) == [
         Share(0, 1, h, 4) for h in (0, 4, 8, 12)]
+
+
+@pytest.mark.parametrize("B, Hkv, group, fit", [(3, 4, 1, 1), (3, 4, 1, 6), (2, 8, 4, 3), (5, 2, 8, 1), (1, 16, 1, 5)])
+def test_a_shares_scratch_holds_its_pairs_once_in_order(B, Hkv, group, fit):
+    """The words the host packs per share, read by bwd_slot's rule (b * slot_heads + h - slot_base, with the grid's
+    b from b0 and query heads from h0): every (batch, query head) of the share lands in its own slot, the slots
+    0 .. pairs - 1, batch-major, as the preprocess and postprocess walk them."""
+    for sh in plan_shares(B, Hkv, 1000, 1000 * fit, ctas_per_pair=1, min_ctas=0):
+        b0, hk0, h0, slot_heads, slot_base = share_words(sh, group)
+        assert (b0, hk0) == (sh.b0, sh.hk0)
+        slots = [b * slot_heads + h - slot_base for b in range(b0, b0 + sh.nb) for h in range(h0, h0 + sh.nhk * group)]
+        assert slots == list(range(sh.nb * sh.nhk * group))

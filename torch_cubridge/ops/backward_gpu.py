@@ -16,7 +16,7 @@ from ..ir.program import Program
 from .backward_reference import canonical_out
 from ..lower.backward import SQ_PAD
 from . import layout
-from .backward_shares import plan_shares
+from .backward_shares import plan_shares, share_words
 from .block_table import prepass_kernels, run_block_prepass
 from .pack import FWD_FORMAT, FWD_WORDS
 from .rules import rows_aligned
@@ -165,8 +165,7 @@ class GpuBackward:
             st, (delta, lse_pad, dq_acc) = lanes[i % len(lanes)].cuda_stream, scratch[i % len(lanes)]
             heads = sh.nhk * group
             args = _pack_bwd(*fwd, delta.data_ptr(), dq_acc.data_ptr(), *outs, lse_pad.data_ptr(), sq_pad,
-                             sem.data_ptr() if det else 0, sh.b0, sh.hk0, sh.hk0 * group, heads,
-                             sh.b0 * heads + sh.hk0 * group)
+                             sem.data_ptr() if det else 0, *share_words(sh, group))
             self.pre.launch((-(-sq_pad // self.rows_per_cta), heads, sh.nb), (args,), st)
             self.main.launch((n_tiles, sh.nhk, sh.nb), (args, params, *maps), st)
             self.post.launch((-(-Sq // self.rows_per_cta), heads, sh.nb), (args,), st)

@@ -20,6 +20,13 @@ class Share:
     nhk: int
 
 
+def share_words(share: Share, group: int) -> tuple[int, int, int, int, int]:
+    """BwdArgs' b0, hk0, h0, slot_heads and slot_base for a share of KV heads with `group` query heads each:
+    bwd_config.cuh's bwd_slot puts (b, h) at b * slot_heads + h - slot_base, the share's pairs at 0, 1, ..."""
+    heads = share.nhk * group
+    return share.b0, share.hk0, share.hk0 * group, heads, share.b0 * heads + share.hk0 * group
+
+
 def plan_shares(batches: int, kv_heads: int, pair_bytes: int, budget_bytes: int, ctas_per_pair: int,
                 min_ctas: int) -> list[Share]:
     """The shares of a call: pair_bytes is one (batch, KV head) pair's scratch (its query heads'), budget_bytes
