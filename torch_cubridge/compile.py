@@ -201,7 +201,7 @@ class CompiledAttention:
             bound = bind_example(self.fn, args, kwargs)
             e.runners[d], e.reasons[d] = kernel_stage(self.fn, e.result, bound)
             if e.runners[d] is not None:
-                prepare_autograd(e.runners[d])
+                prepare_autograd(e.runners[d], bound)
             if e.runners[d] is None:
                 if self.options.fallback == "raise" and on_cuda(bound):
                     raise UnsupportedSpec(e.reasons[d], op="kernel")

@@ -499,3 +499,49 @@ def test_a_row_scale_that_reads_no_lse_leaves_the_backward_to_the_kernel(monkeyp
     _check(got, want)
     who = "reference" if fn is _row_sinks else "kernel"
     assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {who: 1}
+
+
+def _wrong_off_the_calls_length(length: int):
+    """A stand-in kernel right at the call's query length and wrong at any other (one row of dQ doubled): what a
+    kernel wrong only on partial tiles looks like to a check of the call's own inputs."""
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
+            if q.shape[2] != length:
+                dq[0, 0, 5] *= 2.0
+            return dq, dk, dv, {}
+        return kern
+    return build
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong-off-length"])
+def test_a_backward_kernel_is_checked_on_redrawn_cases_too(monkeypatch, wrong):
+    """The first backward's check runs the kernel on the cases the forward's verification draws (other lengths,
+    structured masks) besides the call's own inputs: a kernel right at the call's length and wrong at another is
+    caught there, and the reference serves; a right one serves. The call's activations are not what is kept."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    S = 300
+    build = _wrong_off_the_calls_length(S) if wrong else _stand_in(None)
+    monkeypatch.setattr(backward_runner, "build_kernel", build)
+    made = serve_by_op(monkeypatch)
+    c = next(c for c in CASES if c.name == "causal_sdpa")
+    f = tc.compile(c.fn)
+    args = c.make(2, 4, 4, S, 16, torch.float32)
+    dout = torch.randn(args[0].shape)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        out = f(*leaves)
+        kept = made[-1].grad_example
+        assert kept is not None and all(t.device.type == "meta" for t in kept.values() if isinstance(t, torch.Tensor))
+        out.backward(dout)
+    bw = backward_runner.backward_for(made[-1].kernel_id)
+    _, want = _reference(c.fn, args, dout)
+    _check([a.grad for a in leaves], want)  # right either way
+    assert made[-1].grad_example is None  # drawn from once, then let go
+    if wrong:
+        assert bw.served == {"reference": 1}, bw.served
+        assert any("redrawn case" in str(w.message) and "Sq 77" in str(w.message) for w in seen), \
+            [str(w.message) for w in seen]
+    else:
+        assert bw.served == {"kernel": 1}, bw.served

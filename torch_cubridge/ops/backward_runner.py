@@ -25,7 +25,7 @@ import torch
 
 from ..ir.bind import to_canonical
 from ..verify.judge import judge_rows
-from . import backward_gpu, row_flags
+from . import backward_gpu, backward_trials, row_flags
 from .backward_reference import canonical_out, dout_for_lse_rounding, kernel_sink_gradients, reference_backward
 
 # a row of dQ, dK or dV may be off by this fraction of its own largest element (floored at 1/32 of the median
@@ -58,8 +58,10 @@ def autograd_refusal(runner: Any) -> str | None:
     return None
 
 
-def prepare(runner: Any) -> None:
-    """Decide once, before any trace, whether calls that need gradients may go through the op."""
+def prepare(runner: Any, bound: dict[str, Any] | None = None) -> None:
+    """Decide once, before any trace, whether calls that need gradients may go through the op; where this first
+    call (`bound`, its arguments) wants gradients, keep what the first backward check draws its redrawn cases
+    from (ops/backward_trials.py)."""
     try:
         why = autograd_refusal(runner)
     except Exception as err:  # never an internal exception: such calls run the spec
@@ -67,7 +69,13 @@ def prepare(runner: Any) -> None:
     try:
         runner.autograd_refusal = why
     except AttributeError:  # a plain function serving (tests): no op path
-        pass
+        return
+    if why is None and bound is not None and torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in bound.values()):
+        try:
+            runner.grad_example = backward_trials.keep_example(runner.p, bound)
+        except Exception:  # the first backward is then checked on its own inputs alone
+            runner.grad_example = None
 
 
 class BackwardRunner:
@@ -76,6 +84,7 @@ class BackwardRunner:
 
     def __init__(self, runner: Any) -> None:
         self.p = runner.p
+        self._forward = runner  # its op_operands and op_forward make the redrawn cases' O and LSE
         self.name = getattr(runner, "kernel_id", "attention")
         # the LSE's gradient is real where the spec returns the LSE or a row scale, applied after the op, reads it
         self.lse_grad = lse_has_gradient(runner)
@@ -162,21 +171,56 @@ class BackwardRunner:
         kern = self._kernels[key]
         if kern is None:
             return None
-        dq, dk, dv, sites = kern(q, k, v, extras, scalars, out, lse, kdout)
-        sink = kernel_sink_gradients(self.p, q, k, v, extras, scalars, out, dout, lse, learn) if learn else []
-        learned = []
-        for i, g in zip(learn, sink):  # the score's share (the kernel's, float32) plus the sink's
-            site = sites.get(self.p.extras[i].name)
-            learned.append(g if site is None else site.add_(g).to(extras[i].dtype))
-        got = (dq, dk, dv, learned)
+        got = self._gradients(kern, q, k, v, extras, scalars, out, lse, dout, kdout, learn)
         if key not in self._verified:
             bad = self.check(q, k, v, extras, scalars, out, dout, got, learn)
+            bad = f"{bad}, on the call's own inputs" if bad is not None else \
+                self.check_cases(kern, learn, q.dtype, q.device)
             self._verified[key] = bad is None
             if bad is not None:
                 self._kernels[key] = None
-                self._why[key] = f"the backward kernel failed its check against float64 on this call ({bad})"
+                self._why[key] = f"the backward kernel failed its check against float64 ({bad})"
                 return None
         return got
+
+    def _gradients(self, kern: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                   scalars: list[float], out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                   kdout: torch.Tensor, learn: list[int]) -> tuple:
+        """The kernel's (dQ, dK, dV, [the gradient of extras[i] for i in learn]): the score's share of a learnable
+        tensor's gradient is the kernel's (float32), the sink's is added beside it."""
+        dq, dk, dv, sites = kern(q, k, v, extras, scalars, out, lse, kdout)
+        sink = kernel_sink_gradients(self.p, q, k, v, extras, scalars, out, dout, lse, learn) if learn else []
+        learned = []
+        for i, g in zip(learn, sink):
+            site = sites.get(self.p.extras[i].name)
+            learned.append(g if site is None else site.add_(g).to(extras[i].dtype))
+        return dq, dk, dv, learned
+
+    def check_cases(self, kern: Any, learn: list[int], dtype: torch.dtype, device: torch.device) -> str | None:
+        """The kernel on the redrawn cases of the first call that wanted gradients (ops/backward_trials.py),
+        each held to float64 as the call's own inputs are: the forward's O and LSE for them, a random dO. None
+        where every case holds (or none was kept); else which failed and how. The cases are drawn once: the
+        example is let go after."""
+        example = getattr(self._forward, "grad_example", None)
+        if example is None:
+            return None
+        self._forward.grad_example = None
+        gen = torch.Generator(device).manual_seed(11)
+        for bound, what in backward_trials.cases(self.p, example, dtype, device):
+            try:  # the case's operands and forward: not the backward kernel's doing where they fail
+                q, k, v, extras, scalars = self._forward.op_operands(bound)
+                out, lse = self._forward.op_forward(q, k, v, extras, scalars, want_lse=True)
+                dout = torch.randn(out.shape, generator=gen, device=device).to(out.dtype)
+                why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
+            except Exception:
+                continue
+            if why is not None:  # a case the reference serves anyway (rows with no key under a mean-of-V rule)
+                continue
+            got = self._gradients(kern, q, k, v, extras, scalars, out, lse, dout, kdout, learn)
+            bad = self.check(q, k, v, extras, scalars, out, dout, got, learn)
+            if bad is not None:
+                return f"{bad}, on {what}"
+        return None
 
     def check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
               scalars: list[float], out: torch.Tensor, dout: torch.Tensor, got: tuple,

@@ -31,17 +31,7 @@ class CustomOpCalls:
         its gradients bitwise-equal run to run."""
         from . import custom_op
         bound = bind_args(self.p.signature, args, kwargs)
-        in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
-        made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
-        q = operand_value(bound, self.p.q, made)
-        ex = self._extras(bound, made)
-        extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
-        if self.paged is not None:  # the op takes the pages as k and v, and the tables after the extras
-            k, v = (lookup(bound, r.pages) for r in self.paged)
-            extras += [lookup(bound, r.table) for r in self.paged]
-        else:
-            k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
-        scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
+        q, k, v, extras, scal = self.op_operands(bound)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *extras))
         if grad and getattr(self, "autograd_refusal", "no backward was prepared") is not None:
             return None  # ops/backward_runner.py says why; the caller runs the spec
@@ -60,6 +50,21 @@ class CustomOpCalls:
         # what the spec does after the attention (a gate, heads merged and projected, a norm): its own ops,
         # outside the op, so autograd and torch.compile see them as they see the prologue's
         return run_epilogue(self.p, res, bound) if self.p.epilogue else res
+
+    def op_operands(self, bound: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list, list]:
+        """The op's q, k, v, extras and scalars from a call's bound arguments (the prologue run on them)."""
+        in_place = ("k", "v") if self.paged is not None else ()  # pieces: the op takes K and V joined
+        made = run_prologue(self.p, bound, call_device(bound), in_place) if self.p.prologue else {}
+        q = operand_value(bound, self.p.q, made)
+        ex = self._extras(bound, made)
+        extras = [ex[x.name] if ex[x.name] is not None else self._const(x, q.device) for x in self.p.extras]
+        if self.paged is not None:  # the op takes the pages as k and v, and the tables after the extras
+            k, v = (lookup(bound, r.pages) for r in self.paged)
+            extras += [lookup(bound, r.table) for r in self.paged]
+        else:
+            k, v = (operand_value(bound, op, made) for op in (self.p.k, self.p.v))
+        scal = [float(lookup(bound, s.arg)) for s in self.p.scalars if s.arg is not None]
+        return q, k, v, extras, scal
 
     def _row_factor(self, sizes: dict, scal: dict, tensors: dict, lse: torch.Tensor | None, rows: tuple,
                     dev: torch.device) -> torch.Tensor:
