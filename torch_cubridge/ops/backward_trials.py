@@ -13,8 +13,10 @@ from typing import Any, Iterator
 
 import torch
 
-# the redrawn cases' magnitudes: unit normal, and scores four times larger (a sharper softmax)
-MAGNITUDES = (1.0, 4.0)
+# the redrawn cases' magnitude: unit normal. The forward's second (scores 16x larger) tests the softmax's range;
+# for the backward it makes rows one-hot, where dQ and dK are the bf16 rounding of delta's terms and a row's
+# own scale says little of the kernel (the row rule then fails kernels that are right)
+MAGNITUDES = (1.0,)
 STRUCTURED_CAP = 200  # the structured cases' lengths, as the forward's verification caps them
 
 
