@@ -545,3 +545,37 @@ def test_a_backward_kernel_is_checked_on_redrawn_cases_too(monkeypatch, wrong):
             [str(w.message) for w in seen]
     else:
         assert bw.served == {"kernel": 1}, bw.served
+
+
+def keep_masked(q, k, v, keep):
+    return (q @ k.transpose(-1, -2) / 4).masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+
+def test_a_backward_kernel_is_checked_on_structured_masks_too(monkeypatch):
+    """A boolean mask argument over (query, key): the redrawn cases mask whole rows and tiles (verify/inputs.py's
+    structured patterns). A stand-in kernel that leaves garbage in the rows that keep no key passes a call whose
+    mask empties no row, and is caught on those cases; the reference serves, every gradient right."""
+    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
+            dq[torch.isneginf(lse)] = 1.0  # rows with no key: zero in the program's rule
+            return dq, dk, dv, {}
+        return kern
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", build)
+    made = serve_by_op(monkeypatch)
+    f = tc.compile(keep_masked)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 150, 16, generator=g) for _ in range(3))
+    keep = torch.rand(2, 1, 150, 150, generator=g) > 0.3
+    assert keep.sum(-1).min() > 0  # no row of the call's own is empty
+    dout = torch.randn(q.shape, generator=g)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        f(*leaves, keep).backward(dout)
+    assert backward_runner.backward_for(made[-1].kernel_id).served == {"reference": 1}
+    assert any("structured mask" in str(w.message) and "dQ" in str(w.message) for w in seen), \
+        [str(w.message) for w in seen]
+    _, want = _reference(lambda a, b, c: keep_masked(a, b, c, keep), (q, k, v), dout)
+    _check([t.grad for t in leaves], want)
