@@ -9,7 +9,9 @@ a row may be off by ROW_TOL of its own largest element, floored at 1/32 of the m
 by the rounding of delta from our bf16 O (judge.delta_rounding_allowance), as in every flash-style backward.
 
 Usage: python benchmarks/bench_train.py [--plan S:D,...] [--variants a,b] [--out DIR]
-Writes bench_train.json to DIR or $OUT (record.py).
+Writes bench_train.json to DIR or $OUT (record.py). A plan too long for one device call runs in parts, each
+writing its own file; `--merge A.json B.json ... --out DIR` joins parts measured at one commit (a later part's
+row replaces an earlier one's of the same variant, S and D).
 """
 from __future__ import annotations
 
@@ -171,12 +173,36 @@ def run_case(name: str, S: int, D: int, H: int, total: int) -> dict:
     return row
 
 
+def merge(paths: list[str], out: str) -> Path:
+    """One bench_train.json from parts measured at one commit; parts of different commits are refused (the
+    result, and the README table from it, names one commit)."""
+    import json
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    commits = sorted({p["commit"] for p in parts})
+    if len(commits) != 1:
+        raise SystemExit(f"bench_train --merge: the parts ran at commits {', '.join(commits)}; merge parts of one "
+                         "commit (run the others again)")
+    rows: dict[tuple, dict] = {}
+    for part in parts:
+        for r in part["results"]:
+            rows[(r["variant"], r["S"], r["D"])] = r
+    path = Path(out) / "bench_train.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {k: v for k, v in parts[-1].items() if k != "results"}
+    path.write_text(json.dumps({**head, "results": list(rows.values())}, indent=1))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--merge", nargs="+", default=None, help="parts' bench_train.json files to join into --out")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--plan", default="4096:128,4096:64", help="S:D,S:D,...")
     a = ap.parse_args()
+    if a.merge:
+        print(merge(a.merge, a.out))
+        return
     warnings.filterwarnings("ignore")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows = []
