@@ -137,22 +137,27 @@ def test_double_backward_raises_clearly(monkeypatch):
         torch.autograd.grad(out.square().sum(), q, create_graph=True)
 
 
-def _stand_in(scale_row: float | None):
-    """A stand-in 'GPU kernel': the float32 reference's dQ, dK, dV, one row of dQ scaled where asked."""
+def _stand_in(spoil=None):
+    """A stand-in 'GPU kernel': the float32 reference's dQ, dK, dV, with spoil(dq, q, lse) making dQ wrong in
+    place where a test asks."""
     def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
         def kern(q, k, v, extras, scalars, out, lse, dout):
             dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
-            if scale_row is not None:
-                dq[0, 0, 5] *= scale_row
+            if spoil is not None:
+                spoil(dq, q, lse)
             return dq, dk, dv, {}
         return kern
     return build
 
 
+def _scale_a_row(dq, q, lse):
+    dq[0, 0, 5] *= 1.2
+
+
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
 def test_kernel_gate_serves_a_verified_kernel_and_refuses_a_wrong_one(monkeypatch, wrong):
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
-    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(1.2 if wrong else None))
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(_scale_a_row if wrong else None))
     f, fn, args = _compiled_pair(monkeypatch)
     dout = torch.randn_like(args[0])
     bw, first = None, None
@@ -504,14 +509,10 @@ def test_a_row_scale_that_reads_no_lse_leaves_the_backward_to_the_kernel(monkeyp
 def _wrong_off_the_calls_length(length: int):
     """A stand-in kernel right at the call's query length and wrong at any other (one row of dQ doubled): what a
     kernel wrong only on partial tiles looks like to a check of the call's own inputs."""
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
-        def kern(q, k, v, extras, scalars, out, lse, dout):
-            dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
-            if q.shape[2] != length:
-                dq[0, 0, 5] *= 2.0
-            return dq, dk, dv, {}
-        return kern
-    return build
+    def spoil(dq, q, lse):
+        if q.shape[2] != length:
+            dq[0, 0, 5] *= 2.0
+    return _stand_in(spoil)
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong-off-length"])
@@ -555,14 +556,10 @@ def test_a_backward_kernel_is_checked_on_structured_masks_too(monkeypatch):
     """A boolean mask argument over (query, key): the redrawn cases mask whole rows and tiles (verify/inputs.py's
     structured patterns). A stand-in kernel that leaves garbage in the rows that keep no key passes a call whose
     mask empties no row, and is caught on those cases; the reference serves, every gradient right."""
-    def build(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
-        def kern(q, k, v, extras, scalars, out, lse, dout):
-            dq, dk, dv, _ = reference_backward(p, q, k, v, extras, scalars, dout, None, [])
-            dq[torch.isneginf(lse)] = 1.0  # rows with no key: zero in the program's rule
-            return dq, dk, dv, {}
-        return kern
+    def spoil(dq, q, lse):
+        dq[torch.isneginf(lse)] = 1.0  # rows with no key: zero in the program's rule
     monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
-    monkeypatch.setattr(backward_runner, "build_kernel", build)
+    monkeypatch.setattr(backward_runner, "build_kernel", _stand_in(spoil))
     made = serve_by_op(monkeypatch)
     f = tc.compile(keep_masked)
     g = torch.Generator().manual_seed(3)
