@@ -157,8 +157,8 @@ class GpuBackward:
                                 dtype=torch.float32)) for _ in lanes]
         # the deterministic mode's counters, one per 64 x 64 block of a share's accumulator, zeroed per share
         det = sm90 and self.low.tile.deterministic
-        sems = [torch.zeros(s.nb * s.nhk * group * sq_pad * acc_cols // 4096 if det else 0, device=q.device,
-                            dtype=torch.int32) for s in shares]
+        sems = [torch.zeros(s.nb * s.nhk * group * sq_pad * acc_cols // 4096, device=q.device, dtype=torch.int32)
+                if det else None for s in shares]
         if len(lanes) > 1:  # after every allocation and zeroing on the caller's stream
             lanes[1].wait_stream(cur)
         for i, (sh, sem) in enumerate(zip(shares, sems)):
