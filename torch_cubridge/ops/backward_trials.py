@@ -32,7 +32,7 @@ def cases(p: Any, example: dict[str, Any], dtype: torch.dtype, device: torch.dev
           ) -> Iterator[tuple[dict[str, Any], str]]:
     """(bound arguments on `device` in `dtype`, a line naming the case) for each redrawn case."""
     from ..verify.cpu import trials
-    from ..verify.gpu import gpu_shapes
+    from ..verify.gpu import gpu_shapes, to_device
     from ..verify.inputs import make_inputs
     from ..verify.reference import module_copies
     try:
@@ -46,7 +46,6 @@ def cases(p: Any, example: dict[str, Any], dtype: torch.dtype, device: torch.dev
                                     device=device)
             except Exception:
                 continue
-            bound = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in bound.items()}
             what = f"a redrawn case (B {sizes['B']}, Sq {sizes['Sq']}, Skv {sizes['Skv']}, magnitude {mag}" + \
                    (f", structured mask {pattern})" if pattern is not None else ")")
-            yield bound, what
+            yield to_device(bound, device), what

@@ -50,7 +50,8 @@ def gpu_shapes(p: Program, example: dict[str, Any]) -> list[dict[str, int]]:
     return batch_moved(p, example, out or [dict(ex)])
 
 
-def _to(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def to_device(bound: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A trial's bound arguments on `device`: tensors moved, a module argument copied there where it is not."""
     out = {}
     for k, v in bound.items():
         if isinstance(v, torch.Tensor):
@@ -90,7 +91,7 @@ def gpu_cases(fn: Callable, p: Program, example: dict[str, Any], dtype: torch.dt
             # converted it again for every trial (a 32k paged first call, H100)
             drawn = make_inputs(p, example, sizes, seed=9000 + i + 1000 * seed, magnitude=mag, dtype=dtype,
                                 pattern=pattern, device=device)
-            raw.append((_to(drawn, device), sizes, mag, pattern))
+            raw.append((to_device(drawn, device), sizes, mag, pattern))
         return [GpuCase(b, sizes, mag, pattern, *_reference(fn, p, b, reference_device(example, sizes)))
                 for b, sizes, mag, pattern in raw]
 
