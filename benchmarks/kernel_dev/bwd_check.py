@@ -128,17 +128,22 @@ def flash_dq_error(q, k, v, do, ref) -> float:
         return float("nan")
 
 
-def timing_inputs(name, causal, B, H, S, D, arch):
-    """One zoo program's backward at [B, H, S, D] in bf16, O and the LSE from SDPA's flash forward: the program,
-    the spec, its bound call, q, k, v, O, the LSE and dO, our backward (run_backward's), and the backward's
-    FLOPs (2.5x the forward's, over live pairs)."""
+def timing_inputs(name, causal, B, H, S, D, arch, group=1):
+    """One zoo program's backward at [B, H, S, D] in bf16 (K and V with H // group heads), O and the LSE from
+    SDPA's flash forward: the program, the spec, its bound call, q, k, v, O, the LSE and dO, our backward
+    (run_backward's), and the backward's FLOPs (2.5x the forward's, over live pairs)."""
     fn, make, _ = case(name)
-    p = tc.transfer(fn, *make(2, 4, 4, 70, D, torch.float32))
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    p = tc.transfer(fn, *(make(2, 4, 4, 70, D, torch.float32) if group == 1 else
+                          make(2, H, H // group, 70, D, torch.float32)))
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, H // group, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
-    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=D ** -0.5)
+    kk, vv = (t.repeat_interleave(group, 1) for t in (k, v)) if group > 1 else (k, v)  # SDPA's flash: MHA
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, kk, vv, 0.0, causal, False, scale=D ** -0.5)
     o, lse = res[0].contiguous(), res[1].float().contiguous()
-    more = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in make(1, H, H, S, 8, torch.float32)[3:])
+    del kk, vv
+    more = tuple(a.cuda() if isinstance(a, torch.Tensor) else a
+                 for a in make(1, H, H // group, S, 8, torch.float32)[3:])
     bound = bind_args(p.signature, (q, k, v, *more), {})
     _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
     flops = 2.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
@@ -224,20 +229,8 @@ def shares(arch):
     B, H, S = 8, 16, 4096
     for D in (128, 64):
         for name, causal in (("causal_sdpa", True), ("full_matmul", False), ("gqa_expand", True)):
-            if name == "gqa_expand":  # 4 query heads per KV head (timing_inputs gives K and V H heads)
-                fn, make, _ = case(name)
-                p = tc.transfer(fn, *make(2, H, H // 4, 70, D, torch.float32))
-                q, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                k, v = (torch.randn(B, H // 4, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                kk, vv = (t.repeat_interleave(4, 1) for t in (k, v))
-                res = torch.ops.aten._scaled_dot_product_flash_attention(q, kk, vv, 0.0, True, False, scale=D ** -0.5)
-                o, lse = res[0].contiguous(), res[1].float().contiguous()
-                bound = bind_args(p.signature, (q, k, v), {})
-                _, go, _ = run_backward(p, bound, q, k, v, o, lse, do, D, arch)
-                flops = 2.5 * 4 * B * H * S * S * D * 0.5
-                del kk, vv, res
-            else:
-                p, _, _, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch)
+            group = 4 if name == "gqa_expand" else 1  # 4 query heads per KV head
+            p, _, _, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch, group)
             kern = kernels(p, D, arch)
             row = [f"D {D} {name:12s}"]
             for label, frac, streams in (("whole", 100.0, 1), ("batch/1", 0.3, 1), ("batch/2", 0.3, 2),
