@@ -215,10 +215,12 @@ def finfo_padded(q, k, v, mask):
 
 def _kernel_math_stand_in(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
     """A stand-in for the backward kernel of finfo_padded that computes as the kernel does, in float32: P
-    recomputed as exp(X - LSE) from the forward's LSE, delta = rowsum(dO O) from the forward's O."""
+    recomputed as exp(X - LSE) from the forward's LSE (zero on rows with no key), delta = rowsum(dO O) from
+    the forward's O."""
     def kern(q, k, v, extras, scalars, out, lse, dout):
         x = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + extras[0]
-        pr = torch.exp(x - lse.reshape(x.shape[:-1]).unsqueeze(-1))
+        row = lse.reshape(x.shape[:-1]).unsqueeze(-1)
+        pr = torch.exp(x - row).masked_fill(torch.isneginf(row), 0.0)  # a row with no key: P zero
         dp = dout @ v.transpose(-1, -2)
         ds = pr * (dp - (dout * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
         return ds @ k, ds.transpose(-1, -2) @ q, pr.transpose(-1, -2) @ dout, {}
@@ -575,4 +577,29 @@ def test_a_backward_kernel_is_checked_on_structured_masks_too(monkeypatch):
     assert any("structured mask" in str(w.message) and "dQ" in str(w.message) for w in seen), \
         [str(w.message) for w in seen]
     _, want = _reference(lambda a, b, c: keep_masked(a, b, c, keep), (q, k, v), dout)
+    _check([t.grad for t in leaves], want)
+
+
+def test_rows_a_finite_fill_absorbs_in_float32_are_judged_as_the_forward_judges_them(monkeypatch):
+    """A fill such as -1e9 absorbs the scores in float32 (a filled row is uniform there) and not in float64
+    (softmax of the scores): the forward's verification holds such rows to the spec in float32, and so must the
+    backward's first check, whose redrawn structured cases fill whole rows with each of verify/inputs.py's
+    fills. A kernel computing as the real one does (P = exp(X - LSE) in float32) serves; the gradients are the
+    spec's, in float32 as in float64 on every other row."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    monkeypatch.setattr(backward_runner, "build_kernel", _kernel_math_stand_in)
+    made = serve_by_op(monkeypatch)
+    f = tc.compile(finfo_padded)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 150, 16, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 1, 150, 150)
+    mask[0, :, :, :20] = torch.finfo(torch.float32).min  # left padding: no row filled whole in the call
+    dout = torch.randn(q.shape, generator=g)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        f(*leaves, mask).backward(dout)
+    assert backward_runner.backward_for(made[-1].kernel_id).served == {"kernel": 1}, \
+        [str(w.message) for w in seen]
+    _, want = _reference(lambda a, b, c: finfo_padded(a, b, c, mask.double()), (q, k, v), dout)
     _check([t.grad for t in leaves], want)
