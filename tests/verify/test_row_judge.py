@@ -68,3 +68,18 @@ def test_an_allowance_loosens_only_its_own_row():
     assert not judge_rows(out, ref, 0.05).ok
     assert judge_rows(out, ref, 0.05, allowance=torch.tensor([0.0, 0.5, 0.0])).ok
     assert not judge_rows(out, ref, 0.05, allowance=torch.tensor([0.5, 0.0, 0.5])).ok
+
+
+def test_rows_a_mask_leaves_zero_do_not_set_the_floor():
+    """dK under a narrow window: most keys are kept by no query (their rows zero), a key kept by one near
+    one-hot query has a gradient below a bf16 kernel's rounding. The floor is from the median of the rows that
+    are not zero, so rounding there passes; garbage of a typical row's size in a zero row still fails."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.zeros(160, 64, dtype=torch.float64)
+    ref[100:140] = torch.randn(40, 64, generator=g, dtype=torch.float64) * 1e-2  # the keys some query keeps
+    ref[120] = 0.0  # kept by a one-hot row: zero in float64
+    out = ref.clone()
+    out[120] = 5e-6  # the kernel's rounding there
+    assert judge_rows(out, ref, 0.05).ok
+    out[10] = 1e-2  # a key no query keeps, given a typical row's gradient
+    assert not judge_rows(out, ref, 0.05).ok

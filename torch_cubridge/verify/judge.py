@@ -11,7 +11,7 @@ in the output dtype at two points: P rounded to that dtype before P V (each p of
 u, so the row is off by about u times the |p v| mass it averages, of the order of the row's
 own values), and the output rounded to it (u |out|). Both scale with the row, never with the
 largest row elsewhere in the tensor: a row a sink or a gate makes small is judged at its own
-size. scale_row is the row's largest |ref|, floored at FLOOR times the median row's, so that
+size. scale_row is the row's largest |ref|, floored at FLOOR times the median non-zero row's, so that
 a row whose values happen to cancel (an average of values of both signs) is not held to less
 than the rounding of what it averages.
 
@@ -63,11 +63,15 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def row_scale(ref: torch.Tensor) -> torch.Tensor:
-    """Each row's largest |ref| (NaN taken as 0), floored at FLOOR times the median row's."""
+    """Each row's largest |ref| (NaN taken as 0), floored at FLOOR times the median row's, of the rows that
+    are not zero: a row a mask leaves zero is not a typical one (the dK of keys no query keeps under a narrow
+    window; most rows there, which made the floor zero and held a key kept by one near one-hot query to less
+    than its own rounding)."""
     r = _rows(ref.detach().double()).nan_to_num(nan=0.0).abs().amax(-1)
-    if r.numel() == 0:
+    live = r[r > 0]
+    if live.numel() == 0:
         return r
-    return torch.clamp(r, min=FLOOR * float(r.median()))
+    return torch.clamp(r, min=FLOOR * float(live.median()))
 
 
 def element_bound(ref: torch.Tensor, row_tol: float, element_tol: float = 0.0) -> torch.Tensor:
