@@ -111,15 +111,29 @@ def judge_rows(out: torch.Tensor, ref: torch.Tensor, row_tol: float, element_tol
     return RowVerdict(not bool(bad.any()), worst, int(bad.sum()), a.shape[0])
 
 
+def delta_rounding(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    """Per query row ([..., Sq]), how far a flash-style backward's delta = rowsum(dO * O) may be from float64's:
+    it is formed from O rounded to its dtype, off by up to u * sum|dO * O| (with a factor 2 to spare)."""
+    u = 2 * unit_roundoff(out.dtype)
+    return u * (dout.double() * out.double().nan_to_num()).abs().sum(-1)
+
+
 def delta_rounding_allowance(out: torch.Tensor, dout: torch.Tensor, k: torch.Tensor, score_grad_bound: float
                              ) -> torch.Tensor:
     """Per query row ([..., Sq]), what a flash-style backward's dQ may differ from float64's by beyond the row
-    rule: delta = rowsum(dO * O) is formed from O rounded to its dtype, off by up to u * sum|dO * O|, and that
-    reaches dQ through dS = P (dP - delta) dscore/ds (at most score_grad_bound) summed over the row's keys,
-    each at most max|K|. A row that keeps a few keys has a tiny dQ, and this term is then most of it."""
-    u = 2 * unit_roundoff(out.dtype)  # with a factor 2 to spare
-    d_err = u * (dout.double() * out.double().nan_to_num()).abs().sum(-1)
-    return 4 * d_err * score_grad_bound * float(k.detach().double().abs().max())
+    rule: delta's rounding (delta_rounding) reaches dQ through dS = P (dP - delta) dscore/ds (at most
+    score_grad_bound) summed over the row's keys, each at most max|K|. A row that keeps a few keys has a tiny
+    dQ, and this term is then most of it."""
+    return 4 * delta_rounding(out, dout) * score_grad_bound * float(k.detach().double().abs().max())
+
+
+def key_delta_rounding_allowance(p_t_rounding: torch.Tensor, q: torch.Tensor, score_grad_bound: float
+                                 ) -> torch.Tensor:
+    """Per key row ([..., Skv]), the same for dK: dK_j = sum_i dS_ij q_i, so delta's rounding reaches it as
+    sum_i P_ij delta_rounding_i, times dscore/ds and max|Q|. p_t_rounding: that sum per key, P^T applied to
+    delta_rounding (the dV of a backward handed delta_rounding as every column of dO). A key that few queries
+    keep, near one-hot, has a tiny dK made mostly of this."""
+    return 4 * p_t_rounding.double() * score_grad_bound * float(q.detach().double().abs().max())
 
 
 def judge_rows_in(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> RowVerdict:
