@@ -10,7 +10,7 @@ error in delta there, in any FlashAttention-style backward; bwd_rows.py says why
 rows: where they sit in their blocks and how many keys they keep. Then the backward's time against SDPA's flash
 and cuDNN backends at B*S = 32k, H = 16, S = 4096, D 128 and 64 (TFLOP/s at 2.5x the forward's FLOPs over live pairs).
 Exits 1 on any mismatch or error. Run: python benchmarks/kernel_dev/bwd_check.py [--no-bench | --bench-only]
-[--d D] | --sweep (the rate over S) | --sites (a learnable table's cost) | --shares (a split call's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
+[--d D] | --sweep (the rate over S) | --sites (a learnable table's cost) | --shares [--s S] (a split call's cost). Under `ncu --profile-from-start off`, `--ncu` runs one backward each of
 ours and cuDNN's; with CUBRIDGE_LINEINFO=1 and a fresh CUBRIDGE_CACHE_DIR, ncu's SourceCounters name our lines.
 """
 from __future__ import annotations
@@ -220,22 +220,25 @@ def sites(arch):
     print("  ".join(row), flush=True)
 
 
-def shares(arch):
+def shares(arch, S=4096, ds=(128, 64)):
     """The backward split into shares (ops/backward_shares.py) against one launch, at the bench's shapes: the
-    rate and the scratch's peak, per split (a share's scratch as a fraction of q's bytes: 0.3 is one batch of
-    16 heads, 0.15 half its heads, 0.075 a quarter) and streams in flight."""
-    print("\nshares, B*S = 32k, H 16, S 4096 (TFLOP/s at 2.5x forward FLOPs; MB of the backward's peak above its"
+    rate and the scratch's peak, per split (a share's scratch as a fraction of q's bytes: at 4k 0.3 is one batch
+    of 16 heads, 0.15 half its heads, 0.075 a quarter; "default" the library's own split) and streams in flight."""
+    print(f"\nshares, B*S = 32k, H 16, S {S} (TFLOP/s at 2.5x forward FLOPs; MB of the backward's peak above its"
           " inputs and outputs)")
-    B, H, S = 8, 16, 4096
-    for D in (128, 64):
+    from torch_cubridge.ops import backward_gpu
+    B, H = 32768 // S, 16
+    for D in ds:
         for name, causal in (("causal_sdpa", True), ("full_matmul", False), ("gqa_expand", True)):
             group = 4 if name == "gqa_expand" else 1  # 4 query heads per KV head
             p, _, _, (q, k, v, o, lse, do), go, flops = timing_inputs(name, causal, B, H, S, D, arch, group)
             kern = kernels(p, D, arch)
             row = [f"D {D} {name:12s}"]
-            for label, frac, streams in (("whole", 100.0, 1), ("batch/1", 0.3, 1), ("batch/2", 0.3, 2),
-                                         ("half/2", 0.15, 2), ("quarter/2", 0.075, 2)):
-                kern.scratch_of_q, kern.waves, kern.streams = frac, 0, streams
+            for label, frac, waves, streams in (
+                    ("default", backward_gpu.SCRATCH_OF_Q, backward_gpu.WAVES, backward_gpu.STREAMS),
+                    ("whole", 100.0, 0, 1), ("batch/1", 0.3, 0, 1), ("batch/2", 0.3, 0, 2), ("half/2", 0.15, 0, 2),
+                    ("quarter/2", 0.075, 0, 2)):
+                kern.scratch_of_q, kern.waves, kern.streams = frac, waves, streams
                 t = timed(go)
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
@@ -287,7 +290,8 @@ def main() -> int:
         sites(arch)
         return 0
     if "--shares" in sys.argv:
-        shares(arch)
+        shares(arch, int(sys.argv[sys.argv.index("--s") + 1]) if "--s" in sys.argv else 4096,
+               (int(sys.argv[sys.argv.index("--d") + 1]),) if "--d" in sys.argv else (128, 64))
         return 0
     if "--ncu" in sys.argv:
         profiled()
