@@ -287,3 +287,15 @@ def test_learnable_sites_build_without_spills(name, arch, D, tmp_path):
     hopper = arch == "sm_90a" and SITES[name][1] != "window"
     assert ("HGMMA" if hopper else "HMMA") in sass and re.search(r"REDG?\.E\.ADD\.F32", sass)
     assert ("ATOMS.CAS" in sass) == (SITES[name][1] == "window")
+
+
+def test_the_pre_and_postprocess_take_a_row_in_pieces_of_eight_columns():
+    """Lanes a query row: one a 16-byte piece of the wider head dim, to a power of two; the CTA's rows follow."""
+    from torch_cubridge.lower.backward import PREPOST_THREADS, lower_backward, prepost_lanes
+    assert [prepost_lanes(d, d) for d in (8, 24, 64, 96, 128)] == [1, 4, 8, 16, 16]
+    assert prepost_lanes(64, 128) == prepost_lanes(128, 64) == 16
+    for arch, d in (("sm_90a", 64), ("sm_80", 128)):
+        low = lower_backward(_prog("causal_sdpa", d), arch, "bfloat16", d)
+        lanes = prepost_lanes(d, d)
+        assert low.prepost_rows == PREPOST_THREADS // lanes
+        assert f", {lanes}>(a);" in low.source  # both kernels instantiated with those lanes

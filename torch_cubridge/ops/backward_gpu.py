@@ -64,7 +64,7 @@ class GpuBackward:
                  learnable: tuple[str, ...] = ()) -> None:
         """learnable: the extras that get gradients; the kernel adds those of the ones the score reads
         (LoweredBackward.sites)."""
-        from ..lower.backward import ROWS_PER_CTA, lower_backward
+        from ..lower.backward import PREPOST_THREADS, lower_backward
         from ..build.early import backward_cubin
         from ..ops.kernel import backward_key
         from ..ops.launch import CubinKernel
@@ -77,11 +77,10 @@ class GpuBackward:
         # through the disk cache, as the forward's: a training job's ranks, and its next run, build it once
         # (the early build of it, where the forward's call wanted gradients: build/early.py)
         cub, self.info = backward_cubin(backward_key(low, arch), low.source, arch, low.kernels[1])
-        rows = 32 * ROWS_PER_CTA
-        self.rows_per_cta = ROWS_PER_CTA
-        self.pre = CubinKernel(cub, low.kernels[0], threads=rows, smem_bytes=0)
+        self.rows_per_cta = low.prepost_rows
+        self.pre = CubinKernel(cub, low.kernels[0], threads=PREPOST_THREADS, smem_bytes=0)
         self.main = CubinKernel(cub, low.kernels[1], threads=low.tile.threads, smem_bytes=low.smem_bytes)
-        self.post = CubinKernel(cub, low.kernels[2], threads=rows, smem_bytes=0)
+        self.post = CubinKernel(cub, low.kernels[2], threads=PREPOST_THREADS, smem_bytes=0)
         self.fmt = params_format(low.params)
         # the block-class pre-pass and scan of a mask that reads data, at this kernel's tile
         self.blocks = prepass_kernels(cub) if low.prepass else None
