@@ -2,6 +2,7 @@
 told apart from ordinary rows; a CPU LSE (no note) has them computed where they are read."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torch_cubridge.ops import row_flags
@@ -23,3 +24,21 @@ def test_a_cpu_lse_leaves_no_note():
     before = len(row_flags._NOTES)
     row_flags.note(torch.zeros(2, 3, 5))
     assert len(row_flags._NOTES) == before
+
+
+@pytest.mark.gpu
+def test_a_dead_forwards_note_is_never_read_for_an_lse_noted_by_none():
+    """A forward whose backward never runs leaves its note; its LSE dies and the allocator gives its memory to
+    an LSE no forward noted (one made under graph capture, a backward check's own forward). Forgotten at its
+    making, that LSE's flags are its own: a stale note would hand its backward another forward's fill rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dead = torch.full((2, 3, 64), -3.0e38, device="cuda")  # fill rows
+    row_flags.note(dead)
+    where = dead.data_ptr()
+    del dead
+    fresh = torch.zeros(2, 3, 64, device="cuda")  # the caching allocator's same block
+    if fresh.data_ptr() != where:
+        pytest.skip("the allocator gave another block")
+    row_flags.forget(fresh)
+    assert row_flags.read(fresh) == (False, False)

@@ -35,13 +35,24 @@ def _flags(lse: torch.Tensor) -> torch.Tensor:
 
 def _key(lse: torch.Tensor) -> tuple:
     # the LSE is a saved tensor until its backward has run: its storage is not another's before then, and a
-    # later forward's LSE at the same address replaces the note
+    # later forward's LSE at the same address replaces the note (or, where that forward notes nothing, forgets it)
     return lse.device.index, lse.data_ptr(), tuple(lse.shape), tuple(lse.stride())
+
+
+def forget(lse: torch.Tensor) -> None:
+    """Drop any note at this LSE's place: one made for a forward whose backward never ran, whose LSE has died
+    and left its memory to this one. Called for an LSE that was not noted (one made under graph capture, a
+    backward check's own forward), so that its backward reads its own flags and never that dead one's."""
+    if lse.is_cuda:
+        _NOTES.pop(_key(lse), None)
 
 
 def note(lse: torch.Tensor) -> None:
     """Start the flags of a forward's LSE on their way to the host (a CUDA LSE, outside graph capture)."""
-    if not lse.is_cuda or torch.cuda.is_current_stream_capturing():
+    if not lse.is_cuda:
+        return
+    if torch.cuda.is_current_stream_capturing():  # no copy can be queued here: the backward reads the flags
+        forget(lse)
         return
     host = torch.empty(2, dtype=torch.bool, pin_memory=True)
     with torch.cuda.device(lse.device):
