@@ -27,10 +27,10 @@ def test_a_cpu_lse_leaves_no_note():
 
 
 @pytest.mark.gpu
-def test_a_dead_forwards_note_is_never_read_for_an_lse_noted_by_none():
+def test_a_dead_forwards_note_is_never_read_for_another_lse_in_its_place():
     """A forward whose backward never runs leaves its note; its LSE dies and the allocator gives its memory to
-    an LSE no forward noted (one made under graph capture, a backward check's own forward). Forgotten at its
-    making, that LSE's flags are its own: a stale note would hand its backward another forward's fill rows."""
+    an LSE no forward noted (one made under graph capture, a backward check's own forward). Its flags are its
+    own: the dead one's note would hand its backward another forward's fill rows."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dead = torch.full((2, 3, 64), -3.0e38, device="cuda")  # fill rows
@@ -40,5 +40,7 @@ def test_a_dead_forwards_note_is_never_read_for_an_lse_noted_by_none():
     fresh = torch.zeros(2, 3, 64, device="cuda")  # the caching allocator's same block
     if fresh.data_ptr() != where:
         pytest.skip("the allocator gave another block")
-    row_flags.forget(fresh)
     assert row_flags.read(fresh) == (False, False)
+    kept = torch.full((2, 3, 64), -3.0e38, device="cuda")
+    row_flags.note(kept)
+    assert row_flags.read(kept.view(2, 3, 64)) == (True, False)  # its own note, through another view

@@ -210,7 +210,6 @@ class BackwardRunner:
             try:  # the case's operands and forward: not the backward kernel's doing where they fail
                 q, k, v, extras, scalars = self._forward.op_operands(bound)
                 out, lse = self._forward.op_forward(q, k, v, extras, scalars, want_lse=True)
-                row_flags.forget(lse)  # not noted: a note at its place is a dead forward's
                 dout = torch.randn(out.shape, generator=gen, device=device).to(out.dtype)
                 why, kdout = self._rows(q, k, v, extras, scalars, lse, dout)
             except Exception:

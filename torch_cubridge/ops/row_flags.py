@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 # A row whose LSE is below this is one a finite fill fills whole (finfo.min, -1e9 over every key): float32
 # holds log(count) below the fill's rounding there (ulp(2^14) is 2^-9), so the kernel's P = exp(S - LSE) is
@@ -21,7 +22,7 @@ FILL_ROW_LSE = -16384.0
 
 # LSEs noted and not yet read (a forward whose backward never runs leaves its note): the newest kept
 _KEEP = 4096
-_NOTES: OrderedDict[tuple, tuple[torch.cuda.Event, torch.Tensor]] = OrderedDict()
+_NOTES: OrderedDict[tuple, tuple[torch.cuda.Event, torch.Tensor, StorageWeakRef]] = OrderedDict()
 
 
 def fill_rows(lse: torch.Tensor) -> torch.Tensor:
@@ -35,24 +36,14 @@ def _flags(lse: torch.Tensor) -> torch.Tensor:
 
 def _key(lse: torch.Tensor) -> tuple:
     # the LSE is a saved tensor until its backward has run: its storage is not another's before then, and a
-    # later forward's LSE at the same address replaces the note (or, where that forward notes nothing, forgets it)
+    # later forward's LSE at the same address replaces the note. One no forward noted (made under graph
+    # capture, a backward check's own forward) may take a dead LSE's place: the note names its storage too
     return lse.device.index, lse.data_ptr(), tuple(lse.shape), tuple(lse.stride())
-
-
-def forget(lse: torch.Tensor) -> None:
-    """Drop any note at this LSE's place: one made for a forward whose backward never ran, whose LSE has died
-    and left its memory to this one. Called for an LSE that was not noted (one made under graph capture, a
-    backward check's own forward), so that its backward reads its own flags and never that dead one's."""
-    if lse.is_cuda:
-        _NOTES.pop(_key(lse), None)
 
 
 def note(lse: torch.Tensor) -> None:
     """Start the flags of a forward's LSE on their way to the host (a CUDA LSE, outside graph capture)."""
-    if not lse.is_cuda:
-        return
-    if torch.cuda.is_current_stream_capturing():  # no copy can be queued here: the backward reads the flags
-        forget(lse)
+    if not lse.is_cuda or torch.cuda.is_current_stream_capturing():
         return
     host = torch.empty(2, dtype=torch.bool, pin_memory=True)
     with torch.cuda.device(lse.device):
@@ -61,19 +52,21 @@ def note(lse: torch.Tensor) -> None:
         done.record(torch.cuda.current_stream(lse.device))
     key = _key(lse)
     _NOTES.pop(key, None)
-    _NOTES[key] = (done, host)
+    _NOTES[key] = (done, host, StorageWeakRef(lse.untyped_storage()))
     while len(_NOTES) > _KEEP:
         _NOTES.popitem(last=False)
 
 
 def read(lse: torch.Tensor) -> tuple[bool, bool]:
-    """(any row a finite fill fills whole, any row with no key) of this LSE: from its note where the forward
+    """(any row a finite fill fills whole, any row with no key) of this LSE: from its note where its forward
     left one, else computed here (one host wait)."""
     got = _NOTES.pop(_key(lse), None) if lse.is_cuda else None
-    if got is None:
+    # a note of another storage at this place is a dead forward's (its weak reference keeps that storage's
+    # identity from being reused while the note lives)
+    if got is None or got[2].expired() or got[2] != StorageWeakRef(lse.untyped_storage()):
         any_fill, any_empty = _flags(lse).tolist()
         return any_fill, any_empty
-    done, host = got
+    done, host, _ = got
     done.synchronize()
     any_fill, any_empty = host.tolist()
     return any_fill, any_empty
