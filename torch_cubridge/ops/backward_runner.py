@@ -233,25 +233,29 @@ class BackwardRunner:
         p = self.p
         qc, vc = to_canonical(q, p.q), to_canonical(v, p.v)
         o = canonical_out(p, out, *qc.shape[:3], vc.shape[-1])
-        names = [*(("dQ", p.q), ("dK", p.k), ("dV", p.v)), *((f"the gradient of {p.extras[i].name}", None)
-                                                               for i in learn)]
-
-        def verdicts(fdt: torch.dtype) -> list:
-            ref = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=fdt, o=o)
-            return [judge_rows(*((to_canonical(t, op) for t in (g, r)) if op is not None else
-                                 (g.reshape(1, -1), r.reshape(1, -1))), ROW_TOL)
-                    for (_, op), g, r in zip(names, [*got[:3], *got[3]], [*ref[:3], *ref[3]])]
-        found = verdicts(torch.float64)
-        if all(v.ok for v in found):
+        found = self._judged(q, k, v, extras, scalars, o, dout, got, learn, torch.float64)
+        if all(verdict.ok for _, verdict in found):
             return None
         # As the forward's verification judges (verify/cpu.py judge): the kernel holds scores in float32, where
         # a finite fill such as -1e9 absorbs the score and a row it fills whole is uniform, while float64 still
         # resolves the scores. A kernel that misses float64 is held to the spec's backward in float32 instead,
         # every gradient at the same rule: a wrong tile or a lost mask misses both.
-        if q.dtype != torch.float64 and all(v.ok for v in verdicts(torch.float32)):
+        if q.dtype != torch.float64 and all(
+                verdict.ok for _, verdict in self._judged(q, k, v, extras, scalars, o, dout, got, learn, torch.float32)):
             return None
-        name, verdict = next((n, v) for (n, _), v in zip(names, found) if not v.ok)
-        return f"{name} {verdict}"
+        return next(f"{name} {verdict}" for name, verdict in found if not verdict.ok)
+
+    def _judged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
+                scalars: list[float], o: torch.Tensor, dout: torch.Tensor, got: tuple, learn: list[int],
+                fdt: torch.dtype) -> list[tuple[str, Any]]:
+        """(name, row verdict) of each gradient in `got` against the program's backward in `fdt`, handed O."""
+        p = self.p
+        ref = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=fdt, o=o)
+        out = [(name, judge_rows(to_canonical(g, op), to_canonical(r, op), ROW_TOL))
+               for name, g, r, op in zip(("dQ", "dK", "dV"), got, ref, (p.q, p.k, p.v))]
+        out += [(f"the gradient of {p.extras[i].name}", judge_rows(g.reshape(1, -1), r.reshape(1, -1), ROW_TOL))
+                for i, g, r in zip(learn, got[3], ref[3])]
+        return out
 
     def _warn(self, why: str) -> None:
         if why in self._warned:
