@@ -603,3 +603,34 @@ def test_rows_a_finite_fill_absorbs_in_float32_are_judged_as_the_forward_judges_
         [str(w.message) for w in seen]
     _, want = _reference(lambda a, b, c: finfo_padded(a, b, c, mask.double()), (q, k, v), dout)
     _check([t.grad for t in leaves], want)
+
+
+def test_the_float32_judgement_is_taken_only_where_its_backward_is_finite(monkeypatch):
+    """The judge leaves a reference's NaN elements unjudged, so a float32 backward that overflowed (NaN in dK and
+    dV where float64's is finite) would pass any kernel there: such a float32 opinion is not taken, and a kernel
+    wrong in dK is refused (seen served with the finiteness test left out)."""
+    monkeypatch.setattr(backward_gpu, "refusal", lambda *a: None)
+    real = backward_runner.reference_backward
+
+    def overflowing(p, q, k, v, extras, scalars, dout, dlse, learn, fdt=None, o=None):
+        dq, dk, dv, x = real(p, q, k, v, extras, scalars, dout, dlse, learn, fdt=fdt, o=o)
+        if fdt is torch.float32:
+            dk, dv = torch.full_like(dk, float("nan")), torch.full_like(dv, float("nan"))
+        return dq, dk, dv, x
+    monkeypatch.setattr(backward_runner, "reference_backward", overflowing)
+
+    def wrong_dk(p, arch, dtype, head_dim, value_dim=None, deterministic=False, learnable=()):
+        def kern(q, k, v, extras, scalars, out, lse, dout):
+            dq, dk, dv, _ = real(p, q, k, v, extras, scalars, dout, None, [])
+            dk[0, 0, 3] *= 1.5
+            return dq, dk, dv, {}
+        return kern
+    monkeypatch.setattr(backward_runner, "build_kernel", wrong_dk)
+    f, fn, args = _compiled_pair(monkeypatch)
+    dout = torch.randn_like(args[0])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        _, got = _grads(f, args, dout)
+    assert backward_runner.backward_for(f.kernels()[-1].kernel_id).served == {"reference": 1}
+    _, want = _reference(fn, args, dout)
+    _check(got, want)

@@ -233,29 +233,30 @@ class BackwardRunner:
         p = self.p
         qc, vc = to_canonical(q, p.q), to_canonical(v, p.v)
         o = canonical_out(p, out, *qc.shape[:3], vc.shape[-1])
-        found = self._judged(q, k, v, extras, scalars, o, dout, got, learn, torch.float64)
+        ref64 = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=torch.float64, o=o)
+        found = self._judged(got, ref64, learn)
         if all(verdict.ok for _, verdict in found):
             return None
         # As the forward's verification judges (verify/cpu.py judge): the kernel holds scores in float32, where
         # a finite fill such as -1e9 absorbs the score and a row it fills whole is uniform, while float64 still
         # resolves the scores. A kernel that misses float64 is held to the spec's backward in float32 instead,
-        # every gradient at the same rule: a wrong tile or a lost mask misses both.
-        if q.dtype != torch.float64 and all(
-                verdict.ok for _, verdict in self._judged(q, k, v, extras, scalars, o, dout, got, learn, torch.float32)):
-            return None
+        # every gradient at the same rule (a wrong tile or a lost mask misses both), where that backward is
+        # finite wherever float64's is: the judge leaves NaN elements of a reference unjudged
+        if q.dtype != torch.float64:
+            ref32 = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=torch.float32, o=o)
+            finite = all(bool((torch.isfinite(a) | ~torch.isfinite(b)).all())
+                         for a, b in zip([*ref32[:3], *ref32[3]], [*ref64[:3], *ref64[3]]))
+            if finite and all(verdict.ok for _, verdict in self._judged(got, ref32, learn)):
+                return None
         return next(f"{name} {verdict}" for name, verdict in found if not verdict.ok)
 
-    def _judged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: list[torch.Tensor],
-                scalars: list[float], o: torch.Tensor, dout: torch.Tensor, got: tuple, learn: list[int],
-                fdt: torch.dtype) -> list[tuple[str, Any]]:
-        """(name, row verdict) of each gradient in `got` against the program's backward in `fdt`, handed O."""
+    def _judged(self, got: tuple, ref: tuple, learn: list[int]) -> list[tuple[str, Any]]:
+        """(name, row verdict) of each gradient in `got` (dQ, dK, dV, extras[i]'s for i in `learn`) against `ref`."""
         p = self.p
-        ref = reference_backward(p, q, k, v, extras, scalars, dout, None, list(learn), fdt=fdt, o=o)
         out = [(name, judge_rows(to_canonical(g, op), to_canonical(r, op), ROW_TOL))
                for name, g, r, op in zip(("dQ", "dK", "dV"), got, ref, (p.q, p.k, p.v))]
-        out += [(f"the gradient of {p.extras[i].name}", judge_rows(g.reshape(1, -1), r.reshape(1, -1), ROW_TOL))
-                for i, g, r in zip(learn, got[3], ref[3])]
-        return out
+        return out + [(f"the gradient of {p.extras[i].name}", judge_rows(g.reshape(1, -1), r.reshape(1, -1), ROW_TOL))
+                      for i, g, r in zip(learn, got[3], ref[3])]
 
     def _warn(self, why: str) -> None:
         if why in self._warned:
