@@ -169,3 +169,33 @@ def test_a_bf16_training_step_of_an_encoder_family_is_as_close_to_float32_as_eag
     if family == "t5":  # the table's gradient, through the bias the kernel's learnable sites differentiate
         assert any("relative_attention_bias" in n for n in got[1])
     _assert_as_close_as_eager16(family, got, eager16, want)
+
+
+@pytest.mark.parametrize("how", ["checkpointing", "compiled"])
+def test_a_bf16_training_step_under_checkpointing_or_torch_compile_is_on_the_kernels(how):
+    """model.gradient_checkpointing_enable() (each layer's forward run again in the backward, through the op)
+    and torch.compile(model) (the op and its autograd inside dynamo's graph), left-padded: every backward is
+    the kernel's, and the step is as close to float32 eager as eager in bf16 is."""
+    tcx.clear_tables()
+    ref = build("llama", "eager", torch.float32, "cuda", **SIZE)
+    base = build("llama", "eager", torch.bfloat16, "cuda", **SIZE)
+    ours = build("llama", "cubridge", torch.bfloat16, "cuda", **SIZE)
+    base.load_state_dict(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    inputs = _batch(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, eager16 = _step(ref, inputs), _step(base, inputs)
+        with torch.no_grad():  # compiles the attention before any trace
+            ours.train()(**{k: v for k, v in inputs.items() if k != "labels"})
+        before = _backward_served()
+        if how == "checkpointing":
+            ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            got = _step(ours, inputs)
+        else:
+            torch._dynamo.reset()
+            loss, grads = _step(torch.compile(ours), inputs)
+            got = loss, {n.removeprefix("_orig_mod."): g for n, g in grads.items()}
+    served = _backward_served() - before
+    assert served and served == {"kernel": served["kernel"]}, (served, _backward_reasons())
+    _assert_as_close_as_eager16(f"llama {how}", got, eager16, want)
