@@ -69,12 +69,15 @@ def step_of(attn, q, k, v, do, learn=()):
 SPEC_AUTOGRAD_MAX_S = 8192
 
 
-def fp64_backward(spec, runner, one: list, ex: tuple, dout: torch.Tensor) -> tuple:
+def fp64_backward(spec, runner, one: list, ex: tuple, dout: torch.Tensor, v_alone: bool = False) -> tuple:
     """(dQ, dK, dV, the learnable extras' gradients) of one batch entry in float64: autograd of the spec, or
     past SPEC_AUTOGRAD_MAX_S the program's own float64 backward on the operands the runner gives the op (its
-    prologue's constants included, such as ALiBi's slopes)."""
+    prologue's constants included, such as ALiBi's slopes). v_alone: dV is all the caller reads (P^T dO), so
+    the spec's autograd leaves the softmax's backward out (dQ and dK are then None)."""
     learn = [t for t in ex if t.requires_grad]
     if one[0].shape[2] <= SPEC_AUTOGRAD_MAX_S:
+        if v_alone:
+            return None, None, torch.autograd.grad(spec(*one, *ex), one[2], dout)[0]
         return torch.autograd.grad(spec(*one, *ex), one + learn, dout)
     from torch_cubridge.ir.bind import bind_args
     from torch_cubridge.ops.backward_reference import reference_backward
@@ -97,7 +100,7 @@ def grads_vs_fp64(spec, runner, grads, q, k, v, do, extra, o) -> dict:
     rounding = delta_rounding(o[:1], do[:1])
     # P^T delta_rounding per key: the dV of the same backward handed delta_rounding as every column of dO
     p_t = fp64_backward(spec, runner, [t.detach().requires_grad_() for t in one], ex,
-                        rounding.unsqueeze(-1).expand(do[:1].shape).contiguous())[2][..., 0]
+                        rounding.unsqueeze(-1).expand(do[:1].shape).contiguous(), v_alone=True)[2][..., 0]
     allow = {"dq": delta_rounding_allowance(o[:1], do[:1], k[:1], g), "dk": key_delta_rounding_allowance(p_t, q[:1], g)}
     out = {}
     for name, gr, r in zip(("dq", "dk", "dv"), grads, ref):

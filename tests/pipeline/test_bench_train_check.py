@@ -69,3 +69,18 @@ def test_the_dk_allowance_covers_the_rounding_of_delta_key_by_key():
     allow = key_delta_rounding_allowance(p_t[..., 0], q, D ** -0.5)
     assert (err <= allow).all(), float((err / allow).max())
     assert float((err / allow).max()) > 1e-3  # the bound is of the error's order, not vacuous
+
+
+def test_the_bench_takes_p_transposed_from_the_specs_dv_alone():
+    """P^T x per key (what the dK allowance reads) as the dV of the spec's float64 autograd handed x as every
+    column of dO, with the softmax's backward left out: against P formed directly."""
+    bench = _bench()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 30, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    x = torch.rand(1, 2, 30, generator=g, dtype=torch.float64)
+    dq, dk, dv = bench.fp64_backward(bench.SPECS["causal"], None, [q, k, v], (),
+                                     x.unsqueeze(-1).expand(1, 2, 30, 16).contiguous(), v_alone=True)
+    s = (q @ k.transpose(-1, -2) / 4).masked_fill(torch.ones(30, 30, dtype=torch.bool).triu(1), float("-inf"))
+    want = (s.softmax(-1).transpose(-1, -2) @ x.unsqueeze(-1))[..., 0]
+    assert dq is None and dk is None
+    torch.testing.assert_close(dv[..., 0], want.detach(), rtol=1e-12, atol=1e-12)
